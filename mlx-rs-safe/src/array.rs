@@ -1,0 +1,215 @@
+//! `Array`: an owned handle to an MLX array (lazy until evaluated).
+
+use std::ffi::{c_int, CStr};
+use std::fmt;
+
+use mlx_sys as sys;
+
+use crate::device::with_current;
+use crate::dtype::{Dtype, Element};
+use crate::error::{check, init, take_last_error, Error, Result};
+
+/// An MLX array. Dropping it releases this handle; `clone` shares the same array
+/// (MLX reference counting), it does not copy data.
+pub struct Array {
+    pub(crate) raw: sys::mlx_array,
+}
+
+// SAFETY: an mlx_array handle is a reference-counted pointer to an immutable array
+// node; moving the handle to another thread is sound. It is not `Sync`: MLX graphs
+// are built and evaluated from one thread at a time (the engine thread).
+unsafe impl Send for Array {}
+
+impl Array {
+    /// Calls an mlx-c function that writes a new array into its first argument, and
+    /// wraps the result; a non-zero status becomes `Err` with MLX's message.
+    pub(crate) fn build(f: impl FnOnce(&mut sys::mlx_array) -> c_int) -> Result<Array> {
+        init();
+        // SAFETY: an empty handle, owned by `out` (freed on every path by Drop).
+        let mut out = Array { raw: unsafe { sys::mlx_array_new() } };
+        check(f(&mut out.raw))?;
+        Ok(out)
+    }
+
+    /// Like [`Array::build`], with the thread's current stream passed along.
+    pub(crate) fn build_s(
+        f: impl FnOnce(&mut sys::mlx_array, sys::mlx_stream) -> c_int,
+    ) -> Result<Array> {
+        with_current(|s| Array::build(|res| f(res, s)))?
+    }
+
+    /// An array holding a copy of `data` with the given shape.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[i32]) -> Result<Array> {
+        let expected = shape_len(shape)?;
+        if expected != data.len() {
+            return Err(Error::InvalidArgument(format!(
+                "shape {shape:?} holds {expected} elements, data has {}",
+                data.len()
+            )));
+        }
+        init();
+        let ndim = c_int::try_from(shape.len())
+            .map_err(|_| Error::InvalidArgument("too many dimensions".into()))?;
+        // SAFETY: `data` holds exactly prod(shape) elements of T, whose layout is
+        // T::DTYPE's (Element is sealed to such types); mlx-c copies the buffer.
+        let raw = unsafe {
+            sys::mlx_array_new_data(data.as_ptr().cast(), shape.as_ptr(), ndim, T::DTYPE.to_sys())
+        };
+        Ok(Array { raw })
+    }
+
+    /// A 0-d array.
+    pub fn scalar<T: Element>(value: T) -> Array {
+        // A 0-d shape always matches one element.
+        Array::from_slice(&[value], &[]).expect("one element fits shape []")
+    }
+
+    /// A 1-d array holding a copy of `data`.
+    pub fn from_vec<T: Element>(data: &[T]) -> Result<Array> {
+        let n = i32::try_from(data.len())
+            .map_err(|_| Error::InvalidArgument("too many elements for one axis".into()))?;
+        Array::from_slice(data, &[n])
+    }
+
+    pub fn shape(&self) -> Vec<i32> {
+        let n = self.ndim();
+        if n == 0 {
+            return Vec::new();
+        }
+        // SAFETY: mlx_array_shape returns `ndim` ints owned by the live array.
+        unsafe { std::slice::from_raw_parts(sys::mlx_array_shape(self.raw), n) }.to_vec()
+    }
+
+    pub fn ndim(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlx_array_ndim(self.raw) }
+    }
+
+    /// Number of elements.
+    pub fn size(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlx_array_size(self.raw) }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        // SAFETY: live handle.
+        unsafe { sys::mlx_array_nbytes(self.raw) }
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        // SAFETY: live handle.
+        Dtype::from_sys(unsafe { sys::mlx_array_dtype(self.raw) })
+    }
+
+    /// Size of `axis` (negative counts from the end).
+    pub fn dim(&self, axis: i32) -> Result<i32> {
+        let shape = self.shape();
+        let n = shape.len() as i32;
+        let a = if axis < 0 { axis + n } else { axis };
+        if a < 0 || a >= n {
+            return Err(Error::InvalidArgument(format!(
+                "axis {axis} out of range for {n}-d array"
+            )));
+        }
+        Ok(shape[a as usize])
+    }
+
+    /// Computes the array (and what it depends on) now.
+    pub fn eval(&self) -> Result<()> {
+        crate::transforms::eval(&[self])
+    }
+
+    /// Copies the elements out, in row-major order, evaluating first.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if self.dtype() != T::DTYPE {
+            return Err(Error::DtypeMismatch {
+                actual: self.dtype(),
+                requested: T::DTYPE,
+            });
+        }
+        // Row-major contiguous, so the buffer is exactly `size` elements in order.
+        let c = Array::build_s(|res, s| {
+            // SAFETY: live input handle, valid out handle and stream.
+            unsafe { sys::mlx_contiguous(res, self.raw, false, s) }
+        })?;
+        c.eval()?;
+        let n = c.size();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the array is evaluated; mlx-c returns its data pointer (or null
+        // after reporting an error).
+        let ptr = unsafe { sys::mlx_array_data_uint8(c.raw) };
+        if ptr.is_null() {
+            return Err(Error::Mlx(take_last_error().unwrap_or_else(|| "no data".into())));
+        }
+        // SAFETY: `c` is evaluated, row-contiguous, of dtype T::DTYPE (checked
+        // above) and holds `n` elements; MLX aligns buffers for any element type;
+        // we copy before `c` is dropped.
+        Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<T>(), n) }.to_vec())
+    }
+
+    /// The single element of a one-element array.
+    pub fn item<T: Element>(&self) -> Result<T> {
+        if self.size() != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "item() needs one element, array has shape {:?}",
+                self.shape()
+            )));
+        }
+        Ok(self.to_vec::<T>()?[0])
+    }
+}
+
+/// Number of elements of `shape`, rejecting negative dimensions and overflow.
+pub(crate) fn shape_len(shape: &[i32]) -> Result<usize> {
+    shape.iter().try_fold(1usize, |acc, &d| {
+        let d = usize::try_from(d)
+            .map_err(|_| Error::InvalidArgument(format!("negative dimension in {shape:?}")))?;
+        acc.checked_mul(d)
+            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows")))
+    })
+}
+
+impl Clone for Array {
+    fn clone(&self) -> Self {
+        // SAFETY: a fresh handle set to share `self`'s array; setting cannot fail
+        // for two live handles.
+        let mut out = Array { raw: unsafe { sys::mlx_array_new() } };
+        unsafe { sys::mlx_array_set(&mut out.raw, self.raw) };
+        out
+    }
+}
+
+impl Drop for Array {
+    fn drop(&mut self) {
+        // SAFETY: each Array owns its handle and frees it exactly once.
+        unsafe { sys::mlx_array_free(self.raw) };
+    }
+}
+
+impl fmt::Debug for Array {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Array(shape={:?}, dtype={:?})", self.shape(), self.dtype())
+    }
+}
+
+impl fmt::Display for Array {
+    /// MLX's own printout (evaluates the array).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        init();
+        // SAFETY: a fresh string handle, freed below.
+        let mut s = unsafe { sys::mlx_string_new() };
+        // SAFETY: live array and string handles.
+        let status = unsafe { sys::mlx_array_tostring(&mut s, self.raw) };
+        let text = if check(status).is_ok() {
+            // SAFETY: the string's data is NUL-terminated and lives until freed.
+            unsafe { CStr::from_ptr(sys::mlx_string_data(s)) }.to_string_lossy().into_owned()
+        } else {
+            format!("{self:?}")
+        };
+        // SAFETY: `s` was created above and is freed once.
+        unsafe { sys::mlx_string_free(s) };
+        f.write_str(&text)
+    }
+}

@@ -1,0 +1,201 @@
+//! Devices and streams.
+//!
+//! Ops take no stream argument: they run on the calling thread's current stream,
+//! which is the default stream of MLX's default device (the GPU when the MLX build
+//! has one, else the CPU) unless changed with [`set_default_device`] or scoped with
+//! [`with_stream`]. The engine owns MLX from one thread, so the per-thread current
+//! stream is exactly "the engine's stream".
+
+use std::cell::RefCell;
+use std::ffi::CStr;
+
+use mlx_sys as sys;
+
+use crate::error::{check, init, Result};
+
+/// The kind of device an op runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl Device {
+    fn to_sys(self) -> sys::mlx_device {
+        let kind = match self {
+            Device::Cpu => sys::MLX_CPU,
+            Device::Gpu => sys::MLX_GPU,
+        };
+        // SAFETY: creates a fresh device handle; the caller frees it (DeviceHandle).
+        unsafe { sys::mlx_device_new_type(kind, 0) }
+    }
+
+    /// Whether this MLX build and machine can run ops on the device.
+    pub fn is_available(self) -> bool {
+        init();
+        let dev = DeviceHandle(self.to_sys());
+        let mut avail = false;
+        // SAFETY: `dev.0` is a live handle; `avail` is a valid out pointer.
+        let status = unsafe { sys::mlx_device_is_available(&mut avail, dev.0) };
+        check(status).is_ok() && avail
+    }
+
+    /// MLX's default device (GPU when available in this build, else CPU).
+    pub fn default_device() -> Result<Device> {
+        init();
+        // SAFETY: a fresh handle filled by the next call, freed by DeviceHandle.
+        let mut dev = DeviceHandle(unsafe { sys::mlx_device_new() });
+        // SAFETY: `dev.0` is a valid out handle.
+        check(unsafe { sys::mlx_get_default_device(&mut dev.0) })?;
+        let mut kind = sys::MLX_CPU;
+        // SAFETY: `dev.0` is live; `kind` is a valid out pointer.
+        check(unsafe { sys::mlx_device_get_type(&mut kind, dev.0) })?;
+        Ok(if kind == sys::MLX_GPU { Device::Gpu } else { Device::Cpu })
+    }
+
+    /// A description of the device from MLX ("cpu", or the GPU's name when MLX knows it).
+    pub fn name(self) -> String {
+        init();
+        let dev = DeviceHandle(self.to_sys());
+        // SAFETY: a fresh info object, freed below.
+        let mut info = unsafe { sys::mlx_device_info_new() };
+        let mut out = match self {
+            Device::Cpu => "cpu".to_string(),
+            Device::Gpu => "gpu".to_string(),
+        };
+        // SAFETY: `info` and `dev.0` are live handles.
+        if check(unsafe { sys::mlx_device_info_get(&mut info, dev.0) }).is_ok() {
+            let key = c"device_name";
+            let mut has = false;
+            let mut is_str = false;
+            // SAFETY: live `info`, NUL-terminated key, valid out pointers.
+            let ok = unsafe {
+                sys::mlx_device_info_has_key(&mut has, info, key.as_ptr()) == 0
+                    && has
+                    && sys::mlx_device_info_is_string(&mut is_str, info, key.as_ptr()) == 0
+                    && is_str
+            };
+            if ok {
+                let mut value: *const std::ffi::c_char = std::ptr::null();
+                // SAFETY: the key holds a string; the returned pointer lives as long as `info`.
+                if unsafe { sys::mlx_device_info_get_string(&mut value, info, key.as_ptr()) } == 0
+                    && !value.is_null()
+                {
+                    // SAFETY: NUL-terminated string owned by `info`, copied before it is freed.
+                    out = unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned();
+                }
+            }
+        }
+        let _ = crate::error::take_last_error();
+        // SAFETY: `info` was created above and is freed once.
+        unsafe { sys::mlx_device_info_free(info) };
+        out
+    }
+}
+
+struct DeviceHandle(sys::mlx_device);
+
+impl Drop for DeviceHandle {
+    fn drop(&mut self) {
+        // SAFETY: each DeviceHandle owns its handle and frees it once.
+        unsafe { sys::mlx_device_free(self.0) };
+    }
+}
+
+/// Makes `device` MLX's default device, and the current stream of this thread its
+/// default stream.
+pub fn set_default_device(device: Device) -> Result<()> {
+    init();
+    let dev = DeviceHandle(device.to_sys());
+    // SAFETY: `dev.0` is a live handle.
+    check(unsafe { sys::mlx_set_default_device(dev.0) })?;
+    CURRENT.with(|c| *c.borrow_mut() = None);
+    Ok(())
+}
+
+/// An MLX stream: an ordered queue of work on one device.
+pub struct Stream {
+    pub(crate) raw: sys::mlx_stream,
+}
+
+impl Stream {
+    /// The default stream of `device`.
+    pub fn default_for(device: Device) -> Result<Stream> {
+        init();
+        let dev = DeviceHandle(device.to_sys());
+        // SAFETY: a fresh stream handle, owned by the returned Stream.
+        let mut s = Stream { raw: unsafe { sys::mlx_stream_new() } };
+        // SAFETY: valid out handle and live device.
+        check(unsafe { sys::mlx_get_default_stream(&mut s.raw, dev.0) })?;
+        Ok(s)
+    }
+
+    /// A new stream on `device`, independent of the default one.
+    pub fn new(device: Device) -> Stream {
+        init();
+        let dev = DeviceHandle(device.to_sys());
+        // SAFETY: creates a stream owned by the returned value.
+        Stream { raw: unsafe { sys::mlx_stream_new_device(dev.0) } }
+    }
+
+    /// The device this stream runs on.
+    pub fn device(&self) -> Result<Device> {
+        // SAFETY: a fresh handle filled below, freed by DeviceHandle.
+        let mut dev = DeviceHandle(unsafe { sys::mlx_device_new() });
+        // SAFETY: live stream, valid out handle.
+        check(unsafe { sys::mlx_stream_get_device(&mut dev.0, self.raw) })?;
+        let mut kind = sys::MLX_CPU;
+        // SAFETY: live device, valid out pointer.
+        check(unsafe { sys::mlx_device_get_type(&mut kind, dev.0) })?;
+        Ok(if kind == sys::MLX_GPU { Device::Gpu } else { Device::Cpu })
+    }
+
+    /// Waits until all work queued on this stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: live stream.
+        check(unsafe { sys::mlx_synchronize(self.raw) })
+    }
+}
+
+impl Clone for Stream {
+    fn clone(&self) -> Self {
+        // SAFETY: a fresh handle set to share `self`'s stream.
+        let mut s = Stream { raw: unsafe { sys::mlx_stream_new() } };
+        // SAFETY: both handles are live; copying a stream cannot fail.
+        unsafe { sys::mlx_stream_set(&mut s.raw, self.raw) };
+        s
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: each Stream owns its handle and frees it once.
+        unsafe { sys::mlx_stream_free(self.raw) };
+    }
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Stream>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the thread's current stream handle (see the module docs).
+pub(crate) fn with_current<R>(f: impl FnOnce(sys::mlx_stream) -> R) -> Result<R> {
+    CURRENT.with(|c| {
+        let mut slot = c.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(Stream::default_for(Device::default_device()?)?);
+        }
+        // The slot was filled just above.
+        let raw = slot.as_ref().map(|s| s.raw).expect("current stream set above");
+        drop(slot);
+        Ok(f(raw))
+    })
+}
+
+/// Runs `f` with `stream` as this thread's current stream, then restores the previous one.
+pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
+    let previous = CURRENT.with(|c| c.borrow_mut().replace(stream.clone()));
+    let out = f();
+    CURRENT.with(|c| *c.borrow_mut() = previous);
+    out
+}

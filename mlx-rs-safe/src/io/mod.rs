@@ -1,0 +1,1 @@
+//! Weights I/O.

@@ -1,0 +1,47 @@
+//! Safe Rust over MLX's C API (mlx-c), plus mlx-serve's own primitives.
+//!
+//! All `unsafe` of the workspace lives in this crate, each block next to the one
+//! FFI call it makes, with the invariant it relies on in a `SAFETY` comment. Every
+//! fallible call returns [`Result`]: an invalid op yields `Err` with MLX's message
+//! and the process carries on.
+
+mod array;
+mod device;
+mod dtype;
+mod error;
+mod transforms;
+
+pub mod ext;
+pub mod fast;
+pub mod io;
+pub mod kernels;
+pub mod memory;
+pub mod ops;
+pub mod quantized;
+pub mod random;
+
+pub use array::Array;
+pub use device::{set_default_device, with_stream, Device, Stream};
+pub use dtype::{Dtype, Element};
+pub use error::{Error, Result};
+pub use transforms::{async_eval, eval};
+
+/// The MLX version mlx-c reports (e.g. "0.32.4").
+pub fn mlx_version() -> String {
+    error::init();
+    // SAFETY: a fresh string handle, freed below.
+    let mut s = unsafe { mlx_sys::mlx_string_new() };
+    // SAFETY: live handle.
+    let status = unsafe { mlx_sys::mlx_version(&mut s) };
+    let v = if error::check(status).is_ok() {
+        // SAFETY: NUL-terminated data owned by `s`, copied before the free.
+        unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlx_string_data(s)) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        String::new()
+    };
+    // SAFETY: created above, freed once.
+    unsafe { mlx_sys::mlx_string_free(s) };
+    v
+}

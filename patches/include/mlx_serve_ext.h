@@ -1,0 +1,40 @@
+/* mlx-serve's additions to the mlx-c library: custom MLX primitives that the
+ * safe Rust crate (mlx-rs-safe) reaches through bindgen, like the rest of mlx-c.
+ *
+ * Conventions follow mlx-c: every function returns 0 on success and non-zero on
+ * failure, after reporting the message through mlx-c's error handler. */
+#ifndef MLX_SERVE_EXT_H
+#define MLX_SERVE_EXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mlx/c/array.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A lazy array of `shape`/`dtype` whose bytes are read from file descriptor `fd`
+ * at byte `offset` with pread(2) when the array is evaluated.
+ *
+ * It is always evaluated on the CPU stream: reading is a host operation, and the
+ * buffer it fills is memory every backend can read (unified memory on Apple
+ * silicon, CUDA managed memory in MLX's CUDA build).
+ *
+ * The fd is checked now (it must be open) and must stay open until the array has
+ * been evaluated. A short file, an fd closed in the meantime or any read error
+ * makes the evaluation fail with a message naming fd, offset and length. */
+int mlxs_pread_into(
+    mlx_array* res,
+    int fd,
+    uint64_t offset,
+    const int* shape,
+    size_t ndim,
+    mlx_dtype dtype);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

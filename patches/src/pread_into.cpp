@@ -1,0 +1,130 @@
+// The PreadInto primitive: fills its output from a file region with pread(2).
+// It is the seed of SSD expert streaming: expert weights are read on demand
+// straight into an MLX buffer, without going through a Python-style loader.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/c/error.h"
+#include "mlx/c/private/array.h"
+#include "mlx/c/private/enums.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlx_serve_ext.h"
+
+namespace mx = mlx::core;
+
+namespace {
+
+class PreadInto : public mx::UnaryPrimitive {
+ public:
+  PreadInto(mx::Stream stream, int fd, uint64_t offset)
+      : mx::UnaryPrimitive(stream), fd_(fd), offset_(offset) {}
+
+  void eval_cpu(const std::vector<mx::array>&, mx::array& out) override {
+    // Reading synchronously here (not in a dispatched task) lets a read error
+    // propagate out of eval() as an exception, which mlx-c turns into an error
+    // status; the output has no inputs, so nothing has to be waited for.
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    read_all(static_cast<char*>(out.data<void>()), out.nbytes());
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    // mlxs_pread_into always places the primitive on the CPU stream.
+    throw std::logic_error("[pread_into] runs on the CPU stream only");
+  }
+
+  const char* name() const override {
+    return "PreadInto";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    // Two reads of the same region are not merged: the file may change between
+    // them, and streaming relies on each read happening.
+    return false;
+  }
+
+ private:
+  void read_all(char* dst, size_t n) const {
+    size_t done = 0;
+    while (done < n) {
+      // Linux caps one pread at 0x7ffff000 bytes; ask for at most 1 GiB a call.
+      size_t want = std::min<size_t>(n - done, size_t(1) << 30);
+      ssize_t got = ::pread(fd_, dst + done, want, off_t(offset_ + done));
+      if (got < 0) {
+        if (errno == EINTR) {
+          continue;
+        }
+        throw std::runtime_error(where(n) + ": " + std::strerror(errno));
+      }
+      if (got == 0) {
+        throw std::runtime_error(
+            where(n) + ": file ends after " + std::to_string(done) + " bytes");
+      }
+      done += size_t(got);
+    }
+  }
+
+  std::string where(size_t n) const {
+    return "[pread_into] reading " + std::to_string(n) + " bytes at offset " +
+        std::to_string(offset_) + " from fd " + std::to_string(fd_);
+  }
+
+  int fd_;
+  uint64_t offset_;
+};
+
+} // namespace
+
+extern "C" int mlxs_pread_into(
+    mlx_array* res,
+    int fd,
+    uint64_t offset,
+    const int* shape,
+    size_t ndim,
+    mlx_dtype dtype) {
+  try {
+    if (fd < 0 || ::fcntl(fd, F_GETFD) == -1) {
+      throw std::invalid_argument(
+          "[pread_into] fd " + std::to_string(fd) + " is not an open file");
+    }
+    if (ndim > 0 && shape == nullptr) {
+      throw std::invalid_argument("[pread_into] shape is null");
+    }
+    mx::Shape out_shape(shape, shape + ndim);
+    auto out_dtype = mlx_dtype_to_cpp(dtype);
+    uint64_t nbytes = out_dtype.size();
+    for (auto d : out_shape) {
+      if (d < 0) {
+        throw std::invalid_argument("[pread_into] negative dimension");
+      }
+      if (d != 0 && nbytes > std::numeric_limits<uint64_t>::max() / d) {
+        throw std::invalid_argument("[pread_into] size overflows");
+      }
+      nbytes *= uint64_t(d);
+    }
+    if (offset > uint64_t(std::numeric_limits<off_t>::max()) - nbytes) {
+      throw std::invalid_argument(
+          "[pread_into] offset " + std::to_string(offset) + " + " +
+          std::to_string(nbytes) + " bytes is past the largest file offset");
+    }
+    auto cpu = mx::default_stream(mx::Device::cpu);
+    mlx_array_set_(
+        *res,
+        mx::array(
+            std::move(out_shape),
+            out_dtype,
+            std::make_shared<PreadInto>(cpu, fd, offset),
+            {}));
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
