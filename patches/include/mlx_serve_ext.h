@@ -22,9 +22,10 @@ extern "C" {
  * buffer it fills is memory every backend can read (unified memory on Apple
  * silicon, CUDA managed memory in MLX's CUDA build).
  *
- * The fd is checked now (it must be open) and must stay open until the array has
- * been evaluated. A short file, an fd closed in the meantime or any read error
- * makes the evaluation fail with a message naming fd, offset and length. */
+ * The array keeps its own duplicate of `fd` (closed when the array's graph node
+ * is released), so the caller may close `fd` right after this call. A closed or
+ * invalid `fd` fails here; a short file or a read error fails the evaluation,
+ * with a message naming offset and length. */
 int mlxs_pread_into(
     mlx_array* res,
     int fd,

@@ -24,8 +24,14 @@ namespace {
 
 class PreadInto : public mx::UnaryPrimitive {
  public:
+  // Takes ownership of `fd` (a private duplicate) and closes it when the
+  // primitive goes away, so the caller may close its own descriptor at once.
   PreadInto(mx::Stream stream, int fd, uint64_t offset)
       : mx::UnaryPrimitive(stream), fd_(fd), offset_(offset) {}
+
+  ~PreadInto() override {
+    ::close(fd_);
+  }
 
   void eval_cpu(const std::vector<mx::array>&, mx::array& out) override {
     // Reading synchronously here (not in a dispatched task) lets a read error
@@ -73,7 +79,7 @@ class PreadInto : public mx::UnaryPrimitive {
 
   std::string where(size_t n) const {
     return "[pread_into] reading " + std::to_string(n) + " bytes at offset " +
-        std::to_string(offset_) + " from fd " + std::to_string(fd_);
+        std::to_string(offset_);
   }
 
   int fd_;
@@ -90,10 +96,6 @@ extern "C" int mlxs_pread_into(
     size_t ndim,
     mlx_dtype dtype) {
   try {
-    if (fd < 0 || ::fcntl(fd, F_GETFD) == -1) {
-      throw std::invalid_argument(
-          "[pread_into] fd " + std::to_string(fd) + " is not an open file");
-    }
     if (ndim > 0 && shape == nullptr) {
       throw std::invalid_argument("[pread_into] shape is null");
     }
@@ -114,13 +116,28 @@ extern "C" int mlxs_pread_into(
           "[pread_into] offset " + std::to_string(offset) + " + " +
           std::to_string(nbytes) + " bytes is past the largest file offset");
     }
-    auto cpu = mx::default_stream(mx::Device::cpu);
+    // A private duplicate keeps the file open until the read has happened,
+    // whatever the caller does with `fd` meanwhile.
+    int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) {
+      throw std::invalid_argument(
+          "[pread_into] fd " + std::to_string(fd) +
+          " is not an open file: " + std::strerror(errno));
+    }
+    std::shared_ptr<PreadInto> prim;
+    try {
+      prim = std::make_shared<PreadInto>(
+          mx::default_stream(mx::Device::cpu), own, offset);
+    } catch (...) {
+      ::close(own);
+      throw;
+    }
     mlx_array_set_(
         *res,
         mx::array(
             std::move(out_shape),
             out_dtype,
-            std::make_shared<PreadInto>(cpu, fd, offset),
+            std::move(prim),
             {}));
   } catch (std::exception& e) {
     mlx_error(e.what());

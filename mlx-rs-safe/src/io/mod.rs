@@ -1,1 +1,5 @@
 //! Weights I/O.
+
+mod safetensors;
+
+pub use self::safetensors::{SafetensorsFile, TensorMeta};
