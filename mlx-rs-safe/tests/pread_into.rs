@@ -58,10 +58,14 @@ fn short_file_fails_the_evaluation_with_a_clear_error() {
 
 #[test]
 fn closed_or_invalid_descriptor_is_an_error_not_an_abort() {
-    // A descriptor that was open and is closed now. Numbered far above what the
-    // other tests' files get (lowest free numbers), so no parallel test reuses it.
+    // A descriptor that was open and is closed now: the highest number the
+    // process may use, far above what the other tests' files get (the lowest
+    // free numbers), so no parallel test reuses it in between.
     let f = file_with(&counting_bytes(8));
-    let fd = 54_321;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we own.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    let fd = (lim.rlim_cur.min(65_536) - 1) as i32;
     // SAFETY: dup2/close on descriptors this test owns.
     assert_eq!(unsafe { libc::dup2(f.as_raw_fd(), fd) }, fd);
     assert_eq!(unsafe { libc::close(fd) }, 0);

@@ -3,7 +3,6 @@
 
 use mlx_sys as sys;
 
-use crate::array::Array;
 use crate::error::{Error, Result};
 
 /// Defines `pub fn name(a: &Array) -> Result<Array>` over an mlx-c unary op.
