@@ -9,6 +9,7 @@ mod array;
 mod device;
 mod dtype;
 mod error;
+mod optional;
 mod transforms;
 
 pub mod ext;

@@ -1,2 +1,11 @@
 //! mlx-serve: models, engine and OpenAI-compatible HTTP API over MLX.
 #![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod engine;
+pub mod error;
+pub mod generate_cmd;
+pub mod kv;
+pub mod models;
+pub mod system_info;
+pub mod tokenizer;

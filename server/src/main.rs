@@ -1,2 +1,45 @@
 #![forbid(unsafe_code)]
-fn main() {}
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use mlx_serve::cli::{Cli, Command};
+use mlx_serve::generate_cmd;
+use mlx_serve::system_info::SystemInfo;
+
+fn fail(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("mlx-serve: {e}");
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Info => match SystemInfo::collect() {
+            // Serialising a struct of strings and integers cannot fail.
+            Ok(info) => {
+                println!("{}", serde_json::to_string_pretty(&info).expect("plain struct"));
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+        Command::Generate(args) => match generate_cmd::run(&args) {
+            Ok(report) if args.json => {
+                println!("{}", serde_json::to_string(&report).expect("plain struct"));
+                ExitCode::SUCCESS
+            }
+            Ok(r) => {
+                println!("\n==========");
+                println!("Prompt: {} tokens, {:.3} tokens-per-sec", r.prompt_tokens, r.prompt_tps);
+                println!(
+                    "Generation: {} tokens, {:.3} tokens-per-sec",
+                    r.generated_token_ids.len(),
+                    r.generation_tps
+                );
+                println!("Peak memory: {:.3} GB", r.peak_memory_bytes as f64 / 1e9);
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
+    }
+}

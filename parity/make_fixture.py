@@ -1,0 +1,100 @@
+"""Builds a tiny random-weight model with mlx-lm itself, and mlx-lm's own greedy
+output on it: the reference our engine must match token for token.
+
+usage: python make_fixture.py SPEC_JSON OUT_DIR
+
+SPEC_JSON: {"config": {...HF config.json fields...}, "dtype": "bfloat16",
+            "quantize": null | {"bits": 4, "group_size": 64},
+            "prompt_tokens": 600, "max_tokens": 64, "seed": 0}
+Writes OUT_DIR/{config.json, model.safetensors(.index.json), tokenizer files,
+reference.json}. reference.json holds the prompt ids, mlx-lm's greedy tokens and
+the logits of the first generated position (float32, for the tolerance check).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+
+from make_tokenizer import write_tokenizer
+
+
+def main():
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    seed = spec.get("seed", 0)
+    mx.random.seed(seed)
+
+    config = dict(spec["config"])
+    vocab = write_tokenizer(out, config["vocab_size"])
+    assert vocab == config["vocab_size"], (vocab, config["vocab_size"])
+
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    # Random weights with a spread that keeps activations in a sane range, so the
+    # greedy path is not decided by float noise. Norm weights stay near 1.
+    def init(path, p):
+        if "norm" in path:
+            return 1.0 + 0.1 * mx.random.normal(p.shape)
+        if "embed" in path or "lm_head" in path:
+            return spec.get("embed_std", 0.02) * mx.random.normal(p.shape)
+        return spec.get("weight_std", 0.2) * mx.random.normal(p.shape)
+
+    flat = [(k, init(k, v)) for k, v in tree_flatten(model.parameters())]
+    model.update(tree_map(lambda x: x, dict_to_tree(flat)))
+    dtype = getattr(mx, spec.get("dtype", "bfloat16"))
+    model.set_dtype(dtype)
+    if spec.get("quantize"):
+        q = spec["quantize"]
+        model, config = quantize_model(model, config, q["group_size"], q["bits"])
+    mx.eval(model.parameters())
+    save_model(out, model)
+    save_config(config, out / "config.json")
+
+    # The prompt: a fixed pseudo-random token sequence (no specials).
+    rng = mx.random.key(seed + 1)
+    n = spec.get("prompt_tokens", 600)
+    prompt = mx.random.randint(3, vocab, (n,), key=rng).tolist()
+
+    kv = spec.get("kv_bits")
+    tokens, first_logits = [], None
+    gen = generate_step(
+        mx.array(prompt),
+        model,
+        max_tokens=spec.get("max_tokens", 64),
+        prefill_step_size=spec.get("prefill_size", 512),
+        kv_bits=kv,
+        kv_group_size=spec.get("kv_group_size", 64),
+        quantized_kv_start=0,
+    )
+    for token, logprobs in gen:
+        if first_logits is None:
+            first_logits = logprobs.astype(mx.float32).tolist()
+        tokens.append(int(token))
+    (out / "reference.json").write_text(
+        json.dumps(
+            {
+                "prompt": prompt,
+                "tokens": tokens,
+                "first_logprobs": first_logits,
+                "spec": spec,
+            }
+        )
+    )
+
+
+def dict_to_tree(flat):
+    from mlx.utils import tree_unflatten
+
+    return tree_unflatten(flat)
+
+
+if __name__ == "__main__":
+    main()

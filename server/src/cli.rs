@@ -1,0 +1,62 @@
+//! Command-line interface (clap). Each subcommand maps to a typed config.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "mlx-serve", version, about = "OpenAI-compatible LLM inference server on MLX")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print what MLX sees on this machine (version, backend, device, memory) as JSON.
+    Info,
+    /// Generate text from a prompt, as mlx_lm.generate does.
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Model folder (config.json, tokenizer, safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// The prompt ("-" reads standard input).
+    #[arg(long, default_value = "hello")]
+    pub prompt: String,
+    #[arg(long, default_value_t = 100)]
+    pub max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 20)]
+    pub repetition_context_size: usize,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_size: usize,
+    /// Use the prompt as raw text, without the chat template.
+    #[arg(long)]
+    pub ignore_chat_template: bool,
+    /// System prompt placed before the user message in the chat template.
+    #[arg(long)]
+    pub system_prompt: Option<String>,
+    /// Generate past end-of-sequence tokens, up to max_tokens (benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object (ids, text, timings, memory) instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}

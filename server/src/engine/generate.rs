@@ -1,0 +1,136 @@
+//! Token generation for one sequence, step for step as mlx-lm's `generate_step`:
+//! the prompt is prefilled in chunks of `prefill_size` (all but its last token),
+//! then each step runs the model on one token. The next step is queued with
+//! `async_eval` before the current token is handed out, so the device computes
+//! while the host detokenizes; nothing in the layer loop waits on the device.
+
+use mlx_rs_safe::{async_eval, eval, ops, Array, Dtype};
+
+use super::sampler::Sampler;
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use crate::models::LanguageModel;
+
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// Prompt tokens per prefill step.
+    pub prefill_size: usize,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions { prefill_size: 512, max_tokens: 256 }
+    }
+}
+
+/// One generated token and the log-probabilities it was drawn from.
+pub struct StepOutput {
+    pub token: u32,
+    /// [vocab] float log-probabilities of this step (after logits processors).
+    pub logprobs: Array,
+}
+
+pub struct Generator<'m> {
+    model: &'m dyn LanguageModel,
+    caches: Vec<Box<dyn KvCache>>,
+    sampler: Sampler,
+    /// Tokens seen so far (prompt + generated), for penalties.
+    history: Vec<u32>,
+    pending: Option<(Array, Array)>,
+    produced: usize,
+    max_tokens: usize,
+}
+
+fn token_array(tokens: &[u32]) -> Result<Array> {
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
+}
+
+/// The id in a one-element token array (argmax gives uint32, categorical int32).
+fn token_id(token: &Array) -> Result<u32> {
+    Ok(ops::astype(token, Dtype::Uint32)?.item::<u32>()?)
+}
+
+impl<'m> Generator<'m> {
+    /// Prefills `prompt` and queues the first decode step.
+    pub fn new(
+        model: &'m dyn LanguageModel,
+        prompt: &[u32],
+        sampler: Sampler,
+        opts: &GenerateOptions,
+    ) -> Result<Generator<'m>> {
+        if prompt.is_empty() {
+            return Err(Error::InvalidRequest("the prompt is empty".into()));
+        }
+        let mut caches = model.new_caches();
+        let prefill = opts.prefill_size.max(1);
+        let mut done = 0;
+        while prompt.len() - done > 1 {
+            let n = prefill.min(prompt.len() - done - 1);
+            model.forward(&token_array(&prompt[done..done + n])?, &mut caches)?;
+            let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
+            eval(&state.iter().collect::<Vec<_>>())?;
+            done += n;
+        }
+        let mut g = Generator {
+            model,
+            caches,
+            sampler,
+            history: prompt.to_vec(),
+            pending: None,
+            produced: 0,
+            max_tokens: opts.max_tokens,
+        };
+        if g.max_tokens > 0 {
+            let first = g.step(&token_array(&prompt[done..])?)?;
+            async_eval(&[&first.0, &first.1])?;
+            g.pending = Some(first);
+        }
+        Ok(g)
+    }
+
+    /// Runs the model on `input` ([1, L] ids) and samples: (token [1], logprobs [vocab]).
+    fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
+        let logits = self.model.forward(input, &mut self.caches)?;
+        let shape = logits.shape();
+        let (l, v) = (shape[1], shape[2]);
+        // logits[:, -1, :]
+        let last = ops::reshape(&ops::slice(&logits, &[0, l - 1, 0], &[1, l, v], &[1, 1, 1])?, &[1, v])?;
+        let last = self.sampler.process_logits(&self.history, &last)?;
+        let logprobs = ops::subtract(&last, &ops::logsumexp(&last, &[-1], true)?)?;
+        let token = self.sampler.sample(&logprobs)?;
+        Ok((token, ops::reshape(&logprobs, &[v])?))
+    }
+
+    /// KV bytes held by this sequence.
+    pub fn kv_bytes(&self) -> usize {
+        self.caches.iter().map(|c| c.nbytes()).sum()
+    }
+
+    /// The next token, or `None` after `max_tokens`.
+    pub fn next_token(&mut self) -> Result<Option<StepOutput>> {
+        let Some((token, logprobs)) = self.pending.take() else {
+            return Ok(None);
+        };
+        self.produced += 1;
+        let more = self.produced < self.max_tokens;
+        // Without history-dependent logits processors, the next step is queued
+        // on the still-lazy token before this one is read back (mlx-lm's
+        // pipelining); with them, the host needs the token first.
+        if more && !self.sampler.uses_history() {
+            let next = self.step(&ops::reshape(&token, &[1, 1])?)?;
+            async_eval(&[&next.0, &next.1])?;
+            self.pending = Some(next);
+        }
+        let id = token_id(&token)?;
+        self.history.push(id);
+        if more && self.sampler.uses_history() {
+            let next = self.step(&token_array(&[id])?)?;
+            async_eval(&[&next.0, &next.1])?;
+            self.pending = Some(next);
+        }
+        Ok(Some(StepOutput { token: id, logprobs }))
+    }
+}

@@ -1,0 +1,202 @@
+//! Logits processing and sampling, following mlx-lm's `sample_utils`: logit
+//! bias, repetition / presence / frequency penalties, then greedy or
+//! temperature sampling filtered by top-k, top-p and min-p. Random draws use an
+//! explicit key split per step, so a seed reproduces a whole generation.
+
+use std::collections::HashMap;
+
+use mlx_rs_safe::{ops, random, Array, Dtype};
+
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Keep the smallest set of tokens whose probability adds up to top_p (1 = off).
+    pub top_p: f32,
+    /// Keep the k most likely tokens (0 = off).
+    pub top_k: i32,
+    /// Drop tokens less likely than min_p × the top probability (0 = off).
+    pub min_p: f32,
+    /// Divide positive / multiply negative logits of recent tokens (1 = off).
+    pub repetition_penalty: f32,
+    pub repetition_context_size: usize,
+    /// Subtracted once from the logit of every token seen (OpenAI semantics).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of every token seen.
+    pub frequency_penalty: f32,
+    pub logit_bias: HashMap<u32, f32>,
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            repetition_context_size: 20,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: HashMap::new(),
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Rejects values no sampler can use, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidRequest(m));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if self.top_k < 0 {
+            return bad(format!("top_k must be >= 0, got {}", self.top_k));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        }
+        for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
+            if !(-2.0..=2.0).contains(&v) {
+                return bad(format!("{name} must be in [-2, 2], got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub struct Sampler {
+    params: SamplingParams,
+    key: Array,
+}
+
+const NEG_INF: f32 = f32::NEG_INFINITY;
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+        });
+        Ok(Sampler { key: random::key(seed)?, params })
+    }
+
+    pub fn greedy() -> Sampler {
+        // Default params always validate; the key of seed 0 is a constant.
+        Sampler::new(SamplingParams { seed: Some(0), ..Default::default() }).expect("default params are valid")
+    }
+
+    /// Whether processing needs the tokens generated so far.
+    pub fn uses_history(&self) -> bool {
+        self.params.repetition_penalty != 1.0
+            || self.params.presence_penalty != 0.0
+            || self.params.frequency_penalty != 0.0
+    }
+
+    /// Applies logit bias and penalties to `logits` ([1, vocab]).
+    pub fn process_logits(&self, history: &[u32], logits: &Array) -> Result<Array> {
+        let mut logits = logits.clone();
+        let p = &self.params;
+        if !p.logit_bias.is_empty() {
+            let (ids, bias): (Vec<i32>, Vec<f32>) = p.logit_bias.iter().map(|(&t, &b)| (t as i32, b)).unzip();
+            let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+            let cur = ops::take_along_axis(&logits, &idx, -1)?;
+            let add = ops::astype(&Array::from_slice(&bias, &[1, bias.len() as i32])?, logits.dtype())?;
+            logits = ops::put_along_axis(&logits, &idx, &ops::add(&cur, &add)?, -1)?;
+        }
+        if p.repetition_penalty != 1.0 && !history.is_empty() {
+            let start = history.len().saturating_sub(p.repetition_context_size);
+            let ids: Vec<i32> = history[start..].iter().map(|&t| t as i32).collect();
+            let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+            let sel = ops::take_along_axis(&logits, &idx, -1)?;
+            let pen = Array::scalar(p.repetition_penalty);
+            let sel = ops::where_(
+                &ops::less(&sel, &Array::scalar(0.0f32))?,
+                &ops::multiply(&sel, &pen)?,
+                &ops::divide(&sel, &pen)?,
+            )?;
+            logits = ops::put_along_axis(&logits, &idx, &ops::astype(&sel, logits.dtype())?, -1)?;
+        }
+        if (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !history.is_empty() {
+            let mut counts: HashMap<u32, f32> = HashMap::new();
+            for &t in history {
+                *counts.entry(t).or_default() += 1.0;
+            }
+            let (ids, sub): (Vec<i32>, Vec<f32>) = counts
+                .iter()
+                .map(|(&t, &c)| (t as i32, p.presence_penalty + p.frequency_penalty * c))
+                .unzip();
+            let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+            let cur = ops::take_along_axis(&logits, &idx, -1)?;
+            let sub = ops::astype(&Array::from_slice(&sub, &[1, sub.len() as i32])?, logits.dtype())?;
+            logits = ops::put_along_axis(&logits, &idx, &ops::subtract(&cur, &sub)?, -1)?;
+        }
+        Ok(logits)
+    }
+
+    /// Draws a token ([1]) from `logprobs` ([1, vocab]).
+    pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
+        let p = &self.params;
+        if p.temperature == 0.0 {
+            return Ok(ops::argmax(logprobs, -1, false)?);
+        }
+        let mut lp = logprobs.clone();
+        if p.top_k > 0 {
+            lp = apply_top_k(&lp, p.top_k)?;
+        }
+        if p.top_p < 1.0 {
+            lp = apply_top_p(&lp, p.top_p)?;
+        }
+        if p.min_p > 0.0 {
+            lp = apply_min_p(&lp, p.min_p)?;
+        }
+        let (next_key, draw_key) = random::split2(&self.key)?;
+        self.key = next_key;
+        let scaled = ops::multiply(&lp, &Array::scalar(1.0 / p.temperature))?;
+        Ok(random::categorical(&scaled, -1, &draw_key)?)
+    }
+}
+
+/// Keeps the `k` largest log-probabilities.
+fn apply_top_k(lp: &Array, k: i32) -> Result<Array> {
+    let v = lp.dim(-1)?;
+    if k >= v {
+        return Ok(lp.clone());
+    }
+    let neg = ops::negative(lp)?;
+    let part = ops::argpartition(&neg, k - 1, -1)?;
+    let drop = ops::slice(&part, &[0, k], &[1, v], &[1, 1])?;
+    let fill = ops::full(&drop.shape(), &Array::scalar(NEG_INF), lp.dtype())?;
+    Ok(ops::put_along_axis(lp, &drop, &fill, -1)?)
+}
+
+/// Keeps the most likely tokens until their probability reaches `top_p`.
+fn apply_top_p(lp: &Array, top_p: f32) -> Result<Array> {
+    let probs = ops::exp(lp)?;
+    let order = ops::argsort(lp, -1)?;
+    let sorted = ops::take_along_axis(&probs, &order, -1)?;
+    let cum = ops::cumsum(&sorted, -1, false, true)?;
+    let v = lp.dim(-1)?;
+    let positions = ops::reshape(&ops::arange(0.0, v as f64, 1.0, Dtype::Uint32)?, &[1, v])?;
+    let inverse = ops::put_along_axis(&ops::zeros_like(&order)?, &order, &ops::astype(&positions, order.dtype())?, -1)?;
+    let cum = ops::take_along_axis(&cum, &inverse, -1)?;
+    let keep = ops::greater(&cum, &Array::scalar(1.0 - top_p))?;
+    Ok(ops::where_(&keep, lp, &Array::scalar(NEG_INF))?)
+}
+
+/// Drops tokens with probability below `min_p` × the top probability.
+fn apply_min_p(lp: &Array, min_p: f32) -> Result<Array> {
+    let top = ops::max(lp, &[-1], true)?;
+    let threshold = ops::add(&top, &Array::scalar(min_p.ln()))?;
+    Ok(ops::where_(&ops::less(lp, &threshold)?, &Array::scalar(NEG_INF), lp)?)
+}

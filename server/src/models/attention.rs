@@ -1,0 +1,113 @@
+//! Multi-head attention with grouped KV heads, rotary positions, an optional
+//! per-head q/k RMS norm (Qwen3), and a KV cache — the attention of mlx-lm's
+//! llama/qwen2/qwen3 files, op for op.
+
+use mlx_rs_safe::fast::{self, SdpaMask};
+use mlx_rs_safe::{ops, Array};
+
+use super::layers::{Linear, RmsNorm};
+use super::quant::QuantConfig;
+use super::rope::Rope;
+use super::weights::Weights;
+use crate::error::Result;
+use crate::kv::KvCache;
+
+/// The shape and options of one attention block.
+#[derive(Debug, Clone)]
+pub struct AttentionSpec {
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    /// Bias on q/k/v projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// Per-head RMS norm of queries and keys before rope (eps), as in Qwen3.
+    pub qk_norm_eps: Option<f32>,
+}
+
+pub struct Attention {
+    spec: AttentionSpec,
+    scale: f32,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    rope: Rope,
+}
+
+/// How queries attend: all earlier positions (causal), or one new token that
+/// sees the whole cache (no mask).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionMask {
+    None,
+    Causal,
+}
+
+impl AttentionMask {
+    /// mlx-lm's `create_attention_mask` for a standard cache: causal for several
+    /// new tokens, nothing for one.
+    pub fn for_len(l: i32) -> AttentionMask {
+        if l > 1 { AttentionMask::Causal } else { AttentionMask::None }
+    }
+}
+
+impl Attention {
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        hidden: i32,
+        spec: AttentionSpec,
+        rope: Rope,
+        quant: &QuantConfig,
+    ) -> Result<Attention> {
+        let p = |n: &str| format!("{prefix}.{n}");
+        let hd = spec.head_dim;
+        let norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
+            spec.qk_norm_eps.map(|eps| RmsNorm::load(w, &p(n), hd, eps)).transpose()
+        };
+        let (q_out, kv_out) = (spec.n_heads * hd, spec.n_kv_heads * hd);
+        Ok(Attention {
+            scale: (hd as f32).powf(-0.5),
+            q_proj: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
+            k_proj: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+            v_proj: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+            o_proj: Linear::load(w, &p("o_proj"), q_out, hidden, spec.o_bias, quant)?,
+            q_norm: norm(w, "q_norm")?,
+            k_norm: norm(w, "k_norm")?,
+            rope,
+            spec,
+        })
+    }
+
+    /// `x`: [B, L, hidden] → [B, L, hidden].
+    pub fn forward(&self, x: &Array, mask: AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
+        let shape = x.shape();
+        let (b, l) = (shape[0], shape[1]);
+        let heads = |a: Array, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
+            let a = ops::reshape(&a, &[b, l, n, -1])?;
+            let a = match norm {
+                Some(nm) => nm.forward(&a)?,
+                None => a,
+            };
+            Ok(ops::transpose_axes(&a, &[0, 2, 1, 3])?)
+        };
+        let q = heads(self.q_proj.forward(x)?, self.spec.n_heads, self.q_norm.as_ref())?;
+        let k = heads(self.k_proj.forward(x)?, self.spec.n_kv_heads, self.k_norm.as_ref())?;
+        let v = heads(self.v_proj.forward(x)?, self.spec.n_kv_heads, None)?;
+
+        let offset = cache.offset();
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let sdpa_mask = match mask {
+            AttentionMask::None => SdpaMask::None,
+            AttentionMask::Causal => SdpaMask::Causal,
+        };
+        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, sdpa_mask, None)?;
+        let out = ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}

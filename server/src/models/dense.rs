@@ -1,0 +1,105 @@
+//! The dense decoder-only transformer that llama, mistral, qwen2 and qwen3 share:
+//! embedding → N × (norm → attention → residual → norm → MLP → residual) → norm
+//! → output head (tied to the embedding or separate). Architectures differ only
+//! in the `DenseSpec` their config maps to.
+
+use mlx_rs_safe::{ops, Array};
+use serde_json::Value;
+
+use super::attention::{Attention, AttentionMask, AttentionSpec};
+use super::layers::{Embedding, Linear, RmsNorm};
+use super::mlp::Mlp;
+use super::quant::QuantConfig;
+use super::rope::Rope;
+use super::weights::Weights;
+use super::LanguageModel;
+use crate::error::Result;
+use crate::kv::{KvCache, StandardKvCache};
+
+#[derive(Debug, Clone)]
+pub struct DenseSpec {
+    pub vocab_size: i32,
+    pub hidden_size: i32,
+    pub num_layers: i32,
+    pub intermediate_size: i32,
+    pub attention: AttentionSpec,
+    pub mlp_bias: bool,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<Value>,
+    pub tie_word_embeddings: bool,
+}
+
+struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_attn_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+pub struct DenseDecoder {
+    embed: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl DenseDecoder {
+    pub fn load(spec: &DenseSpec, mut w: Weights, quant: &QuantConfig) -> Result<DenseDecoder> {
+        // Weights mlx-lm's sanitize drops: precomputed rotary tables, and the
+        // output head when it is tied to the embedding.
+        w.discard(|k| k.contains("self_attn.rotary_emb.inv_freq"));
+        if spec.tie_word_embeddings {
+            w.discard(|k| k.starts_with("lm_head."));
+        }
+        let eps = spec.rms_norm_eps;
+        let (h, v) = (spec.hidden_size, spec.vocab_size);
+        let mut layers = Vec::with_capacity(spec.num_layers as usize);
+        for i in 0..spec.num_layers {
+            let p = format!("model.layers.{i}");
+            let rope = Rope::new(
+                spec.attention.head_dim,
+                spec.rope_theta,
+                spec.rope_traditional,
+                spec.rope_scaling.as_ref(),
+            )?;
+            layers.push(Block {
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
+                attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), rope, quant)?,
+                post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
+                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?,
+            });
+        }
+        let model = DenseDecoder {
+            embed: Embedding::load(&mut w, "model.embed_tokens", v, h, quant)?,
+            norm: RmsNorm::load(&mut w, "model.norm", h, eps)?,
+            lm_head: if spec.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, v, false, quant)?) },
+            layers,
+        };
+        w.finish()?;
+        Ok(model)
+    }
+}
+
+impl LanguageModel for DenseDecoder {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed.forward(tokens)?;
+        let mask = AttentionMask::for_len(tokens.shape()[1]);
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, mask, cache.as_mut())?;
+            let hh = ops::add(&h, &r)?;
+            let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
+            h = ops::add(&hh, &r)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed.as_linear(&h),
+        }
+    }
+
+    fn new_caches(&self) -> Vec<Box<dyn KvCache>> {
+        self.layers.iter().map(|_| Box::new(StandardKvCache::new()) as Box<dyn KvCache>).collect()
+    }
+}

@@ -1,0 +1,75 @@
+//! Model architectures over shared building blocks, and the registry from
+//! config.json's `model_type` to a loaded model.
+
+mod attention;
+mod dense;
+mod layers;
+mod llama;
+mod mlp;
+pub mod quant;
+mod qwen2;
+mod qwen3;
+mod rope;
+pub mod weights;
+
+use std::path::Path;
+
+use mlx_rs_safe::Array;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::kv::KvCache;
+use quant::QuantConfig;
+use weights::Weights;
+
+/// A causal language model: token ids in, logits out, state in KV caches.
+pub trait LanguageModel: Send {
+    /// `tokens`: [B, L] int32 → logits [B, L, vocab]. Appends to `caches`.
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array>;
+    /// One empty cache per layer.
+    fn new_caches(&self) -> Vec<Box<dyn KvCache>>;
+}
+
+/// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
+    serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
+}
+
+/// Loads the model in folder `dir` (config.json + safetensors).
+pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| Error::model_file(&config_path, format!("cannot read: {e}")))?;
+    let config: Value =
+        serde_json::from_str(&text).map_err(|e| Error::model_file(&config_path, format!("invalid JSON: {e}")))?;
+    let model_type = config
+        .get("model_type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
+    let quant = QuantConfig::from_config(&config)?;
+    let weights = Weights::load(dir)?;
+    let model: Box<dyn LanguageModel> = match model_type {
+        "llama" | "mistral" => {
+            let c: llama::LlamaConfig = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "qwen2" => {
+            let c: qwen2::Qwen2Config = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "qwen3" => {
+            let c: qwen3::Qwen3Config = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec()?, weights, &quant)?)
+        }
+        other => {
+            return Err(Error::model_file(
+                &config_path,
+                format!("model_type {other:?} is not supported; supported: {}", SUPPORTED.join(", ")),
+            ))
+        }
+    };
+    Ok((model, config))
+}

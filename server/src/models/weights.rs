@@ -1,0 +1,143 @@
+//! The weights of a model folder: single or sharded safetensors, read lazily
+//! (each tensor is a pread-backed array, read when first evaluated).
+//!
+//! Layers take their tensors out by name; whatever is left at the end is an
+//! error, as mlx-lm's strict loading is, so a misnamed or unexpected tensor is
+//! never silently ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use mlx_rs_safe::io::SafetensorsFile;
+use mlx_rs_safe::Array;
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    /// Which file each tensor came from, for error messages.
+    origin: HashMap<String, String>,
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: BTreeMap<String, String>,
+}
+
+impl Weights {
+    /// Reads `model.safetensors.index.json` (or, without one, every `*.safetensors`).
+    pub fn load(dir: &Path) -> Result<Weights> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<String> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| Error::model_file(&index_path, e.to_string()))?;
+            let index: ShardIndex = serde_json::from_str(&text)
+                .map_err(|e| Error::model_file(&index_path, format!("invalid index: {e}")))?;
+            let mut files: Vec<String> = index.weight_map.into_values().collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            let mut files: Vec<String> = std::fs::read_dir(dir)
+                .map_err(|e| Error::model_file(dir, e.to_string()))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".safetensors"))
+                .collect();
+            files.sort();
+            files
+        };
+        if files.is_empty() {
+            return Err(Error::model_file(dir, "no .safetensors weights in the model folder"));
+        }
+        let mut tensors = HashMap::new();
+        let mut origin = HashMap::new();
+        for file in files {
+            let path = dir.join(&file);
+            if !path.exists() {
+                return Err(Error::model_file(&path, "missing shard (listed in model.safetensors.index.json)"));
+            }
+            let st = SafetensorsFile::open(&path)?;
+            for (name, array) in st.load_all()? {
+                origin.insert(name.clone(), file.clone());
+                tensors.insert(name, array);
+            }
+        }
+        Ok(Weights { tensors, origin })
+    }
+
+    /// An in-memory set of tensors (tests, or weights produced at load time).
+    pub fn from_map(tensors: HashMap<String, Array>) -> Weights {
+        Weights { tensors, origin: HashMap::new() }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Removes and returns tensor `name`.
+    pub fn take(&mut self, name: &str) -> Result<Array> {
+        self.tensors.remove(name).ok_or_else(|| Error::ModelFile {
+            file: "weights".into(),
+            message: format!("missing tensor {name}"),
+        })
+    }
+
+    /// Removes tensor `name` if present.
+    pub fn take_opt(&mut self, name: &str) -> Option<Array> {
+        self.tensors.remove(name)
+    }
+
+    /// Removes tensor `name`, checking its shape.
+    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let a = self.take(name)?;
+        if a.shape() != shape {
+            return Err(Error::ModelFile {
+                file: self.origin.get(name).cloned().unwrap_or_else(|| "weights".into()),
+                message: format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape()),
+            });
+        }
+        Ok(a)
+    }
+
+    /// Drops every tensor whose name matches `unused` (e.g. rotary buffers).
+    pub fn discard(&mut self, unused: impl Fn(&str) -> bool) {
+        self.tensors.retain(|k, _| !unused(k));
+    }
+
+    /// Renames tensors (weight-name sanitising).
+    pub fn rename(&mut self, f: impl Fn(&str) -> Option<String>) {
+        let names: Vec<String> = self.tensors.keys().cloned().collect();
+        for old in names {
+            if let Some(new) = f(&old) {
+                if let Some(a) = self.tensors.remove(&old) {
+                    self.tensors.insert(new, a);
+                }
+            }
+        }
+    }
+
+    pub fn insert(&mut self, name: String, a: Array) {
+        self.tensors.insert(name, a);
+    }
+
+    /// Errors if tensors are left that no layer took.
+    pub fn finish(self) -> Result<()> {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let mut left: Vec<&String> = self.tensors.keys().collect();
+        left.sort();
+        let shown: Vec<&str> = left.iter().take(8).map(|s| s.as_str()).collect();
+        Err(Error::ModelFile {
+            file: "weights".into(),
+            message: format!(
+                "{} tensor(s) not used by the model: {}{}",
+                left.len(),
+                shown.join(", "),
+                if left.len() > 8 { ", ..." } else { "" }
+            ),
+        })
+    }
+}

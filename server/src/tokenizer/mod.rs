@@ -1,0 +1,161 @@
+//! Tokenizer, chat template and end-of-sequence ids of a model folder.
+//!
+//! Reads what transformers' AutoTokenizer reads: `tokenizer.json` (the `tokenizers`
+//! crate), `tokenizer_config.json` (special tokens, `chat_template`), a
+//! `chat_template.jinja` or `chat_template.json` file when present, and the eos ids
+//! of `config.json` and `generation_config.json`.
+
+mod chat_template;
+mod detokenizer;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use chat_template::{ChatTemplate, TemplateTokens};
+pub use detokenizer::StreamingDetokenizer;
+
+use crate::error::{Error, Result};
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    template: Option<ChatTemplate>,
+    tokens: TemplateTokens,
+    eos_ids: BTreeSet<u32>,
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| Error::model_file(path, format!("invalid JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::model_file(path, e.to_string())),
+    }
+}
+
+/// A special token in tokenizer_config.json: a string or an AddedToken object.
+fn token_text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `eos_token_id` as an int or a list of ints.
+fn ids_of(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The chat template source: chat_template.jinja, chat_template.json, else
+/// tokenizer_config.json's `chat_template` (a string or a list of named templates).
+fn template_source(dir: &Path, config: Option<&Value>) -> Result<Option<String>> {
+    let jinja = dir.join("chat_template.jinja");
+    if jinja.exists() {
+        return std::fs::read_to_string(&jinja).map(Some).map_err(|e| Error::model_file(&jinja, e.to_string()));
+    }
+    let json_path = dir.join("chat_template.json");
+    let from_json = read_json(&json_path)?;
+    let field = from_json.as_ref().or(config).and_then(|c| c.get("chat_template"));
+    Ok(match field {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(named)) => named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or_else(|| named.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    })
+}
+
+impl Tokenizer {
+    /// Loads the tokenizer of the model folder `dir`. `template_override` replaces
+    /// the model's chat template (the `--chat-template` file's text).
+    pub fn load(dir: &Path, template_override: Option<&str>) -> Result<Tokenizer> {
+        let tok_path = dir.join("tokenizer.json");
+        if !tok_path.exists() {
+            return Err(Error::model_file(&tok_path, "missing: the model folder has no tokenizer.json"));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&tok_path)
+            .map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?;
+        let tokens = TemplateTokens {
+            bos_token: token_text(config.as_ref().and_then(|c| c.get("bos_token"))),
+            eos_token: token_text(config.as_ref().and_then(|c| c.get("eos_token"))),
+            pad_token: token_text(config.as_ref().and_then(|c| c.get("pad_token"))),
+            unk_token: token_text(config.as_ref().and_then(|c| c.get("unk_token"))),
+        };
+        let source = match template_override {
+            Some(s) => Some(s.to_string()),
+            None => template_source(dir, config.as_ref())?,
+        };
+        let template = source.map(|s| ChatTemplate::new(&s)).transpose()?;
+
+        let mut eos_ids = BTreeSet::new();
+        for file in ["config.json", "generation_config.json"] {
+            if let Some(v) = read_json(&dir.join(file))? {
+                eos_ids.extend(ids_of(v.get("eos_token_id")));
+            }
+        }
+        if let Some(id) = tokens.eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            eos_ids.insert(id);
+        }
+        Ok(Tokenizer { inner, template, tokens, eos_ids })
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    pub fn eos_ids(&self) -> &BTreeSet<u32> {
+        &self.eos_ids
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// Token ids of `text`; `add_special_tokens` adds what the tokenizer's
+    /// post-processor adds (e.g. BOS), as transformers' `encode` does.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// The prompt text for `messages` through the chat template.
+    pub fn apply_chat_template(
+        &self,
+        messages: &Value,
+        tools: Option<&Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let t = self
+            .template
+            .as_ref()
+            .ok_or_else(|| Error::Template("this model has no chat template".into()))?;
+        t.render(messages, tools, add_generation_prompt, &self.tokens)
+    }
+
+    /// Token ids of a chat, as mlx-lm tokenizes it: the rendered template already
+    /// holds the special tokens, so none are added.
+    pub fn encode_chat(&self, messages: &Value, tools: Option<&Value>) -> Result<Vec<u32>> {
+        let text = self.apply_chat_template(messages, tools, true)?;
+        self.encode(&text, false)
+    }
+
+    pub fn new_detokenizer(&self) -> StreamingDetokenizer {
+        StreamingDetokenizer::new(true)
+    }
+}

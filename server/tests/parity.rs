@@ -1,0 +1,140 @@
+//! Parity with mlx-lm 0.32.2: tiny random-weight models built by mlx-lm itself
+//! (parity/make_fixture.py), greedy-decoded by mlx-lm and by our engine. Same
+//! weights → the same token ids, and first-step log-probabilities within a
+//! stated tolerance.
+//!
+//! Needs the Python reference (scripts/reference-env.sh → vendor/pyref, or
+//! MLX_SERVE_PYTHON); without it the tests fail and say so.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mlx_serve::engine::{GenerateOptions, Generator, Sampler};
+use mlx_serve::models;
+use serde_json::{json, Value};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("MLX_SERVE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = repo().join("vendor/pyref/bin/python");
+    assert!(p.exists(), "no Python reference at {}: run scripts/reference-env.sh", p.display());
+    p
+}
+
+/// Builds (once per spec and generator version) the fixture folder for `name`.
+fn fixture(name: &str, spec: &Value) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parity");
+    let dir = root.join(name);
+    let spec_text = serde_json::to_string_pretty(spec).unwrap();
+    // The cache key: the spec and the generator scripts, so editing either rebuilds.
+    let mut key = spec_text.clone();
+    for script in ["make_fixture.py", "make_tokenizer.py"] {
+        key.push_str(&std::fs::read_to_string(repo().join("parity").join(script)).unwrap());
+    }
+    let key_path = root.join(format!("{name}.key"));
+    if dir.join("reference.json").exists() && std::fs::read_to_string(&key_path).ok().as_deref() == Some(&key) {
+        return dir;
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    let spec_path = root.join(format!("{name}.json"));
+    std::fs::write(&spec_path, &spec_text).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(python())
+        .arg(repo().join("parity/make_fixture.py"))
+        .arg(&spec_path)
+        .arg(&dir)
+        .current_dir(repo().join("parity"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "make_fixture.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(&key_path, &key).unwrap();
+    dir
+}
+
+/// Greedy-decodes the fixture's prompt with our engine and compares with mlx-lm.
+fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
+    let dir = fixture(name, &spec);
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
+    let expected: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
+    let expected_lp: Vec<f32> = serde_json::from_value(reference["first_logprobs"].clone()).unwrap();
+
+    let (model, _) = models::load(&dir).unwrap();
+    let opts = GenerateOptions {
+        prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
+        max_tokens: expected.len(),
+    };
+    assert!(prompt.len() > opts.prefill_size, "the prompt must span several prefill chunks");
+    let mut gen = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &opts).unwrap();
+    let mut got = Vec::new();
+    let mut first_lp = None;
+    while let Some(step) = gen.next_token().unwrap() {
+        if first_lp.is_none() {
+            let lp = mlx_rs_safe::ops::astype(&step.logprobs, mlx_rs_safe::Dtype::Float32).unwrap();
+            first_lp = Some(lp.to_vec::<f32>().unwrap());
+        }
+        got.push(step.token);
+    }
+    assert!(expected.len() >= 64);
+    // A reference that repeats one token would hide most mistakes.
+    let distinct: std::collections::BTreeSet<_> = expected.iter().collect();
+    assert!(distinct.len() >= 8, "{name}: the fixture's greedy output is degenerate ({} distinct tokens)", distinct.len());
+    assert_eq!(got, expected, "{name}: greedy tokens differ from mlx-lm");
+    let lp = first_lp.unwrap();
+    assert_eq!(lp.len(), expected_lp.len());
+    let max_diff = lp.iter().zip(&expected_lp).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+    eprintln!("{name}: {} tokens identical, first-step logprob max diff {max_diff}", got.len());
+    assert!(max_diff <= logprob_tol, "{name}: first-step logprobs differ by {max_diff} > {logprob_tol}");
+}
+
+fn base_llama() -> Value {
+    json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "rope_theta": 10000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048})
+}
+
+fn spec(config: Value, dtype: &str, quantize: Option<Value>) -> Value {
+    json!({"config": config, "dtype": dtype, "quantize": quantize, "prompt_tokens": 600,
+           "max_tokens": 64, "prefill_size": 512, "seed": 0})
+}
+
+// Tolerance: the engine runs the same MLX ops in the same order as mlx-lm, so
+// the log-probabilities agree to float rounding; 1e-3 leaves room for a
+// different but equivalent reduction order.
+const TOL: f32 = 1e-3;
+
+#[test]
+fn llama_bf16_greedy_matches_mlx_lm() {
+    check_parity("llama_bf16", spec(base_llama(), "bfloat16", None), TOL);
+}
+
+#[test]
+fn llama_4bit_with_llama3_rope_and_tied_embeddings_matches_mlx_lm() {
+    let mut c = base_llama();
+    c["tie_word_embeddings"] = json!(true);
+    c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+    check_parity("llama_q4_llama3rope", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn qwen2_bf16_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+                   "rope_theta": 1000000.0, "tie_word_embeddings": true, "max_position_embeddings": 2048});
+    check_parity("qwen2_bf16", spec(c, "bfloat16", None), TOL);
+}
+
+#[test]
+fn qwen3_8bit_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+                   "max_position_embeddings": 2048});
+    check_parity("qwen3_q8", spec(c, "bfloat16", Some(json!({"bits": 8, "group_size": 32}))), TOL);
+}
