@@ -12,6 +12,7 @@ the logits of the first generated position (float32, for the tolerance check).
 """
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -76,7 +77,11 @@ def main():
     )
     for token, logprobs in gen:
         if first_logits is None:
-            first_logits = logprobs.astype(mx.float32).tolist()
+            # JSON has no infinities: non-finite values are written as null.
+            first_logits = [
+                v if math.isfinite(v) else None
+                for v in logprobs.astype(mx.float32).tolist()
+            ]
         tokens.append(int(token))
     (out / "reference.json").write_text(
         json.dumps(

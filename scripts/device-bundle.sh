@@ -21,6 +21,8 @@ for line in sys.stdin:
         print(m["executable"])' >"$out/tests.txt"
 while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
 cp target/release/mlx-serve vendor/mlxc/lib/libmlxc.so "$out/bin/"
+# Debug line tables are not needed there and would not fit the 64 MiB a call carries.
+strip --strip-debug "$out"/bin/*
 cat >"$out/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every packed test executable; prints a summary line per executable.

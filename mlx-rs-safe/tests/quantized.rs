@@ -66,7 +66,11 @@ fn quantized_matmul_equals_matmul_with_the_dequantized_weight() {
     let deq = dequantize(&q, &s, Some(&b), 64, 4).unwrap();
     let expect = ops::matmul(&xa, &ops::transpose(&deq).unwrap()).unwrap().to_vec::<f32>().unwrap();
     assert_eq!(got.len(), 3 * 32);
-    assert!(max_abs_diff(&got, &expect) < 1e-3, "{}", max_abs_diff(&got, &expect));
+    // The reference matmul runs in TF32 on a GPU (10-bit mantissa): allow for it there.
+    let on_gpu = mlx_rs_safe::Device::default_device().unwrap() == mlx_rs_safe::Device::Gpu;
+    let scale = expect.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let tol = if on_gpu { 2e-3 * scale } else { 1e-3 };
+    assert!(max_abs_diff(&got, &expect) < tol, "{} (tolerance {tol})", max_abs_diff(&got, &expect));
 }
 
 #[test]
