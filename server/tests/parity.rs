@@ -148,3 +148,28 @@ fn qwen3_8bit_greedy_matches_mlx_lm() {
                    "max_position_embeddings": 2048});
     check_parity("qwen3_q8", spec(c, "bfloat16", Some(json!({"bits": 8, "group_size": 32}))), TOL);
 }
+
+fn qwen3_moe() -> Value {
+    json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+           "max_position_embeddings": 2048, "num_experts": 8, "num_experts_per_tok": 2,
+           "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 64,
+           "norm_topk_prob": true})
+}
+
+// MoE with more experts than top-k: the prefill routes ≥ 64 rows (the sorted
+// gather path), decode steps route 2 (the unsorted path).
+// Unquantized MoE runs in float32: MLX's CPU gather_mm supports nothing else
+// (mlx-lm itself fails on a bf16 one: "[GatherMM::eval] Currently only supports float32").
+#[test]
+fn qwen3_moe_fp32_greedy_matches_mlx_lm() {
+    check_parity("qwen3_moe_fp32", spec(qwen3_moe(), "float32", None), TOL);
+}
+
+#[test]
+fn qwen3_moe_4bit_with_a_dense_layer_matches_mlx_lm() {
+    let mut c = qwen3_moe();
+    c["mlp_only_layers"] = json!([0]);
+    check_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}

@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::attention::{Attention, AttentionMask, AttentionSpec};
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
+use super::moe::{MoeSpec, SparseMoe};
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
@@ -29,13 +30,32 @@ pub struct DenseSpec {
     pub rope_traditional: bool,
     pub rope_scaling: Option<Value>,
     pub tie_word_embeddings: bool,
+    /// Sparse MoE feed-forward on the layers flagged in `moe_layers`.
+    pub moe: Option<MoeSpec>,
+    /// Per layer: MoE (true) or dense MLP. Missing entries are dense.
+    pub moe_layers: Vec<bool>,
+}
+
+/// A layer's feed-forward: one dense MLP or a mixture of experts.
+enum FeedForward {
+    Dense(Mlp),
+    Moe(SparseMoe),
+}
+
+impl FeedForward {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Moe(m) => m.forward(x),
+        }
+    }
 }
 
 struct Block {
     input_norm: RmsNorm,
     attn: Attention,
     post_attn_norm: RmsNorm,
-    mlp: Mlp,
+    mlp: FeedForward,
 }
 
 pub struct DenseDecoder {
@@ -68,7 +88,12 @@ impl DenseDecoder {
                 input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), rope, quant)?,
                 post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
-                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?,
+                mlp: match &spec.moe {
+                    Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
+                        FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.mlp"), h, moe.clone(), quant)?)
+                    }
+                    _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
+                },
             });
         }
         let model = DenseDecoder {

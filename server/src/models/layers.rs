@@ -34,6 +34,28 @@ impl QuantizedWeight {
         }))
     }
 
+    /// Like `take`, for a stack of `experts` matrices `[experts, rows, cols]`.
+    pub fn take_stacked(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        rows: i32,
+        cols: i32,
+        quant: &QuantConfig,
+    ) -> Result<Option<QuantizedWeight>> {
+        if !w.contains(&format!("{prefix}.scales")) {
+            return Ok(None);
+        }
+        let params = quant.for_layer(prefix)?;
+        let (packed, groups) = (cols * params.bits / 32, cols / params.group_size);
+        Ok(Some(QuantizedWeight {
+            weight: w.take_shaped(&format!("{prefix}.weight"), &[experts, rows, packed])?,
+            scales: w.take_shaped(&format!("{prefix}.scales"), &[experts, rows, groups])?,
+            biases: w.take_shaped(&format!("{prefix}.biases"), &[experts, rows, groups])?,
+            params,
+        }))
+    }
+
     /// x @ W.T with W dequantized on the fly.
     fn matmul_t(&self, x: &Array) -> Result<Array> {
         Ok(quantized::quantized_matmul(

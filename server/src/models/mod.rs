@@ -6,10 +6,13 @@ mod dense;
 mod layers;
 mod llama;
 mod mlp;
+mod moe;
 pub mod quant;
 mod qwen2;
 mod qwen3;
+mod qwen3_moe;
 mod rope;
+mod switch;
 pub mod weights;
 
 use std::path::Path;
@@ -32,7 +35,7 @@ pub trait LanguageModel: Send {
 }
 
 /// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
 
 fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
     serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
@@ -63,6 +66,10 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
         "qwen3" => {
             let c: qwen3::Qwen3Config = parse(&config, &config_path)?;
             Box::new(dense::DenseDecoder::load(&c.spec()?, weights, &quant)?)
+        }
+        "qwen3_moe" => {
+            let c: qwen3_moe::Qwen3MoeConfig = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
         }
         other => {
             return Err(Error::model_file(

@@ -53,6 +53,8 @@ impl Qwen2Config {
             rope_traditional: self.rope_traditional,
             rope_scaling: self.rope_scaling.clone(),
             tie_word_embeddings: self.tie_word_embeddings,
+            moe: None,
+            moe_layers: Vec::new(),
         }
     }
 }

@@ -53,6 +53,8 @@ impl Qwen3Config {
             rope_traditional: false,
             rope_scaling: self.rope_scaling.clone().or_else(|| self.rope_parameters.clone()),
             tie_word_embeddings: self.tie_word_embeddings,
+            moe: None,
+            moe_layers: Vec::new(),
         })
     }
 }
