@@ -173,3 +173,29 @@ fn qwen3_moe_4bit_with_a_dense_layer_matches_mlx_lm() {
     c["mlp_only_layers"] = json!([0]);
     check_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
 }
+
+#[test]
+fn mixtral_4bit_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+                   "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0});
+    check_parity("mixtral_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn qwen2_moe_with_shared_expert_fp32_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+                   "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                   "shared_expert_intermediate_size": 96, "tie_word_embeddings": false});
+    check_parity("qwen2_moe_fp32", spec(c, "float32", None), TOL);
+}
+
+#[test]
+fn olmoe_4bit_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+                   "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
+                   "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
+                   "tie_word_embeddings": false});
+    check_parity("olmoe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}

@@ -22,8 +22,17 @@ pub struct AttentionSpec {
     pub qkv_bias: bool,
     /// Bias on the output projection.
     pub o_bias: bool,
-    /// Per-head RMS norm of queries and keys before rope (eps), as in Qwen3.
-    pub qk_norm_eps: Option<f32>,
+    pub qk_norm: QkNorm,
+}
+
+/// RMS normalisation of queries and keys before rope.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum QkNorm {
+    None,
+    /// Over each head's features (Qwen3): weights of size head_dim.
+    PerHead(f32),
+    /// Over the whole projection before splitting heads (OLMoE).
+    Full(f32),
 }
 
 pub struct Attention {
@@ -65,18 +74,22 @@ impl Attention {
     ) -> Result<Attention> {
         let p = |n: &str| format!("{prefix}.{n}");
         let hd = spec.head_dim;
-        let norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
-            spec.qk_norm_eps.map(|eps| RmsNorm::load(w, &p(n), hd, eps)).transpose()
-        };
         let (q_out, kv_out) = (spec.n_heads * hd, spec.n_kv_heads * hd);
+        let norm = |w: &mut Weights, n: &str, full: i32| -> Result<Option<RmsNorm>> {
+            match spec.qk_norm {
+                QkNorm::None => Ok(None),
+                QkNorm::PerHead(eps) => RmsNorm::load(w, &p(n), hd, eps).map(Some),
+                QkNorm::Full(eps) => RmsNorm::load(w, &p(n), full, eps).map(Some),
+            }
+        };
         Ok(Attention {
             scale: (hd as f32).powf(-0.5),
             q_proj: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
             k_proj: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
             v_proj: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
             o_proj: Linear::load(w, &p("o_proj"), q_out, hidden, spec.o_bias, quant)?,
-            q_norm: norm(w, "q_norm")?,
-            k_norm: norm(w, "k_norm")?,
+            q_norm: norm(w, "q_norm", q_out)?,
+            k_norm: norm(w, "k_norm", kv_out)?,
             rope,
             spec,
         })
@@ -86,11 +99,16 @@ impl Attention {
     pub fn forward(&self, x: &Array, mask: AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
+        let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));
         let heads = |a: Array, n: i32, norm: Option<&RmsNorm>| -> Result<Array> {
+            let a = match norm {
+                Some(nm) if full_norm => nm.forward(&a)?,
+                _ => a,
+            };
             let a = ops::reshape(&a, &[b, l, n, -1])?;
             let a = match norm {
-                Some(nm) => nm.forward(&a)?,
-                None => a,
+                Some(nm) if !full_norm => nm.forward(&a)?,
+                _ => a,
             };
             Ok(ops::transpose_axes(&a, &[0, 2, 1, 3])?)
         };

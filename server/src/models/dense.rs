@@ -34,6 +34,8 @@ pub struct DenseSpec {
     pub moe: Option<MoeSpec>,
     /// Per layer: MoE (true) or dense MLP. Missing entries are dense.
     pub moe_layers: Vec<bool>,
+    /// The MoE module's name under each layer ("mlp", Mixtral: "block_sparse_moe").
+    pub moe_module: &'static str,
 }
 
 /// A layer's feed-forward: one dense MLP or a mixture of experts.
@@ -90,7 +92,7 @@ impl DenseDecoder {
                 post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
                 mlp: match &spec.moe {
                     Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
-                        FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.mlp"), h, moe.clone(), quant)?)
+                        FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.{}", spec.moe_module), h, moe.clone(), quant)?)
                     }
                     _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
                 },

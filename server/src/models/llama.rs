@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::attention::AttentionSpec;
+use super::attention::{AttentionSpec, QkNorm};
 use super::dense::DenseSpec;
 
 #[derive(Debug, Deserialize)]
@@ -50,7 +50,7 @@ impl LlamaConfig {
                 head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads),
                 qkv_bias: self.attention_bias,
                 o_bias: self.attention_bias,
-                qk_norm_eps: None,
+                qk_norm: QkNorm::None,
             },
             mlp_bias: self.mlp_bias,
             rms_norm_eps: self.rms_norm_eps,
@@ -60,6 +60,7 @@ impl LlamaConfig {
             tie_word_embeddings: self.tie_word_embeddings,
             moe: None,
             moe_layers: Vec::new(),
+            moe_module: "mlp",
         }
     }
 }

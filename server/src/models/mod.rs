@@ -5,10 +5,13 @@ mod attention;
 mod dense;
 mod layers;
 mod llama;
+mod mixtral;
 mod mlp;
 mod moe;
+mod olmoe;
 pub mod quant;
 mod qwen2;
+mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod rope;
@@ -35,7 +38,7 @@ pub trait LanguageModel: Send {
 }
 
 /// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe"];
 
 fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
     serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
@@ -69,6 +72,18 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
         }
         "qwen3_moe" => {
             let c: qwen3_moe::Qwen3MoeConfig = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "qwen2_moe" => {
+            let c: qwen2_moe::Qwen2MoeConfig = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "mixtral" => {
+            let c: mixtral::MixtralConfig = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "olmoe" => {
+            let c: olmoe::OlmoeConfig = parse(&config, &config_path)?;
             Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
         }
         other => {

@@ -10,6 +10,19 @@ use super::switch::SwitchGlu;
 use super::weights::Weights;
 use crate::error::Result;
 
+/// How the router turns gate logits into (experts, scores); each variant is
+/// one architecture's exact op sequence (the order of the chosen experts, and so
+/// of the weighted sum, follows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Router {
+    /// Qwen3-MoE: softmax over all experts, argpartition(gates, -k)[..., -k:].
+    SoftmaxTopKLast,
+    /// Qwen2-MoE, OLMoE: softmax over all experts, argpartition(-gates, k-1)[..., :k].
+    SoftmaxTopKFirst,
+    /// Mixtral: argpartition(-logits, k-1)[..., :k], softmax over the chosen logits.
+    TopKThenSoftmax,
+}
+
 #[derive(Debug, Clone)]
 pub struct MoeSpec {
     pub num_experts: i32,
@@ -17,12 +30,28 @@ pub struct MoeSpec {
     pub expert_hidden: i32,
     /// Renormalise the chosen experts' scores to sum to one.
     pub norm_topk_prob: bool,
+    pub router: Router,
+    /// A dense expert every token also goes through, gated by sigmoid (Qwen2-MoE).
+    pub shared_expert_hidden: Option<i32>,
+    /// Where Hugging Face checkpoints keep per-expert tensors, as
+    /// (their projection name, ours): Mixtral's w1/w2/w3 or gate/up/down.
+    pub hf_expert_names: [(&'static str, &'static str); 3],
+    /// Route a [tokens, dim] view of the input (OLMoE), not [B, L, dim].
+    pub flatten_tokens: bool,
+}
+
+pub const HF_GLU_NAMES: [(&str, &str); 3] = [("gate_proj", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj")];
+
+struct SharedExpert {
+    mlp: super::mlp::Mlp,
+    gate: Linear,
 }
 
 pub struct SparseMoe {
     spec: MoeSpec,
     gate: Linear,
     experts: SwitchGlu,
+    shared: Option<SharedExpert>,
 }
 
 impl SparseMoe {
@@ -30,48 +59,94 @@ impl SparseMoe {
     /// Hugging Face tensors (`{prefix}.experts.{e}.{proj}.weight`) as mlx-lm's
     /// sanitize does.
     pub fn load(w: &mut Weights, prefix: &str, dim: i32, spec: MoeSpec, quant: &QuantConfig) -> Result<SparseMoe> {
-        stack_experts(w, prefix, spec.num_experts)?;
+        stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
+        let shared = match spec.shared_expert_hidden {
+            Some(hidden) => Some(SharedExpert {
+                mlp: super::mlp::Mlp::load(w, &format!("{prefix}.shared_expert"), dim, hidden, false, quant)?,
+                gate: Linear::load(w, &format!("{prefix}.shared_expert_gate"), dim, 1, false, quant)?,
+            }),
+            None => None,
+        };
         Ok(SparseMoe {
             gate: Linear::load(w, &format!("{prefix}.gate"), dim, spec.num_experts, false, quant)?,
             experts: SwitchGlu::load(w, &format!("{prefix}.switch_mlp"), spec.num_experts, dim, spec.expert_hidden, quant)?,
+            shared,
             spec,
         })
     }
 
-    /// Qwen3-MoE routing: softmax over all experts (float32), top-k, optional
-    /// renormalisation, weighted sum of the experts' outputs.
+    /// Routes each token to its top-k experts and mixes their outputs by score.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gates = ops::softmax(&self.gate.forward(x)?, &[-1], true)?;
+        if self.spec.flatten_tokens {
+            let shape = x.shape();
+            let flat = ops::reshape(x, &[-1, shape[shape.len() - 1]])?;
+            return Ok(ops::reshape(&self.route(&flat)?, &shape)?);
+        }
+        self.route(x)
+    }
+
+    fn route(&self, x: &Array) -> Result<Array> {
         let k = self.spec.top_k;
         let e = self.spec.num_experts;
-        let part = ops::argpartition(&gates, -k, -1)?;
-        let shape = part.shape();
-        let n = shape.len();
-        let mut start = vec![0; n];
-        start[n - 1] = e - k;
-        let inds = ops::slice(&part, &start, &shape, &vec![1; n])?;
-        let mut scores = ops::take_along_axis(&gates, &inds, -1)?;
+        let logits = self.gate.forward(x)?;
+        // The last axis of `a` from `from` to `to`.
+        let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
+            let mut stop = a.shape();
+            let n = stop.len();
+            let mut start = vec![0; n];
+            start[n - 1] = from;
+            stop[n - 1] = to;
+            Ok(ops::slice(a, &start, &stop, &vec![1; n])?)
+        };
+        let (inds, mut scores) = match self.spec.router {
+            Router::SoftmaxTopKLast => {
+                let gates = ops::softmax(&logits, &[-1], true)?;
+                let inds = last(&ops::argpartition(&gates, -k, -1)?, e - k, e)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1)?;
+                (inds, scores)
+            }
+            Router::SoftmaxTopKFirst => {
+                let gates = ops::softmax(&logits, &[-1], true)?;
+                let inds = last(&ops::argpartition(&ops::negative(&gates)?, k - 1, -1)?, 0, k)?;
+                let scores = ops::take_along_axis(&gates, &inds, -1)?;
+                (inds, scores)
+            }
+            Router::TopKThenSoftmax => {
+                let inds = last(&ops::argpartition(&ops::negative(&logits)?, k - 1, -1)?, 0, k)?;
+                let scores = ops::softmax(&ops::take_along_axis(&logits, &inds, -1)?, &[-1], true)?;
+                (inds, scores)
+            }
+        };
         if self.spec.norm_topk_prob {
             scores = ops::divide(&scores, &ops::sum(&scores, &[-1], true)?)?;
         }
         let y = self.experts.forward(x, &inds)?;
         let weighted = ops::multiply(&y, &ops::expand_dims(&scores, &[-1])?)?;
-        Ok(ops::astype(&ops::sum(&weighted, &[-2], false)?, y.dtype())?)
+        let mixed = ops::astype(&ops::sum(&weighted, &[-2], false)?, y.dtype())?;
+        match &self.shared {
+            None => Ok(mixed),
+            Some(s) => {
+                let gate = ops::sigmoid(&s.gate.forward(x)?)?;
+                Ok(ops::add(&mixed, &ops::multiply(&gate, &s.mlp.forward(x)?)?)?)
+            }
+        }
     }
 }
 
-/// Replaces `{prefix}.experts.{e}.{proj}.weight` (e < n) by one stacked
-/// `{prefix}.switch_mlp.{proj}.weight`.
-fn stack_experts(w: &mut Weights, prefix: &str, n: i32) -> Result<()> {
-    if !w.contains(&format!("{prefix}.experts.0.up_proj.weight")) {
-        return Ok(());
-    }
-    for proj in ["up_proj", "down_proj", "gate_proj"] {
-        let parts = (0..n)
-            .map(|e| w.take(&format!("{prefix}.experts.{e}.{proj}.weight")))
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&Array> = parts.iter().collect();
-        w.insert(format!("{prefix}.switch_mlp.{proj}.weight"), ops::stack(&refs, 0)?);
+/// Replaces per-expert tensors `{prefix}.experts.{e}.{hf}.{weight,scales,biases}`
+/// (e < n) by stacked `{prefix}.switch_mlp.{ours}.*`, as mlx-lm's sanitize does.
+fn stack_experts(w: &mut Weights, prefix: &str, n: i32, names: &[(&str, &str); 3]) -> Result<()> {
+    for (hf, ours) in names {
+        for part in ["weight", "scales", "biases"] {
+            if !w.contains(&format!("{prefix}.experts.0.{hf}.{part}")) {
+                continue;
+            }
+            let parts = (0..n)
+                .map(|e| w.take(&format!("{prefix}.experts.{e}.{hf}.{part}")))
+                .collect::<Result<Vec<_>>>()?;
+            let refs: Vec<&Array> = parts.iter().collect();
+            w.insert(format!("{prefix}.switch_mlp.{ours}.{part}"), ops::stack(&refs, 0)?);
+        }
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::attention::AttentionSpec;
+use super::attention::{AttentionSpec, QkNorm};
 use super::dense::DenseSpec;
 
 #[derive(Debug, Deserialize)]
@@ -45,7 +45,7 @@ impl Qwen2Config {
                 head_dim: self.hidden_size / self.num_attention_heads,
                 qkv_bias: true,
                 o_bias: false,
-                qk_norm_eps: None,
+                qk_norm: QkNorm::None,
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,
@@ -55,6 +55,7 @@ impl Qwen2Config {
             tie_word_embeddings: self.tie_word_embeddings,
             moe: None,
             moe_layers: Vec::new(),
+            moe_module: "mlp",
         }
     }
 }

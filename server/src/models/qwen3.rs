@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::attention::AttentionSpec;
+use super::attention::{AttentionSpec, QkNorm};
 use super::dense::DenseSpec;
 use crate::error::{Error, Result};
 
@@ -45,7 +45,7 @@ impl Qwen3Config {
                 head_dim: self.head_dim,
                 qkv_bias: false,
                 o_bias: false,
-                qk_norm_eps: Some(self.rms_norm_eps),
+                qk_norm: QkNorm::PerHead(self.rms_norm_eps),
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,
@@ -55,6 +55,7 @@ impl Qwen3Config {
             tie_word_embeddings: self.tie_word_embeddings,
             moe: None,
             moe_layers: Vec::new(),
+            moe_module: "mlp",
         })
     }
 }

@@ -4,9 +4,9 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::attention::AttentionSpec;
+use super::attention::{AttentionSpec, QkNorm};
 use super::dense::DenseSpec;
-use super::moe::MoeSpec;
+use super::moe::{MoeSpec, Router, HF_GLU_NAMES};
 
 #[derive(Debug, Deserialize)]
 pub struct Qwen3MoeConfig {
@@ -51,7 +51,7 @@ impl Qwen3MoeConfig {
                 head_dim: self.head_dim,
                 qkv_bias: false,
                 o_bias: false,
-                qk_norm_eps: Some(self.rms_norm_eps),
+                qk_norm: QkNorm::PerHead(self.rms_norm_eps),
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,
@@ -64,8 +64,13 @@ impl Qwen3MoeConfig {
                 top_k: self.num_experts_per_tok,
                 expert_hidden: self.moe_intermediate_size,
                 norm_topk_prob: self.norm_topk_prob,
+                router: Router::SoftmaxTopKLast,
+                shared_expert_hidden: None,
+                hf_expert_names: HF_GLU_NAMES,
+                flatten_tokens: false,
             }),
             moe_layers,
+            moe_module: "mlp",
         }
     }
 }
