@@ -47,6 +47,15 @@ pub struct GenerateArgs {
     /// Prompt tokens per prefill step.
     #[arg(long, default_value_t = 512)]
     pub prefill_size: usize,
+    /// Quantize the KV cache to this many bits (e.g. 4 or 8).
+    #[arg(long)]
+    pub kv_bits: Option<i32>,
+    /// Group size of the KV cache quantization.
+    #[arg(long, default_value_t = 64)]
+    pub kv_group_size: i32,
+    /// Start quantizing the KV cache once it holds this many tokens.
+    #[arg(long, default_value_t = 5000)]
+    pub quantized_kv_start: i32,
     /// Use the prompt as raw text, without the chat template.
     #[arg(long)]
     pub ignore_chat_template: bool,

@@ -62,7 +62,13 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         ..Default::default()
     })?;
     memory::reset_peak_memory()?;
-    let opts = GenerateOptions { prefill_size: args.prefill_size, max_tokens: args.max_tokens };
+    let opts = GenerateOptions {
+        prefill_size: args.prefill_size,
+        max_tokens: args.max_tokens,
+        kv_bits: args.kv_bits,
+        kv_group_size: args.kv_group_size,
+        quantized_kv_start: args.quantized_kv_start,
+    };
 
     let start = Instant::now();
     let mut gen = Generator::new(model.as_ref(), &prompt, sampler, &opts)?;

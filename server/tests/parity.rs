@@ -69,6 +69,10 @@ fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
     let opts = GenerateOptions {
         prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
         max_tokens: expected.len(),
+        kv_bits: spec["kv_bits"].as_i64().map(|b| b as i32),
+        kv_group_size: spec["kv_group_size"].as_i64().unwrap_or(64) as i32,
+        // The fixture quantizes from the first token on (quantized_kv_start=0).
+        quantized_kv_start: 0,
     };
     assert!(prompt.len() > opts.prefill_size, "the prompt must span several prefill chunks");
     let mut gen = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &opts).unwrap();
@@ -198,4 +202,28 @@ fn olmoe_4bit_greedy_matches_mlx_lm() {
                    "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
                    "tie_word_embeddings": false});
     check_parity("olmoe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+// --kv-bits 8: the cache is quantized after the first prefill chunk, so the
+// second chunk and every decode step attend through quantized matmuls.
+#[test]
+fn llama_with_8bit_kv_cache_matches_mlx_lm() {
+    let mut c = base_llama();
+    c["num_attention_heads"] = json!(2);
+    c["num_key_value_heads"] = json!(1);
+    let mut sp = spec(c, "bfloat16", None);
+    sp["kv_bits"] = json!(8);
+    sp["kv_group_size"] = json!(32);
+    check_parity("llama_bf16_kv8", sp, TOL);
+}
+
+#[test]
+fn qwen3_with_4bit_kv_cache_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6,
+                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+                   "max_position_embeddings": 2048});
+    let mut sp = spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
+    sp["kv_bits"] = json!(4);
+    check_parity("qwen3_q4_kv4", sp, TOL);
 }

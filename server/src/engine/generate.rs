@@ -17,12 +17,31 @@ pub struct GenerateOptions {
     pub prefill_size: usize,
     /// Tokens to generate at most.
     pub max_tokens: usize,
+    /// Quantize the KV cache to this many bits (4 or 8) once it holds
+    /// `quantized_kv_start` tokens.
+    pub kv_bits: Option<i32>,
+    pub kv_group_size: i32,
+    pub quantized_kv_start: i32,
 }
 
 impl Default for GenerateOptions {
     fn default() -> Self {
-        GenerateOptions { prefill_size: 512, max_tokens: 256 }
+        GenerateOptions { prefill_size: 512, max_tokens: 256, kv_bits: None, kv_group_size: 64, quantized_kv_start: 5000 }
     }
+}
+
+/// mlx-lm's `maybe_quantize_kv_cache`: swaps each cache that has reached
+/// `quantized_kv_start` tokens for its quantized form.
+fn maybe_quantize(caches: &mut [Box<dyn KvCache>], opts: &GenerateOptions) -> Result<()> {
+    let Some(bits) = opts.kv_bits else { return Ok(()) };
+    for c in caches.iter_mut() {
+        if c.offset() >= opts.quantized_kv_start {
+            if let Some(q) = c.to_quantized(opts.kv_group_size, bits)? {
+                *c = q;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One generated token and the log-probabilities it was drawn from.
@@ -40,7 +59,7 @@ pub struct Generator<'m> {
     history: Vec<u32>,
     pending: Option<(Array, Array)>,
     produced: usize,
-    max_tokens: usize,
+    opts: GenerateOptions,
 }
 
 fn token_array(tokens: &[u32]) -> Result<Array> {
@@ -64,12 +83,18 @@ impl<'m> Generator<'m> {
         if prompt.is_empty() {
             return Err(Error::InvalidRequest("the prompt is empty".into()));
         }
+        if let Some(bits) = opts.kv_bits {
+            if ![2, 3, 4, 5, 6, 8].contains(&bits) {
+                return Err(Error::InvalidRequest(format!("kv_bits must be one of 2, 3, 4, 5, 6, 8; got {bits}")));
+            }
+        }
         let mut caches = model.new_caches();
         let prefill = opts.prefill_size.max(1);
         let mut done = 0;
         while prompt.len() - done > 1 {
             let n = prefill.min(prompt.len() - done - 1);
             model.forward(&token_array(&prompt[done..done + n])?, &mut caches)?;
+            maybe_quantize(&mut caches, opts)?;
             let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
             eval(&state.iter().collect::<Vec<_>>())?;
             done += n;
@@ -81,9 +106,9 @@ impl<'m> Generator<'m> {
             history: prompt.to_vec(),
             pending: None,
             produced: 0,
-            max_tokens: opts.max_tokens,
+            opts: opts.clone(),
         };
-        if g.max_tokens > 0 {
+        if g.opts.max_tokens > 0 {
             let first = g.step(&token_array(&prompt[done..])?)?;
             async_eval(&[&first.0, &first.1])?;
             g.pending = Some(first);
@@ -94,6 +119,7 @@ impl<'m> Generator<'m> {
     /// Runs the model on `input` ([1, L] ids) and samples: (token [1], logprobs [vocab]).
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let logits = self.model.forward(input, &mut self.caches)?;
+        maybe_quantize(&mut self.caches, &self.opts)?;
         let shape = logits.shape();
         let (l, v) = (shape[1], shape[2]);
         // logits[:, -1, :]
@@ -115,7 +141,7 @@ impl<'m> Generator<'m> {
             return Ok(None);
         };
         self.produced += 1;
-        let more = self.produced < self.max_tokens;
+        let more = self.produced < self.opts.max_tokens;
         // Without history-dependent logits processors, the next step is queued
         // on the still-lazy token before this one is read back (mlx-lm's
         // pipelining); with them, the host needs the token first.

@@ -1,12 +1,21 @@
 //! Key/value caches, one per attention layer.
 
+mod quantized;
 mod standard;
 
+pub use quantized::QuantizedKvCache;
 pub use standard::StandardKvCache;
 
 use mlx_rs_safe::Array;
 
 use crate::error::Result;
+
+/// Cached keys and values as attention reads them.
+pub enum KvView {
+    Dense { keys: Array, values: Array },
+    /// Affine-quantized (packed, scales, biases) for keys and values.
+    Quantized { keys: [Array; 3], values: [Array; 3], group_size: i32, bits: i32 },
+}
 
 /// What attention needs from a cache.
 pub trait KvCache: Send {
@@ -14,7 +23,10 @@ pub trait KvCache: Send {
     fn offset(&self) -> i32;
     /// Appends `keys`/`values` ([B, kv_heads, L, head_dim]) and returns all cached
     /// keys and values up to the new offset.
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView>;
+    /// This cache converted to an affine-quantized one, or None where that does
+    /// not apply (already quantized).
+    fn to_quantized(&self, group_size: i32, bits: i32) -> Result<Option<Box<dyn KvCache>>>;
     /// The arrays holding the cache, to evaluate after a prefill chunk.
     fn state(&self) -> Vec<Array>;
     /// Bytes held.

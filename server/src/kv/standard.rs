@@ -3,7 +3,7 @@
 
 use mlx_rs_safe::{ops, Array};
 
-use super::KvCache;
+use super::{KvCache, KvView, QuantizedKvCache};
 use crate::error::Result;
 
 const STEP: i32 = 256;
@@ -32,7 +32,7 @@ impl KvCache for StandardKvCache {
         self.offset
     }
 
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView> {
         let prev = self.offset;
         let ks = keys.shape();
         let vs = values.shape();
@@ -65,14 +65,24 @@ impl KvCache for StandardKvCache {
         let vshape = v.shape();
         let k = ops::slice_update(k, keys, &[0, 0, prev, 0], &[kshape[0], kshape[1], self.offset, kshape[3]], &[1, 1, 1, 1])?;
         let v = ops::slice_update(v, values, &[0, 0, prev, 0], &[vshape[0], vshape[1], self.offset, vshape[3]], &[1, 1, 1, 1])?;
-        let out = if self.offset < kshape[2] {
+        let (keys, values) = if self.offset < kshape[2] {
             (head(&k, self.offset)?, head(&v, self.offset)?)
         } else {
             (k.clone(), v.clone())
         };
         self.keys = Some(k);
         self.values = Some(v);
-        Ok(out)
+        Ok(KvView::Dense { keys, values })
+    }
+
+    fn to_quantized(&self, group_size: i32, bits: i32) -> Result<Option<Box<dyn KvCache>>> {
+        Ok(Some(Box::new(QuantizedKvCache::from_dense(
+            self.keys.as_ref(),
+            self.values.as_ref(),
+            self.offset,
+            group_size,
+            bits,
+        )?)))
     }
 
     fn state(&self) -> Vec<Array> {
