@@ -10,7 +10,7 @@ use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::Result;
-use crate::kv::{KvCache, KvView};
+use crate::kv::{AttentionMask, KvCache, KvView};
 
 /// The shape and options of one attention block.
 #[derive(Debug, Clone)]
@@ -23,6 +23,8 @@ pub struct AttentionSpec {
     /// Bias on the output projection.
     pub o_bias: bool,
     pub qk_norm: QkNorm,
+    /// Softmax scale; default head_dim^-0.5.
+    pub scale: Option<f32>,
 }
 
 /// RMS normalisation of queries and keys before rope.
@@ -33,6 +35,8 @@ pub enum QkNorm {
     PerHead(f32),
     /// Over the whole projection before splitting heads (OLMoE).
     Full(f32),
+    /// Per head, with Gemma's (1 + weight) scaling.
+    PerHeadPlusOne(f32),
 }
 
 pub struct Attention {
@@ -45,22 +49,6 @@ pub struct Attention {
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     rope: Rope,
-}
-
-/// How queries attend: all earlier positions (causal), or one new token that
-/// sees the whole cache (no mask).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttentionMask {
-    None,
-    Causal,
-}
-
-impl AttentionMask {
-    /// mlx-lm's `create_attention_mask` for a standard cache: causal for several
-    /// new tokens, nothing for one.
-    pub fn for_len(l: i32) -> AttentionMask {
-        if l > 1 { AttentionMask::Causal } else { AttentionMask::None }
-    }
 }
 
 impl Attention {
@@ -79,11 +67,12 @@ impl Attention {
             match spec.qk_norm {
                 QkNorm::None => Ok(None),
                 QkNorm::PerHead(eps) => RmsNorm::load(w, &p(n), hd, eps).map(Some),
+                QkNorm::PerHeadPlusOne(eps) => RmsNorm::load_plus_one(w, &p(n), hd, eps).map(Some),
                 QkNorm::Full(eps) => RmsNorm::load(w, &p(n), full, eps).map(Some),
             }
         };
         Ok(Attention {
-            scale: (hd as f32).powf(-0.5),
+            scale: spec.scale.unwrap_or((hd as f32).powf(-0.5)),
             q_proj: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
             k_proj: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
             v_proj: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
@@ -96,7 +85,7 @@ impl Attention {
     }
 
     /// `x`: [B, L, hidden] → [B, L, hidden].
-    pub fn forward(&self, x: &Array, mask: AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));
@@ -124,6 +113,7 @@ impl Attention {
                 let sdpa_mask = match mask {
                     AttentionMask::None => SdpaMask::None,
                     AttentionMask::Causal => SdpaMask::Causal,
+                    AttentionMask::Array(m) => SdpaMask::Array(m),
                 };
                 fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, sdpa_mask, None)?
             }
@@ -159,7 +149,7 @@ fn quantized_attention(
     keys: &[Array; 3],
     values: &[Array; 3],
     scale: f32,
-    mask: AttentionMask,
+    mask: &AttentionMask,
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
@@ -179,12 +169,18 @@ fn quantized_attention(
         q = ops::reshape(&q, &[b, n_kv, repeats, l, d])?;
     }
     let mut scores = quantized::quantized_matmul(&q, &k[0], &k[1], Some(&k[2]), true, group_size, bits)?;
-    if mask == AttentionMask::Causal {
-        let ss = scores.shape();
-        let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-        let qi = ops::arange((kl - ql) as f64, kl as f64, 1.0, Dtype::Int32)?;
-        let ki = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32)?;
-        let keep = ops::greater_equal(&ops::expand_dims(&qi, &[1])?, &ops::expand_dims(&ki, &[0])?)?;
+    let keep = match mask {
+        AttentionMask::None => None,
+        AttentionMask::Causal => {
+            let ss = scores.shape();
+            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
+            let qi = ops::arange((kl - ql) as f64, kl as f64, 1.0, Dtype::Int32)?;
+            let ki = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32)?;
+            Some(ops::greater_equal(&ops::expand_dims(&qi, &[1])?, &ops::expand_dims(&ki, &[0])?)?)
+        }
+        AttentionMask::Array(m) => Some(m.clone()),
+    };
+    if let Some(keep) = keep {
         scores = ops::where_(&keep, &scores, &scalar_like(finfo_min(scores.dtype()), scores.dtype())?)?;
     }
     let scores = ops::softmax(&scores, &[-1], true)?;

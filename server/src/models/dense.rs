@@ -6,7 +6,7 @@
 use mlx_rs_safe::{ops, Array};
 use serde_json::Value;
 
-use super::attention::{Attention, AttentionMask, AttentionSpec};
+use super::attention::{Attention, AttentionSpec};
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
 use super::moe::{MoeSpec, SparseMoe};
@@ -15,7 +15,7 @@ use super::rope::Rope;
 use super::weights::Weights;
 use super::LanguageModel;
 use crate::error::Result;
-use crate::kv::{KvCache, StandardKvCache};
+use crate::kv::{AttentionMask, KvCache, StandardKvCache};
 
 #[derive(Debug, Clone)]
 pub struct DenseSpec {
@@ -112,9 +112,12 @@ impl DenseDecoder {
 impl LanguageModel for DenseDecoder {
     fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
-        let mask = AttentionMask::for_len(tokens.shape()[1]);
+        let mask = match caches.first() {
+            Some(c) => c.make_mask(tokens.shape()[1], None)?,
+            None => AttentionMask::None,
+        };
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, mask, cache.as_mut())?;
+            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, &mask, cache.as_mut())?;
             let hh = ops::add(&h, &r)?;
             let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
             h = ops::add(&hh, &r)?;

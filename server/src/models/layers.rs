@@ -153,6 +153,14 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.take_shaped(&format!("{prefix}.weight"), &[dim])?, eps })
     }
 
+    /// Gemma's norm: rms_norm(x, 1 + weight), the sum taken once at load (the
+    /// same array mlx-lm computes at every call).
+    pub fn load_plus_one(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
+        let weight = w.take_shaped(&format!("{prefix}.weight"), &[dim])?;
+        let one = ops::astype(&Array::scalar(1.0f32), weight.dtype())?;
+        Ok(RmsNorm { weight: ops::add(&one, &weight)?, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }

@@ -51,6 +51,7 @@ impl LlamaConfig {
                 qkv_bias: self.attention_bias,
                 o_bias: self.attention_bias,
                 qk_norm: QkNorm::None,
+                scale: None,
             },
             mlp_bias: self.mlp_bias,
             rms_norm_eps: self.rms_norm_eps,

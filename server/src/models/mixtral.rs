@@ -46,6 +46,7 @@ impl MixtralConfig {
                 qkv_bias: false,
                 o_bias: false,
                 qk_norm: QkNorm::None,
+                scale: None,
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,

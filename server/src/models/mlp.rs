@@ -11,6 +11,31 @@ pub struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    activation: Activation,
+}
+
+/// The gate's nonlinearity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// silu(gate) * up (Llama, Qwen, Mistral).
+    Silu,
+    /// gelu_approx(gate) * up (Gemma).
+    GeluApprox,
+}
+
+/// A scalar of `x`'s dtype, as MLX treats a Python scalar next to an array.
+fn s(v: f32, x: &Array) -> Result<Array> {
+    Ok(ops::astype(&Array::scalar(v), x.dtype())?)
+}
+
+/// mlx.nn.gelu_approx: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), in
+/// the same op order.
+pub fn gelu_approx(x: &Array) -> Result<Array> {
+    let cube = ops::power(x, &ops::astype(&Array::scalar(3i32), x.dtype())?)?;
+    let inner = ops::add(x, &ops::multiply(&s(0.044715, x)?, &cube)?)?;
+    let t = ops::tanh(&ops::multiply(&s((2.0f64 / std::f64::consts::PI).sqrt() as f32, x)?, &inner)?)?;
+    let half_x = ops::multiply(&s(0.5, x)?, x)?;
+    Ok(ops::multiply(&half_x, &ops::add(&s(1.0, x)?, &t)?)?)
 }
 
 /// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, with silu(g) = g * sigmoid(g).
@@ -21,7 +46,20 @@ pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
 
 impl Mlp {
     pub fn load(w: &mut Weights, prefix: &str, dim: i32, hidden: i32, bias: bool, quant: &QuantConfig) -> Result<Mlp> {
+        Mlp::load_with(w, prefix, dim, hidden, bias, Activation::Silu, quant)
+    }
+
+    pub fn load_with(
+        w: &mut Weights,
+        prefix: &str,
+        dim: i32,
+        hidden: i32,
+        bias: bool,
+        activation: Activation,
+        quant: &QuantConfig,
+    ) -> Result<Mlp> {
         Ok(Mlp {
+            activation,
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, quant)?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"), dim, hidden, bias, quant)?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, bias, quant)?,
@@ -29,7 +67,12 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let h = swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        let gate = self.gate_proj.forward(x)?;
+        let up = self.up_proj.forward(x)?;
+        let h = match self.activation {
+            Activation::Silu => swiglu(&gate, &up)?,
+            Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,
+        };
         self.down_proj.forward(&h)
     }
 }

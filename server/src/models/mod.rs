@@ -3,6 +3,7 @@
 
 mod attention;
 mod dense;
+mod gemma3_text;
 mod layers;
 mod llama;
 mod mixtral;
@@ -38,7 +39,7 @@ pub trait LanguageModel: Send {
 }
 
 /// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma3_text"];
 
 fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
     serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
@@ -85,6 +86,10 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
         "olmoe" => {
             let c: olmoe::OlmoeConfig = parse(&config, &config_path)?;
             Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
+        }
+        "gemma3_text" => {
+            let c: gemma3_text::Gemma3TextConfig = parse(&config, &config_path)?;
+            Box::new(gemma3_text::Gemma3Text::load(c, weights, &quant)?)
         }
         other => {
             return Err(Error::model_file(

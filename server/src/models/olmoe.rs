@@ -57,6 +57,7 @@ impl OlmoeConfig {
                 qkv_bias: self.attention_bias,
                 o_bias: self.attention_bias,
                 qk_norm: QkNorm::Full(self.rms_norm_eps),
+                scale: None,
             },
             mlp_bias: self.mlp_bias,
             rms_norm_eps: self.rms_norm_eps,

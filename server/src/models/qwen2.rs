@@ -46,6 +46,7 @@ impl Qwen2Config {
                 qkv_bias: true,
                 o_bias: false,
                 qk_norm: QkNorm::None,
+                scale: None,
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,

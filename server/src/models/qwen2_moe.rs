@@ -48,6 +48,7 @@ impl Qwen2MoeConfig {
                 qkv_bias: true,
                 o_bias: false,
                 qk_norm: QkNorm::None,
+                scale: None,
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,

@@ -46,6 +46,7 @@ impl Qwen3Config {
                 qkv_bias: false,
                 o_bias: false,
                 qk_norm: QkNorm::PerHead(self.rms_norm_eps),
+                scale: None,
             },
             mlp_bias: false,
             rms_norm_eps: self.rms_norm_eps,

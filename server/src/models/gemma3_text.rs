@@ -1,0 +1,190 @@
+//! Gemma 3 (text): sliding-window layers with a rotating cache and local rope,
+//! a global layer every `sliding_window_pattern` layers, (1 + w) RMS norms
+//! around both attention and MLP, gelu-gated MLP, embeddings scaled by √hidden.
+
+use mlx_rs_safe::{ops, Array, Dtype};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::attention::{Attention, AttentionSpec, QkNorm};
+use super::layers::{Embedding, Linear, RmsNorm};
+use super::mlp::{Activation, Mlp};
+use super::quant::QuantConfig;
+use super::rope::Rope;
+use super::weights::Weights;
+use super::LanguageModel;
+use crate::error::Result;
+use crate::kv::{AttentionMask, KvCache, RotatingKvCache, StandardKvCache};
+
+#[derive(Debug, Deserialize)]
+pub struct Gemma3TextConfig {
+    #[serde(default = "d_hidden")]
+    pub hidden_size: i32,
+    #[serde(default = "d_layers")]
+    pub num_hidden_layers: i32,
+    #[serde(default = "d_inter")]
+    pub intermediate_size: i32,
+    #[serde(default = "d_heads")]
+    pub num_attention_heads: i32,
+    #[serde(default = "d_head_dim")]
+    pub head_dim: i32,
+    #[serde(default = "d_eps")]
+    pub rms_norm_eps: f32,
+    #[serde(default = "d_vocab")]
+    pub vocab_size: i32,
+    #[serde(default = "d_kv")]
+    pub num_key_value_heads: i32,
+    #[serde(default = "d_theta")]
+    pub rope_theta: f32,
+    #[serde(default = "d_local")]
+    pub rope_local_base_freq: f32,
+    #[serde(default = "d_qscalar")]
+    pub query_pre_attn_scalar: f32,
+    #[serde(default = "d_window")]
+    pub sliding_window: i32,
+    #[serde(default = "d_pattern")]
+    pub sliding_window_pattern: i32,
+    pub rope_scaling: Option<Value>,
+}
+
+// mlx-lm's defaults (Gemma 3 1B).
+fn d_hidden() -> i32 { 1152 }
+fn d_layers() -> i32 { 26 }
+fn d_inter() -> i32 { 6912 }
+fn d_heads() -> i32 { 4 }
+fn d_head_dim() -> i32 { 256 }
+fn d_eps() -> f32 { 1e-6 }
+fn d_vocab() -> i32 { 262_144 }
+fn d_kv() -> i32 { 1 }
+fn d_theta() -> f32 { 1_000_000.0 }
+fn d_local() -> f32 { 10_000.0 }
+fn d_qscalar() -> f32 { 256.0 }
+fn d_window() -> i32 { 512 }
+fn d_pattern() -> i32 { 6 }
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffn_norm: RmsNorm,
+    post_ffn_norm: RmsNorm,
+}
+
+pub struct Gemma3Text {
+    cfg: Gemma3TextConfig,
+    embed: Embedding,
+    layers: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Gemma3TextConfig {
+    fn is_global(&self, layer: i32) -> bool {
+        layer % self.sliding_window_pattern == self.sliding_window_pattern - 1
+    }
+}
+
+/// x + y, computed in float32 and clipped to the float16 range when x is
+/// float16 (mlx-lm's clip_residual).
+fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return Ok(ops::add(x, y)?);
+    }
+    let sum = ops::add(&ops::astype(x, Dtype::Float32)?, &ops::astype(y, Dtype::Float32)?)?;
+    let bound = 65504.0f32;
+    let clipped = ops::clip(&sum, Some(&Array::scalar(-bound)), Some(&Array::scalar(bound)))?;
+    Ok(ops::astype(&clipped, Dtype::Float16)?)
+}
+
+impl Gemma3Text {
+    pub fn load(cfg: Gemma3TextConfig, mut w: Weights, quant: &QuantConfig) -> Result<Gemma3Text> {
+        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let norm = |w: &mut Weights, p: &str, dim: i32| RmsNorm::load_plus_one(w, p, dim, eps);
+        let mut layers = Vec::new();
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let rope = if cfg.is_global(i) {
+                Rope::new(cfg.head_dim, cfg.rope_theta, false, cfg.rope_scaling.as_ref())?
+            } else {
+                Rope::new(cfg.head_dim, cfg.rope_local_base_freq, false, None)?
+            };
+            let spec = AttentionSpec {
+                n_heads: cfg.num_attention_heads,
+                n_kv_heads: cfg.num_key_value_heads,
+                head_dim: cfg.head_dim,
+                qkv_bias: false,
+                o_bias: false,
+                qk_norm: QkNorm::PerHeadPlusOne(eps),
+                scale: Some(cfg.query_pre_attn_scalar.powf(-0.5)),
+            };
+            layers.push(Block {
+                attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec, rope, quant)?,
+                mlp: Mlp::load_with(&mut w, &format!("{p}.mlp"), h, cfg.intermediate_size, false, Activation::GeluApprox, quant)?,
+                input_norm: norm(&mut w, &format!("{p}.input_layernorm"), h)?,
+                post_attn_norm: norm(&mut w, &format!("{p}.post_attention_layernorm"), h)?,
+                pre_ffn_norm: norm(&mut w, &format!("{p}.pre_feedforward_layernorm"), h)?,
+                post_ffn_norm: norm(&mut w, &format!("{p}.post_feedforward_layernorm"), h)?,
+            });
+        }
+        // Tied unless the checkpoint carries an output head (mlx-lm's sanitize).
+        let lm_head = if w.contains("lm_head.weight") || w.contains("lm_head.scales") {
+            Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?)
+        } else {
+            None
+        };
+        let model = Gemma3Text {
+            embed: Embedding::load(&mut w, "model.embed_tokens", cfg.vocab_size, h, quant)?,
+            norm: norm(&mut w, "model.norm", h)?,
+            lm_head,
+            layers,
+            cfg,
+        };
+        w.finish()?;
+        Ok(model)
+    }
+}
+
+impl LanguageModel for Gemma3Text {
+    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed.forward(tokens)?;
+        // sqrt(hidden) rounded to bfloat16, then cast to the activations' dtype.
+        let scale = ops::astype(&ops::astype(&Array::scalar((self.cfg.hidden_size as f32).sqrt()), Dtype::Bfloat16)?, h.dtype())?;
+        h = ops::multiply(&h, &scale)?;
+        let l = tokens.shape()[1];
+        let pattern = self.cfg.sliding_window_pattern;
+        let global_mask = match caches.get((pattern - 1) as usize) {
+            Some(c) => c.make_mask(l, None)?,
+            None => AttentionMask::for_len(l),
+        };
+        let sliding_mask = if pattern > 1 {
+            caches[0].make_mask(l, Some(self.cfg.sliding_window))?
+        } else {
+            AttentionMask::None
+        };
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            let mask = if self.cfg.is_global(i as i32) { &global_mask } else { &sliding_mask };
+            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, mask, cache.as_mut())?;
+            let hh = clip_residual(&h, &layer.post_attn_norm.forward(&r)?)?;
+            let r = layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?;
+            h = clip_residual(&hh, &layer.post_ffn_norm.forward(&r)?)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed.as_linear(&h),
+        }
+    }
+
+    fn new_caches(&self) -> Vec<Box<dyn KvCache>> {
+        (0..self.cfg.num_hidden_layers)
+            .map(|i| -> Box<dyn KvCache> {
+                if self.cfg.is_global(i) {
+                    Box::new(StandardKvCache::new())
+                } else {
+                    Box::new(RotatingKvCache::new(self.cfg.sliding_window))
+                }
+            })
+            .collect()
+    }
+}
