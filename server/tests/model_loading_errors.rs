@@ -104,7 +104,7 @@ fn config_problems_name_the_file_and_field() {
     c["model_type"] = json!("gpt-j-9000");
     std::fs::write(&cfg, c.to_string()).unwrap();
     let e = load_err(d.path());
-    assert!(e.contains("\"gpt-j-9000\" is not supported") && e.contains("llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, gemma3_text"), "{e}");
+    assert!(e.contains("\"gpt-j-9000\" is not supported") && e.contains("llama, mistral, qwen2, qwen3, qwen3_moe, qwen2_moe, mixtral, olmoe, gemma3_text, phi3"), "{e}");
 
     let mut c = config();
     c.as_object_mut().unwrap().remove("model_type");

@@ -249,3 +249,24 @@ fn gemma3_bf16_with_sliding_window_shorter_than_the_prompt_matches_mlx_lm() {
 fn gemma3_4bit_greedy_matches_mlx_lm() {
     check_parity("gemma3_q4", spec(gemma3(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
 }
+
+fn phi3(rope_scaling: Value, partial: f64) -> Value {
+    json!({"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "rope_theta": 10000.0, "rope_scaling": rope_scaling, "partial_rotary_factor": partial,
+           "max_position_embeddings": 8192, "original_max_position_embeddings": 512,
+           "tie_word_embeddings": false})
+}
+
+// Fused qkv / gate_up, longrope scaling (input scale ≠ 1 since 8192 > 512).
+#[test]
+fn phi3_bf16_with_longrope_matches_mlx_lm() {
+    let factors: Vec<f64> = (0..16).map(|i| 1.0 + i as f64 * 0.25).collect();
+    let scaling = json!({"type": "longrope", "short_factor": vec![1.0; 16], "long_factor": factors});
+    check_parity("phi3_bf16_longrope", spec(phi3(scaling, 1.0), "bfloat16", None), TOL);
+}
+
+#[test]
+fn phi3_4bit_with_partial_rotary_matches_mlx_lm() {
+    check_parity("phi3_q4_partial", spec(phi3(Value::Null, 0.5), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}

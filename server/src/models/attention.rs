@@ -25,6 +25,14 @@ pub struct AttentionSpec {
     pub qk_norm: QkNorm,
     /// Softmax scale; default head_dim^-0.5.
     pub scale: Option<f32>,
+    /// One `qkv_proj` producing queries, keys and values side by side (Phi-3).
+    pub fused_qkv: bool,
+}
+
+/// The input projections: separate, or one fused matmul split afterwards.
+enum Projections {
+    Separate { q: Linear, k: Linear, v: Linear },
+    Fused(Linear),
 }
 
 /// RMS normalisation of queries and keys before rope.
@@ -42,9 +50,7 @@ pub enum QkNorm {
 pub struct Attention {
     spec: AttentionSpec,
     scale: f32,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    proj: Projections,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -73,9 +79,15 @@ impl Attention {
         };
         Ok(Attention {
             scale: spec.scale.unwrap_or((hd as f32).powf(-0.5)),
-            q_proj: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
-            k_proj: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
-            v_proj: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+            proj: if spec.fused_qkv {
+                Projections::Fused(Linear::load(w, &p("qkv_proj"), hidden, q_out + 2 * kv_out, spec.qkv_bias, quant)?)
+            } else {
+                Projections::Separate {
+                    q: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
+                    k: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+                    v: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+                }
+            },
             o_proj: Linear::load(w, &p("o_proj"), q_out, hidden, spec.o_bias, quant)?,
             q_norm: norm(w, "q_norm", q_out)?,
             k_norm: norm(w, "k_norm", kv_out)?,
@@ -101,9 +113,21 @@ impl Attention {
             };
             Ok(ops::transpose_axes(&a, &[0, 2, 1, 3])?)
         };
-        let q = heads(self.q_proj.forward(x)?, self.spec.n_heads, self.q_norm.as_ref())?;
-        let k = heads(self.k_proj.forward(x)?, self.spec.n_kv_heads, self.k_norm.as_ref())?;
-        let v = heads(self.v_proj.forward(x)?, self.spec.n_kv_heads, None)?;
+        let (q, k, v) = match &self.proj {
+            Projections::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Projections::Fused(qkv) => {
+                let q_pos = self.spec.n_heads * self.spec.head_dim;
+                let k_end = q_pos + self.spec.n_kv_heads * self.spec.head_dim;
+                let mut parts = ops::split_sections(&qkv.forward(x)?, &[q_pos, k_end], -1)?.into_iter();
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(q), Some(k), Some(v)) => (q, k, v),
+                    _ => return Err(crate::error::Error::InvalidRequest("internal: qkv split".into())),
+                }
+            }
+        };
+        let q = heads(q, self.spec.n_heads, self.q_norm.as_ref())?;
+        let k = heads(k, self.spec.n_kv_heads, self.k_norm.as_ref())?;
+        let v = heads(v, self.spec.n_kv_heads, None)?;
 
         let offset = cache.offset();
         let q = self.rope.forward(&q, offset)?;

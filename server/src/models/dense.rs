@@ -29,6 +29,12 @@ pub struct DenseSpec {
     pub rope_theta: f32,
     pub rope_traditional: bool,
     pub rope_scaling: Option<Value>,
+    /// Rotated features per head (partial rotary); None = all of head_dim.
+    pub rope_dims: Option<i32>,
+    /// Phi-3 "su"/"longrope" scaling: (max_position_embeddings, original_max_position_embeddings).
+    pub su_rope_positions: Option<(i32, i32)>,
+    /// One fused gate_up projection in the MLP (Phi-3).
+    pub fused_gate_up: bool,
     pub tie_word_embeddings: bool,
     /// Sparse MoE feed-forward on the layers flagged in `moe_layers`.
     pub moe: Option<MoeSpec>,
@@ -80,12 +86,11 @@ impl DenseDecoder {
         let mut layers = Vec::with_capacity(spec.num_layers as usize);
         for i in 0..spec.num_layers {
             let p = format!("model.layers.{i}");
-            let rope = Rope::new(
-                spec.attention.head_dim,
-                spec.rope_theta,
-                spec.rope_traditional,
-                spec.rope_scaling.as_ref(),
-            )?;
+            let dims = spec.rope_dims.unwrap_or(spec.attention.head_dim);
+            let rope = match (spec.su_rope_positions, spec.rope_scaling.as_ref()) {
+                (Some((max_pos, orig)), Some(scaling)) => Rope::su_scaled(dims, spec.rope_theta, max_pos, orig, scaling)?,
+                _ => Rope::new(dims, spec.rope_theta, spec.rope_traditional, spec.rope_scaling.as_ref())?,
+            };
             layers.push(Block {
                 input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), rope, quant)?,
@@ -94,6 +99,7 @@ impl DenseDecoder {
                     Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
                         FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.{}", spec.moe_module), h, moe.clone(), quant)?)
                     }
+                    _ if spec.fused_gate_up => FeedForward::Dense(Mlp::load_fused(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, quant)?),
                     _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
                 },
             });

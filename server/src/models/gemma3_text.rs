@@ -117,6 +117,7 @@ impl Gemma3Text {
                 o_bias: false,
                 qk_norm: QkNorm::PerHeadPlusOne(eps),
                 scale: Some(cfg.query_pre_attn_scalar.powf(-0.5)),
+                fused_qkv: false,
             };
             layers.push(Block {
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec, rope, quant)?,

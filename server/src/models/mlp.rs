@@ -8,10 +8,15 @@ use super::weights::Weights;
 use crate::error::Result;
 
 pub struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    proj: GateUp,
     down_proj: Linear,
     activation: Activation,
+}
+
+/// Gate and up projections: separate, or one fused `gate_up_proj` (Phi-3).
+enum GateUp {
+    Separate { gate: Linear, up: Linear },
+    Fused(Linear),
 }
 
 /// The gate's nonlinearity.
@@ -49,6 +54,15 @@ impl Mlp {
         Mlp::load_with(w, prefix, dim, hidden, bias, Activation::Silu, quant)
     }
 
+    /// Phi-3's MLP: one `gate_up_proj` [2·hidden, dim], split in halves.
+    pub fn load_fused(w: &mut Weights, prefix: &str, dim: i32, hidden: i32, quant: &QuantConfig) -> Result<Mlp> {
+        Ok(Mlp {
+            activation: Activation::Silu,
+            proj: GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), dim, 2 * hidden, false, quant)?),
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, false, quant)?,
+        })
+    }
+
     pub fn load_with(
         w: &mut Weights,
         prefix: &str,
@@ -60,15 +74,25 @@ impl Mlp {
     ) -> Result<Mlp> {
         Ok(Mlp {
             activation,
-            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, quant)?,
-            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), dim, hidden, bias, quant)?,
+            proj: GateUp::Separate {
+                gate: Linear::load(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, quant)?,
+                up: Linear::load(w, &format!("{prefix}.up_proj"), dim, hidden, bias, quant)?,
+            },
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, bias, quant)?,
         })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let up = self.up_proj.forward(x)?;
+        let (gate, up) = match &self.proj {
+            GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+            GateUp::Fused(gu) => {
+                let mut halves = ops::split(&gu.forward(x)?, 2, -1)?.into_iter();
+                match (halves.next(), halves.next()) {
+                    (Some(g), Some(u)) => (g, u),
+                    _ => return Err(crate::error::Error::InvalidRequest("internal: gate_up split".into())),
+                }
+            }
+        };
         let h = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
             Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,

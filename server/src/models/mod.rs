@@ -9,6 +9,7 @@ mod llama;
 mod mixtral;
 mod mlp;
 mod moe;
+mod phi3;
 mod olmoe;
 pub mod quant;
 mod qwen2;
@@ -39,7 +40,7 @@ pub trait LanguageModel: Send {
 }
 
 /// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma3_text"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma3_text", "phi3"];
 
 fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
     serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
@@ -90,6 +91,10 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
         "gemma3_text" => {
             let c: gemma3_text::Gemma3TextConfig = parse(&config, &config_path)?;
             Box::new(gemma3_text::Gemma3Text::load(c, weights, &quant)?)
+        }
+        "phi3" => {
+            let c: phi3::Phi3Config = parse(&config, &config_path)?;
+            Box::new(dense::DenseDecoder::load(&c.spec()?, weights, &quant)?)
         }
         other => {
             return Err(Error::model_file(

@@ -17,6 +17,9 @@ enum RopeKind {
     Base { base: f32, scale: f32 },
     /// Llama3RoPE and friends: frequencies computed at load.
     Freqs(Array),
+    /// Phi-3's SuScaledRoPE: the rotated features are first multiplied by
+    /// `input_scale`, then rotated with the long-factor frequencies.
+    SuScaled { freqs: Array, input_scale: f32 },
 }
 
 impl Rope {
@@ -42,6 +45,44 @@ impl Rope {
         Ok(Rope { dims, traditional, kind })
     }
 
+    /// Phi-3's `SuScaledRoPE(dims, base, max_position_embeddings,
+    /// original_max_position_embeddings, short_factor, long_factor)`.
+    pub fn su_scaled(dims: i32, base: f32, max_pos: i32, original_max_pos: i32, scaling: &Value) -> Result<Rope> {
+        let factors = |key: &str| -> Result<Vec<f32>> {
+            match scaling.get(key) {
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| v.as_f64().map(|x| x as f32))
+                    .collect::<Option<Vec<f32>>>()
+                    .ok_or_else(|| config_error(&format!("rope_scaling.{key} must be numbers"))),
+                Some(v) => v
+                    .as_f64()
+                    .map(|x| vec![x as f32; (dims / 2) as usize])
+                    .ok_or_else(|| config_error(&format!("rope_scaling.{key} must be numbers"))),
+                None => Ok(vec![1.0; (dims / 2) as usize]),
+            }
+        };
+        let long = factors("long_factor")?;
+        if long.len() != (dims / 2) as usize {
+            return Err(config_error(&format!(
+                "rope_scaling.long_factor has {} entries, rotary dims/2 is {}",
+                long.len(),
+                dims / 2
+            )));
+        }
+        // base ** (arange(0, dims, 2, float32) / dims), then × long_factor.
+        let idx = ops::arange(0.0, dims as f64, 2.0, Dtype::Float32)?;
+        let freqs = ops::power(&Array::scalar(base), &ops::divide(&idx, &Array::scalar(dims as f32))?)?;
+        let freqs = ops::multiply(&Array::from_vec(&long)?, &freqs)?;
+        let factor = max_pos as f64 / original_max_pos as f64;
+        let input_scale = match scaling.get("long_mscale").and_then(Value::as_f64) {
+            Some(m) if m != 0.0 => m as f32,
+            _ if factor <= 1.0 => 1.0,
+            _ => (1.0 + factor.ln() / (original_max_pos as f64).ln()).sqrt() as f32,
+        };
+        Ok(Rope { dims, traditional: false, kind: RopeKind::SuScaled { freqs, input_scale } })
+    }
+
     /// Rotates `x` ([B, heads, L, head_dim]) for positions offset.. offset+L.
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         Ok(match &self.kind {
@@ -49,6 +90,21 @@ impl Rope {
                 fast::rope(x, self.dims, self.traditional, Some(*base), *scale, offset, None)?
             }
             RopeKind::Freqs(freqs) => fast::rope(x, self.dims, self.traditional, None, 1.0, offset, Some(freqs))?,
+            RopeKind::SuScaled { freqs, input_scale } => {
+                // x.at[..., :dims].multiply(scale)
+                let scale = ops::astype(&Array::scalar(*input_scale), x.dtype())?;
+                let shape = x.shape();
+                let n = shape.len();
+                let scaled = if shape[n - 1] == self.dims {
+                    ops::multiply(x, &scale)?
+                } else {
+                    let mut stop = shape.clone();
+                    stop[n - 1] = self.dims;
+                    let part = ops::slice(x, &vec![0; n], &stop, &vec![1; n])?;
+                    ops::slice_update(x, &ops::multiply(&part, &scale)?, &vec![0; n], &stop, &vec![1; n])?
+                };
+                fast::rope(&scaled, self.dims, false, None, 1.0, offset, Some(freqs))?
+            }
         })
     }
 }
