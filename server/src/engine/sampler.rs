@@ -200,3 +200,90 @@ fn apply_min_p(lp: &Array, min_p: f32) -> Result<Array> {
     let threshold = ops::add(&top, &Array::scalar(min_p.ln()))?;
     Ok(ops::where_(&ops::less(lp, &threshold)?, &Array::scalar(NEG_INF), lp)?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits(v: &[f32]) -> Array {
+        Array::from_slice(v, &[1, v.len() as i32]).unwrap()
+    }
+
+    fn token(a: &Array) -> u32 {
+        ops::astype(a, Dtype::Uint32).unwrap().item::<u32>().unwrap()
+    }
+
+    /// Draws from the log-probabilities of `l` (what the generator passes).
+    fn draws(params: SamplingParams, l: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(params).unwrap();
+        let x = logits(l);
+        let lp = ops::subtract(&x, &ops::logsumexp(&x, &[-1], true).unwrap()).unwrap();
+        (0..n).map(|_| token(&s.sample(&lp).unwrap())).collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let mut s = Sampler::greedy();
+        assert_eq!(token(&s.sample(&logits(&[0.1, 2.0, -1.0, 1.9])).unwrap()), 1);
+    }
+
+    #[test]
+    fn same_seed_same_draws_other_seed_other_draws() {
+        let p = |seed| SamplingParams { temperature: 1.0, seed: Some(seed), ..Default::default() };
+        let flat = [0.0f32; 16];
+        let a = draws(p(7), &flat, 32);
+        assert_eq!(a, draws(p(7), &flat, 32));
+        assert_ne!(a, draws(p(8), &flat, 32));
+        assert!(a.iter().collect::<std::collections::BTreeSet<_>>().len() > 4, "{a:?}");
+    }
+
+    #[test]
+    fn top_k_top_p_and_min_p_restrict_the_candidates() {
+        let l = [3.0f32, 2.9, 0.0, -1.0, -2.0];
+        let base = SamplingParams { temperature: 1.0, seed: Some(1), ..Default::default() };
+        let k2 = draws(SamplingParams { top_k: 2, ..base.clone() }, &l, 200);
+        assert!(k2.iter().all(|&t| t < 2) && k2.contains(&0) && k2.contains(&1));
+        // exp(3)/(sum) ≈ 0.49, exp(2.9) ≈ 0.44: top_p 0.6 keeps exactly these two.
+        let p = draws(SamplingParams { top_p: 0.6, ..base.clone() }, &l, 200);
+        assert!(p.iter().all(|&t| t < 2) && p.contains(&1));
+        let m = draws(SamplingParams { min_p: 0.5, ..base.clone() }, &l, 200);
+        assert!(m.iter().all(|&t| t < 2));
+        let all = draws(base, &l, 400);
+        assert!(all.iter().any(|&t| t >= 2), "without filters every token can be drawn");
+    }
+
+    #[test]
+    fn logit_bias_and_penalties_move_the_greedy_choice() {
+        let l = logits(&[1.0, 0.5, 0.2]);
+        let with = |p: SamplingParams, hist: &[u32]| {
+            let mut s = Sampler::new(p).unwrap();
+            let processed = s.process_logits(hist, &l).unwrap();
+            token(&s.sample(&processed).unwrap())
+        };
+        let bias = HashMap::from([(2u32, 5.0f32)]);
+        assert_eq!(with(SamplingParams { logit_bias: bias, ..Default::default() }, &[]), 2);
+        // 1.0 / 3 < 0.5: the repeated token 0 loses to token 1.
+        assert_eq!(with(SamplingParams { repetition_penalty: 3.0, ..Default::default() }, &[0, 0]), 1);
+        assert_eq!(with(SamplingParams { presence_penalty: 0.6, ..Default::default() }, &[0]), 1);
+        // frequency: 0.3 per occurrence × 2 = 0.6 off token 0.
+        assert_eq!(with(SamplingParams { frequency_penalty: 0.3, ..Default::default() }, &[0, 0]), 1);
+        assert_eq!(with(SamplingParams { frequency_penalty: 0.3, ..Default::default() }, &[0]), 0);
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_with_the_field_name() {
+        let bad = [
+            SamplingParams { temperature: -1.0, ..Default::default() },
+            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { top_k: -3, ..Default::default() },
+            SamplingParams { min_p: 1.5, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { presence_penalty: 2.5, ..Default::default() },
+        ];
+        let fields = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty"];
+        for (p, f) in bad.into_iter().zip(fields) {
+            let e = Sampler::new(p).err().unwrap().to_string();
+            assert!(e.contains(f), "{e}");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Shared by the integration tests: tiny models built by mlx-lm itself.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("MLX_SERVE_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = repo().join("vendor/pyref/bin/python");
+    assert!(p.exists(), "no Python reference at {}: run scripts/reference-env.sh", p.display());
+    p
+}
+
+/// Builds (once per spec and generator version) the fixture folder for `name`.
+pub fn fixture(name: &str, spec: &Value) -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parity");
+    let dir = root.join(name);
+    let spec_text = serde_json::to_string_pretty(spec).unwrap();
+    // The cache key: the spec and the generator scripts, so editing either rebuilds.
+    let mut key = spec_text.clone();
+    for script in ["make_fixture.py", "make_tokenizer.py"] {
+        key.push_str(&std::fs::read_to_string(repo().join("parity").join(script)).unwrap());
+    }
+    let key_path = root.join(format!("{name}.key"));
+    if dir.join("reference.json").exists() && std::fs::read_to_string(&key_path).ok().as_deref() == Some(&key) {
+        return dir;
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    let spec_path = root.join(format!("{name}.json"));
+    std::fs::write(&spec_path, &spec_text).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = Command::new(python())
+        .arg(repo().join("parity/make_fixture.py"))
+        .arg(&spec_path)
+        .arg(&dir)
+        .current_dir(repo().join("parity"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "make_fixture.py failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(&key_path, &key).unwrap();
+    dir
+}
+
