@@ -47,6 +47,12 @@ pub struct GenerateArgs {
     /// Prompt tokens per prefill step.
     #[arg(long, default_value_t = 512)]
     pub prefill_size: usize,
+    /// Quantize an unquantized model's weights at load to this many bits (4 or 8).
+    #[arg(long)]
+    pub quantize: Option<i32>,
+    /// Group size for --quantize.
+    #[arg(long, default_value_t = 64)]
+    pub quantize_group_size: i32,
     /// Quantize the KV cache to this many bits (e.g. 4 or 8).
     #[arg(long)]
     pub kv_bits: Option<i32>,

@@ -48,7 +48,10 @@ pub fn prompt_tokens(tok: &Tokenizer, args: &GenerateArgs) -> Result<Vec<u32>> {
 }
 
 pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
-    let (model, _config) = models::load(&args.model)?;
+    let load = models::LoadOptions {
+        quantize: args.quantize.map(|bits| models::quant::QuantParams { bits, group_size: args.quantize_group_size }),
+    };
+    let (model, _config) = models::load_with(&args.model, &load)?;
     let tok = Tokenizer::load(&args.model, None)?;
     let prompt = prompt_tokens(&tok, args)?;
     let sampler = Sampler::new(SamplingParams {

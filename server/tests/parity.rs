@@ -16,13 +16,27 @@ use serde_json::{json, Value};
 /// Greedy-decodes the fixture's prompt with our engine and compares with mlx-lm.
 fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
     let dir = fixture(name, &spec);
+    check_parity_of(name, &dir, &dir, &spec, &models::LoadOptions::default(), logprob_tol);
+}
+
+/// Compares our engine on the model in `model_dir` (loaded with `load`) with the
+/// reference of fixture `reference_dir`.
+fn check_parity_of(
+    name: &str,
+    reference_dir: &std::path::Path,
+    model_dir: &std::path::Path,
+    spec: &Value,
+    load: &models::LoadOptions,
+    logprob_tol: f32,
+) {
+    let dir = reference_dir;
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
     let expected: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
     // null marks a non-finite reference value (JSON has no infinities).
     let expected_lp: Vec<Option<f32>> = serde_json::from_value(reference["first_logprobs"].clone()).unwrap();
 
-    let (model, _) = models::load(&dir).unwrap();
+    let (model, _) = models::load_with(model_dir, load).unwrap();
     let opts = GenerateOptions {
         prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
         max_tokens: expected.len(),
@@ -226,4 +240,18 @@ fn phi3_bf16_with_longrope_matches_mlx_lm() {
 #[test]
 fn phi3_4bit_with_partial_rotary_matches_mlx_lm() {
     check_parity("phi3_q4_partial", spec(phi3(Value::Null, 0.5), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+// --quantize 4 at load on the float model equals mlx-lm's quantize_model on the
+// same float weights (both fixtures start from the same seeded initialisation).
+#[test]
+fn quantizing_at_load_matches_mlx_lm_quantize_model() {
+    let float_dir = fixture("llama_bf16", &spec(base_llama(), "bfloat16", None));
+    let q_spec = spec(base_llama(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
+    let q_dir = fixture("llama_q4", &q_spec);
+    let load = models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 64 }) };
+    check_parity_of("llama_bf16 --quantize 4", &q_dir, &float_dir, &q_spec, &load, TOL);
+    // An already-quantized model is refused.
+    let err = models::load_with(&q_dir, &load).err().unwrap().to_string();
+    assert!(err.contains("already quantized"), "{err}");
 }

@@ -46,8 +46,20 @@ fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
     serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
 }
 
+/// How to load a model.
+#[derive(Debug, Clone, Default)]
+pub struct LoadOptions {
+    /// Quantize an unquantized model at load (`--quantize`), as mlx_lm.convert would.
+    pub quantize: Option<quant::QuantParams>,
+}
+
 /// Loads the model in folder `dir` (config.json + safetensors).
 pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
+    load_with(dir, &LoadOptions::default())
+}
+
+/// [`load`] with options.
+pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageModel>, Value)> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|e| Error::model_file(&config_path, format!("cannot read: {e}")))?;
@@ -57,8 +69,24 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
-    let quant = QuantConfig::from_config(&config)?;
-    let weights = Weights::load(dir)?;
+    let mut quant = QuantConfig::from_config(&config)?;
+    let mut weights = Weights::load(dir)?;
+    if let Some(q) = opts.quantize {
+        if quant.is_quantized() {
+            return Err(Error::InvalidRequest(format!(
+                "{} is already quantized; --quantize applies to float models",
+                dir.display()
+            )));
+        }
+        if ![2, 3, 4, 5, 6, 8].contains(&q.bits) || ![32, 64, 128].contains(&q.group_size) {
+            return Err(Error::InvalidRequest(format!(
+                "--quantize needs bits in 2, 3, 4, 5, 6, 8 and a group size of 32, 64 or 128 (got {} bits, group {})",
+                q.bits, q.group_size
+            )));
+        }
+        weights.quantize_in_place(q.group_size, q.bits)?;
+        quant = QuantConfig::uniform(q);
+    }
     let model: Box<dyn LanguageModel> = match model_type {
         "llama" | "mistral" => {
             let c: llama::LlamaConfig = parse(&config, &config_path)?;

@@ -122,6 +122,34 @@ impl Weights {
         self.tensors.insert(name, a);
     }
 
+    /// Quantizes every weight matrix (≥ 2-D, floating, last axis a multiple of
+    /// the group size) in place: `X.weight` becomes packed `X.weight` plus
+    /// `X.scales` and `X.biases` — what mlx-lm's `quantize_model` does to each
+    /// Linear, Embedding and switch layer.
+    pub fn quantize_in_place(&mut self, group_size: i32, bits: i32) -> Result<usize> {
+        let names: Vec<String> = self
+            .tensors
+            .iter()
+            .filter(|(n, a)| {
+                n.ends_with(".weight")
+                    && a.ndim() >= 2
+                    && a.dtype().is_floating()
+                    && a.shape().last().is_some_and(|&d| d % group_size == 0)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in &names {
+            let prefix = &name[..name.len() - ".weight".len()];
+            // Listed from the map just above.
+            let w = self.tensors.remove(name).expect("listed above");
+            let (q, s, b) = mlx_rs_safe::quantized::quantize(&w, group_size, bits)?;
+            self.tensors.insert(name.clone(), q);
+            self.tensors.insert(format!("{prefix}.scales"), s);
+            self.tensors.insert(format!("{prefix}.biases"), b);
+        }
+        Ok(names.len())
+    }
+
     /// Errors if tensors are left that no layer took.
     pub fn finish(self) -> Result<()> {
         if self.tensors.is_empty() {
