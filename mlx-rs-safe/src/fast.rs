@@ -1,7 +1,5 @@
 //! MLX's fused "fast" kernels: normalisation, rotary embeddings, attention.
 
-use std::ffi::CString;
-
 use mlx_sys as sys;
 
 use crate::array::Array;
@@ -73,8 +71,9 @@ pub fn rope_dynamic(
 }
 
 /// The mask of [`scaled_dot_product_attention`].
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub enum SdpaMask<'a> {
+    /// Every query attends to every key.
     None,
     /// Each query attends to keys at or before its position (aligned to the end).
     Causal,
@@ -83,7 +82,9 @@ pub enum SdpaMask<'a> {
 }
 
 /// softmax(Q Kᵀ · scale + mask) V, with grouped KV heads (queries [B, H, L, D],
-/// keys/values [B, H_kv, S, D]) and optional attention sinks (one logit per head).
+/// keys/values [B, H_kv, S, D], H a multiple of H_kv) and optional attention
+/// sinks ([H]: one extra logit per head that joins the softmax's denominator
+/// but has no value row).
 pub fn scaled_dot_product_attention(
     q: &Array,
     k: &Array,
@@ -93,15 +94,14 @@ pub fn scaled_dot_product_attention(
     sinks: Option<&Array>,
 ) -> Result<Array> {
     let (mode, arr) = match mask {
-        SdpaMask::None => ("", None),
-        SdpaMask::Causal => ("causal", None),
-        SdpaMask::Array(a) => ("array", Some(a)),
+        SdpaMask::None => (c"", None),
+        SdpaMask::Causal => (c"causal", None),
+        SdpaMask::Array(a) => (c"array", Some(a)),
     };
-    // The literals above hold no NUL byte.
-    let mode = CString::new(mode).expect("no NUL in mask mode");
     Array::build_s(|res, s| {
-        // SAFETY: live handles; `mode` is NUL-terminated and outlives the call;
-        // mask and sinks may be null handles.
+        // SAFETY: live handles and stream; `mode` is a static NUL-terminated
+        // string; mask and sinks may be null handles; `force_fused` false lets
+        // MLX fall back to the unfused graph where no fused kernel applies.
         unsafe {
             sys::mlx_fast_scaled_dot_product_attention(
                 res,

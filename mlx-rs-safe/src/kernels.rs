@@ -1,7 +1,7 @@
 //! Custom GPU kernels compiled at run time by MLX (`mx.fast.metal_kernel` /
 //! `mx.fast.cuda_kernel`): sources live in the repository's `metal-kernels/`.
 //! The same Rust API serves both backends; on a build without that GPU backend,
-//! applying a kernel returns `Err` (it never aborts).
+//! creating (CUDA) or applying (Metal) a kernel returns `Err` (it never aborts).
 
 use std::ffi::{c_char, CString};
 
@@ -10,7 +10,7 @@ use mlx_sys as sys;
 use crate::array::Array;
 use crate::device::with_current;
 use crate::dtype::Dtype;
-use crate::error::{check, init, Error, Result};
+use crate::error::{check, init, take_last_error, Error, Result};
 use crate::transforms::VectorArray;
 
 /// "metal" or "cuda" when this MLX build can run GPU kernels here, else None.
@@ -34,15 +34,20 @@ pub fn gpu_backend() -> Option<&'static str> {
 /// Which GPU language a kernel source is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelLanguage {
+    /// Metal Shading Language (MLX's Metal backend, Apple GPUs).
     Metal,
+    /// CUDA C++ (MLX's CUDA backend, NVIDIA GPUs).
     Cuda,
 }
 
 /// A kernel's source and signature (MLX generates the function signature).
 #[derive(Debug, Clone)]
 pub struct KernelSource<'a> {
+    /// The kernel's name (MLX appends a hash of the template arguments).
     pub name: &'a str,
+    /// Parameter names of the inputs, in the order `apply` receives them.
     pub input_names: &'a [&'a str],
+    /// Parameter names of the outputs, in the order of [`KernelCall::outputs`].
     pub output_names: &'a [&'a str],
     /// The body of the kernel function.
     pub source: &'a str,
@@ -55,24 +60,92 @@ pub struct KernelSource<'a> {
     pub shared_memory: i32,
 }
 
+impl<'a> KernelSource<'a> {
+    /// A source with no header, row-contiguous inputs, plain outputs and no
+    /// shared memory.
+    pub fn new(name: &'a str, input_names: &'a [&'a str], output_names: &'a [&'a str], source: &'a str) -> Self {
+        KernelSource {
+            name,
+            input_names,
+            output_names,
+            source,
+            header: "",
+            ensure_row_contiguous: true,
+            atomic_outputs: false,
+            shared_memory: 0,
+        }
+    }
+}
+
 /// A template argument of one launch.
 #[derive(Debug, Clone)]
 pub enum TemplateArg {
+    /// A type parameter (e.g. `T` = float).
     Dtype(Dtype),
+    /// An integer constant.
     Int(i32),
+    /// A boolean constant.
     Bool(bool),
 }
 
 /// The launch configuration of one application.
 #[derive(Debug, Clone, Default)]
 pub struct KernelCall {
+    /// Shape and dtype of each output, in the order of the output names.
     pub outputs: Vec<(Vec<i32>, Dtype)>,
     /// Grid size in threads (MLX divides it by the thread group).
     pub grid: (i32, i32, i32),
+    /// Threads per thread group (block).
     pub thread_group: (i32, i32, i32),
+    /// Fill value of the outputs before the kernel runs (else uninitialised).
     pub init_value: Option<f32>,
+    /// Template arguments, by name.
     pub template: Vec<(String, TemplateArg)>,
+    /// Print the generated source when it is compiled.
     pub verbose: bool,
+}
+
+impl KernelCall {
+    /// An empty configuration (add outputs, grid and thread group).
+    pub fn new() -> KernelCall {
+        KernelCall::default()
+    }
+
+    /// Adds an output of `shape` and `dtype`.
+    pub fn output(mut self, shape: &[i32], dtype: Dtype) -> KernelCall {
+        self.outputs.push((shape.to_vec(), dtype));
+        self
+    }
+
+    /// Sets the grid, in threads.
+    pub fn grid(mut self, x: i32, y: i32, z: i32) -> KernelCall {
+        self.grid = (x, y, z);
+        self
+    }
+
+    /// Sets the thread group size.
+    pub fn thread_group(mut self, x: i32, y: i32, z: i32) -> KernelCall {
+        self.thread_group = (x, y, z);
+        self
+    }
+
+    /// Fills the outputs with `value` before the kernel runs.
+    pub fn init_value(mut self, value: f32) -> KernelCall {
+        self.init_value = Some(value);
+        self
+    }
+
+    /// Adds a template argument.
+    pub fn template(mut self, name: &str, arg: TemplateArg) -> KernelCall {
+        self.template.push((name.to_string(), arg));
+        self
+    }
+
+    /// Prints the generated source on compilation.
+    pub fn verbose(mut self, verbose: bool) -> KernelCall {
+        self.verbose = verbose;
+        self
+    }
 }
 
 enum Handle {
@@ -80,7 +153,7 @@ enum Handle {
     Cuda(sys::mlx_fast_cuda_kernel),
 }
 
-/// A compiled-on-first-use custom kernel.
+/// A compiled-on-first-use custom kernel; owns its mlx-c kernel object.
 pub struct CustomKernel {
     handle: Handle,
 }
@@ -98,7 +171,9 @@ impl Names {
     fn new(names: &[&str]) -> Result<Names> {
         let owned: Vec<CString> = names.iter().map(|n| cstring(n, "a kernel argument name")).collect::<Result<_>>()?;
         let ptrs: Vec<*const c_char> = owned.iter().map(|c| c.as_ptr()).collect();
-        // SAFETY: `ptrs` holds NUL-terminated strings alive for the call; mlx-c copies them.
+        // SAFETY: `ptrs` holds `ptrs.len()` NUL-terminated strings alive for the
+        // call (owned by `owned`); mlx-c copies them and never writes through the
+        // pointer (the `*mut` is bindgen's spelling of `const char**`).
         Ok(Names { raw: unsafe { sys::mlx_vector_string_new_data(ptrs.as_ptr() as *mut *const c_char, ptrs.len()) } })
     }
 }
@@ -111,6 +186,8 @@ impl Drop for Names {
 }
 
 impl CustomKernel {
+    /// Creates a kernel in `language` from `src`. Nothing is compiled yet: MLX
+    /// compiles on first apply, per set of template arguments.
     pub fn new(language: KernelLanguage, src: &KernelSource<'_>) -> Result<CustomKernel> {
         init();
         let name = cstring(src.name, "the kernel name")?;
@@ -142,21 +219,48 @@ impl CustomKernel {
                 )),
             }
         };
+        let ctx = match handle {
+            Handle::Metal(k) => k.ctx,
+            Handle::Cuda(k) => k.ctx,
+        };
+        if ctx.is_null() {
+            let msg = take_last_error().unwrap_or_else(|| "kernel creation failed".into());
+            return Err(Error::Mlx(msg));
+        }
         Ok(CustomKernel { handle })
+    }
+
+    /// A Metal kernel (see [`CustomKernel::new`]).
+    pub fn metal(src: &KernelSource<'_>) -> Result<CustomKernel> {
+        CustomKernel::new(KernelLanguage::Metal, src)
+    }
+
+    /// A CUDA kernel (see [`CustomKernel::new`]).
+    pub fn cuda(src: &KernelSource<'_>) -> Result<CustomKernel> {
+        CustomKernel::new(KernelLanguage::Cuda, src)
+    }
+
+    /// The language the kernel was created for.
+    pub fn language(&self) -> KernelLanguage {
+        match self.handle {
+            Handle::Metal(_) => KernelLanguage::Metal,
+            Handle::Cuda(_) => KernelLanguage::Cuda,
+        }
     }
 
     /// Runs the kernel on `inputs`; returns its outputs.
     pub fn apply(&self, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
         match self.handle {
-            Handle::Metal(k) => apply_with::<MetalApi>(k, inputs, call),
-            Handle::Cuda(k) => apply_with::<CudaApi>(k, inputs, call),
+            Handle::Metal(k) => apply_metal(k, inputs, call),
+            Handle::Cuda(k) => apply_cuda(k, inputs, call),
         }
     }
 }
 
 impl Drop for CustomKernel {
     fn drop(&mut self) {
-        // SAFETY: owned handle, freed once.
+        // SAFETY: the handle was created non-null by `new`, is owned by this value
+        // alone (no Clone) and freed once, here.
         unsafe {
             match self.handle {
                 Handle::Metal(k) => sys::mlx_fast_metal_kernel_free(k),
@@ -166,81 +270,72 @@ impl Drop for CustomKernel {
     }
 }
 
-/// The config calls of one backend's C API (the two differ only in prefix).
-trait ConfigApi {
-    type Cfg: Copy;
-    type Kernel: Copy;
-    unsafe fn new() -> Self::Cfg;
-    unsafe fn free(c: Self::Cfg);
-    unsafe fn add_output(c: Self::Cfg, shape: *const i32, n: usize, d: sys::mlx_dtype) -> i32;
-    unsafe fn set_grid(c: Self::Cfg, x: i32, y: i32, z: i32) -> i32;
-    unsafe fn set_thread_group(c: Self::Cfg, x: i32, y: i32, z: i32) -> i32;
-    unsafe fn set_init_value(c: Self::Cfg, v: f32) -> i32;
-    unsafe fn set_verbose(c: Self::Cfg, v: bool) -> i32;
-    unsafe fn template_dtype(c: Self::Cfg, name: *const c_char, d: sys::mlx_dtype) -> i32;
-    unsafe fn template_int(c: Self::Cfg, name: *const c_char, v: i32) -> i32;
-    unsafe fn template_bool(c: Self::Cfg, name: *const c_char, v: bool) -> i32;
-    unsafe fn apply(
-        out: *mut sys::mlx_vector_array,
-        k: Self::Kernel,
-        ins: sys::mlx_vector_array,
-        c: Self::Cfg,
-        s: sys::mlx_stream,
-    ) -> i32;
+/// Frees a config object when dropped.
+struct ConfigGuard<C: Copy>(C, unsafe extern "C" fn(C));
+
+impl<C: Copy> Drop for ConfigGuard<C> {
+    fn drop(&mut self) {
+        // SAFETY: the guard owns the config (created by the matching `_new`, null
+        // or not: mlx-c's free ignores null) and frees it once with its `_free`.
+        unsafe { (self.1)(self.0) };
+    }
 }
 
-macro_rules! config_api {
-    ($ty:ident, $cfg:ty, $kernel:ty, $new:ident, $free:ident, $out:ident, $grid:ident, $tg:ident,
+/// Defines `$fn(kernel, inputs, call)`: builds one backend's launch config from a
+/// [`KernelCall`], applies the kernel, returns its outputs. The two C APIs differ
+/// only in their prefix, so one body serves both.
+macro_rules! apply_fn {
+    ($fn:ident, $kernel:ty, $new:ident, $free:ident, $out:ident, $grid:ident, $tg:ident,
      $init:ident, $verbose:ident, $tdt:ident, $tint:ident, $tbool:ident, $apply:ident) => {
-        struct $ty;
-        impl ConfigApi for $ty {
-            type Cfg = $cfg;
-            type Kernel = $kernel;
-            unsafe fn new() -> $cfg {
-                sys::$new()
+        fn $fn(kernel: $kernel, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
+            init();
+            // SAFETY: no arguments; the new config is owned by the guard. A null
+            // config (mlx-c failed) makes each call below return an error status.
+            let cfg = ConfigGuard(unsafe { sys::$new() }, sys::$free);
+            let c = cfg.0;
+            for (shape, dtype) in &call.outputs {
+                // SAFETY: live config; `shape` is valid for its length during the
+                // call and copied by mlx-c.
+                check(unsafe { sys::$out(c, shape.as_ptr(), shape.len(), dtype.to_sys()) })?;
             }
-            unsafe fn free(c: $cfg) {
-                sys::$free(c)
+            let (g, t) = (call.grid, call.thread_group);
+            // SAFETY: live config; plain integers.
+            check(unsafe { sys::$grid(c, g.0, g.1, g.2) })?;
+            // SAFETY: live config; plain integers.
+            check(unsafe { sys::$tg(c, t.0, t.1, t.2) })?;
+            if let Some(v) = call.init_value {
+                // SAFETY: live config; plain float.
+                check(unsafe { sys::$init(c, v) })?;
             }
-            unsafe fn add_output(c: $cfg, shape: *const i32, n: usize, d: sys::mlx_dtype) -> i32 {
-                sys::$out(c, shape, n, d)
+            // SAFETY: live config; plain bool.
+            check(unsafe { sys::$verbose(c, call.verbose) })?;
+            for (name, arg) in &call.template {
+                let name = cstring(name, "a template argument name")?;
+                // SAFETY: live config; `name` is NUL-terminated, outlives the call
+                // and is copied by mlx-c.
+                check(unsafe {
+                    match arg {
+                        TemplateArg::Dtype(d) => sys::$tdt(c, name.as_ptr(), d.to_sys()),
+                        TemplateArg::Int(i) => sys::$tint(c, name.as_ptr(), *i),
+                        TemplateArg::Bool(b) => sys::$tbool(c, name.as_ptr(), *b),
+                    }
+                })?;
             }
-            unsafe fn set_grid(c: $cfg, x: i32, y: i32, z: i32) -> i32 {
-                sys::$grid(c, x, y, z)
-            }
-            unsafe fn set_thread_group(c: $cfg, x: i32, y: i32, z: i32) -> i32 {
-                sys::$tg(c, x, y, z)
-            }
-            unsafe fn set_init_value(c: $cfg, v: f32) -> i32 {
-                sys::$init(c, v)
-            }
-            unsafe fn set_verbose(c: $cfg, v: bool) -> i32 {
-                sys::$verbose(c, v)
-            }
-            unsafe fn template_dtype(c: $cfg, name: *const c_char, d: sys::mlx_dtype) -> i32 {
-                sys::$tdt(c, name, d)
-            }
-            unsafe fn template_int(c: $cfg, name: *const c_char, v: i32) -> i32 {
-                sys::$tint(c, name, v)
-            }
-            unsafe fn template_bool(c: $cfg, name: *const c_char, v: bool) -> i32 {
-                sys::$tbool(c, name, v)
-            }
-            unsafe fn apply(
-                out: *mut sys::mlx_vector_array,
-                k: $kernel,
-                ins: sys::mlx_vector_array,
-                c: $cfg,
-                s: sys::mlx_stream,
-            ) -> i32 {
-                sys::$apply(out, k, ins, c, s)
-            }
+            let ins = VectorArray::new(inputs);
+            let mut outs = VectorArray::empty();
+            with_current(|s| {
+                // SAFETY: live kernel (owned by the caller's CustomKernel), config,
+                // input vector and stream; `outs` is a live vector mlx-c fills and
+                // `outs` frees.
+                check(unsafe { sys::$apply(&mut outs.raw, kernel, ins.raw, c, s) })
+            })??;
+            outs.into_arrays()
         }
     };
 }
 
-config_api!(
-    MetalApi, sys::mlx_fast_metal_kernel_config, sys::mlx_fast_metal_kernel,
+apply_fn!(
+    apply_metal, sys::mlx_fast_metal_kernel,
     mlx_fast_metal_kernel_config_new, mlx_fast_metal_kernel_config_free,
     mlx_fast_metal_kernel_config_add_output_arg, mlx_fast_metal_kernel_config_set_grid,
     mlx_fast_metal_kernel_config_set_thread_group, mlx_fast_metal_kernel_config_set_init_value,
@@ -248,8 +343,8 @@ config_api!(
     mlx_fast_metal_kernel_config_add_template_arg_int, mlx_fast_metal_kernel_config_add_template_arg_bool,
     mlx_fast_metal_kernel_apply
 );
-config_api!(
-    CudaApi, sys::mlx_fast_cuda_kernel_config, sys::mlx_fast_cuda_kernel,
+apply_fn!(
+    apply_cuda, sys::mlx_fast_cuda_kernel,
     mlx_fast_cuda_kernel_config_new, mlx_fast_cuda_kernel_config_free,
     mlx_fast_cuda_kernel_config_add_output_arg, mlx_fast_cuda_kernel_config_set_grid,
     mlx_fast_cuda_kernel_config_set_thread_group, mlx_fast_cuda_kernel_config_set_init_value,
@@ -257,54 +352,3 @@ config_api!(
     mlx_fast_cuda_kernel_config_add_template_arg_int, mlx_fast_cuda_kernel_config_add_template_arg_bool,
     mlx_fast_cuda_kernel_apply
 );
-
-/// Frees a config object when dropped.
-struct ConfigGuard<A: ConfigApi>(A::Cfg);
-
-impl<A: ConfigApi> Drop for ConfigGuard<A> {
-    fn drop(&mut self) {
-        // SAFETY: the guard owns the config and frees it once.
-        unsafe { A::free(self.0) };
-    }
-}
-
-/// Builds the backend's config from `call`, applies `kernel`, returns the outputs.
-fn apply_with<A: ConfigApi>(kernel: A::Kernel, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
-    init();
-    // SAFETY: a fresh config, owned by the guard.
-    let cfg = ConfigGuard::<A>(unsafe { A::new() });
-    let c = cfg.0;
-    for (shape, dtype) in &call.outputs {
-        // SAFETY: live config; `shape` is valid for its length during the call.
-        check(unsafe { A::add_output(c, shape.as_ptr(), shape.len(), dtype.to_sys()) })?;
-    }
-    let (g, t) = (call.grid, call.thread_group);
-    // SAFETY: live config (this and the following config calls).
-    check(unsafe { A::set_grid(c, g.0, g.1, g.2) })?;
-    // SAFETY: live config.
-    check(unsafe { A::set_thread_group(c, t.0, t.1, t.2) })?;
-    if let Some(v) = call.init_value {
-        // SAFETY: live config.
-        check(unsafe { A::set_init_value(c, v) })?;
-    }
-    // SAFETY: live config.
-    check(unsafe { A::set_verbose(c, call.verbose) })?;
-    for (name, arg) in &call.template {
-        let name = cstring(name, "a template argument name")?;
-        // SAFETY: live config; `name` is NUL-terminated and copied by mlx-c.
-        check(unsafe {
-            match arg {
-                TemplateArg::Dtype(d) => A::template_dtype(c, name.as_ptr(), d.to_sys()),
-                TemplateArg::Int(i) => A::template_int(c, name.as_ptr(), *i),
-                TemplateArg::Bool(b) => A::template_bool(c, name.as_ptr(), *b),
-            }
-        })?;
-    }
-    let ins = VectorArray::new(inputs);
-    let mut outs = VectorArray::empty();
-    with_current(|s| {
-        // SAFETY: live kernel, config, inputs and stream; `outs` is a valid out vector.
-        check(unsafe { A::apply(&mut outs.raw, kernel, ins.raw, c, s) })
-    })??;
-    outs.into_arrays()
-}

@@ -7,7 +7,8 @@ use crate::error::{check, init, Result};
 fn read(f: unsafe extern "C" fn(*mut usize) -> i32) -> Result<usize> {
     init();
     let mut v = 0usize;
-    // SAFETY: `f` is one of mlx-c's getters, writing one size_t into `v`.
+    // SAFETY: `f` is one of mlx-c's getters (private helper, called only with
+    // them below), writing one size_t into the live local `v`.
     check(unsafe { f(&mut v) })?;
     Ok(v)
 }
@@ -15,7 +16,8 @@ fn read(f: unsafe extern "C" fn(*mut usize) -> i32) -> Result<usize> {
 fn set(f: unsafe extern "C" fn(*mut usize, usize) -> i32, limit: usize) -> Result<usize> {
     init();
     let mut previous = 0usize;
-    // SAFETY: `f` is one of mlx-c's setters, writing the previous limit into `previous`.
+    // SAFETY: `f` is one of mlx-c's setters (private helper, called only with
+    // them below), writing the previous limit into the live local `previous`.
     check(unsafe { f(&mut previous, limit) })?;
     Ok(previous)
 }
@@ -35,20 +37,24 @@ pub fn cache_memory() -> Result<usize> {
     read(sys::mlx_get_cache_memory)
 }
 
+/// The allocator's memory limit in bytes (past it, MLX frees its cache and
+/// waits for running work before allocating more).
 pub fn memory_limit() -> Result<usize> {
     read(sys::mlx_get_memory_limit)
 }
 
+/// Zeroes the peak counter. (MLX sets it to 0, not to the active memory: until
+/// the next allocation, `peak_memory` may read below `active_memory`.)
 pub fn reset_peak_memory() -> Result<()> {
     init();
-    // SAFETY: no arguments.
+    // SAFETY: no arguments; touches only MLX's global allocator counters.
     check(unsafe { sys::mlx_reset_peak_memory() })
 }
 
 /// Releases the allocator's cache.
 pub fn clear_cache() -> Result<()> {
     init();
-    // SAFETY: no arguments.
+    // SAFETY: no arguments; frees only cached (unreferenced) buffers.
     check(unsafe { sys::mlx_clear_cache() })
 }
 
@@ -63,6 +69,7 @@ pub fn set_cache_limit(bytes: usize) -> Result<usize> {
 }
 
 /// Sets the wired (resident) limit on Apple silicon; returns the previous one.
+/// Without Metal, MLX accepts and ignores it (the previous value reads 0).
 pub fn set_wired_limit(bytes: usize) -> Result<usize> {
     set(sys::mlx_set_wired_limit, bytes)
 }

@@ -56,11 +56,18 @@ fn layer_norm_matches_the_formula() {
 
 /// Rotary embedding of x [L, D] at positions offset.., written out.
 fn rope_ref(x: &[f32], l: usize, d: usize, traditional: bool, base: f32, offset: usize) -> Vec<f32> {
+    rope_ref_partial(x, l, d, d, traditional, base, 1.0, offset)
+}
+
+/// The first `dims` of `d` features rotated (the rest pass through), angle
+/// (position · `scale`) · base^(-2i/dims).
+#[allow(clippy::too_many_arguments)]
+fn rope_ref_partial(x: &[f32], l: usize, d: usize, dims: usize, traditional: bool, base: f32, scale: f32, offset: usize) -> Vec<f32> {
     let mut out = x.to_vec();
     for p in 0..l {
-        for i in 0..d / 2 {
-            let theta = (p + offset) as f32 * base.powf(-2.0 * i as f32 / d as f32);
-            let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + d / 2) };
+        for i in 0..dims / 2 {
+            let theta = (p + offset) as f32 * scale * base.powf(-2.0 * i as f32 / dims as f32);
+            let (a, b) = if traditional { (2 * i, 2 * i + 1) } else { (i, i + dims / 2) };
             let (xa, xb) = (x[p * d + a], x[p * d + b]);
             out[p * d + a] = xa * theta.cos() - xb * theta.sin();
             out[p * d + b] = xa * theta.sin() + xb * theta.cos();
@@ -92,6 +99,7 @@ fn rope_rotates_pairs_by_position_in_both_layouts() {
 }
 
 /// softmax(q kᵀ · scale + mask) v for one head: q [L, D], k/v [S, D].
+#[allow(clippy::too_many_arguments)]
 fn attention_ref(q: &[f32], k: &[f32], v: &[f32], l: usize, s: usize, d: usize, scale: f32, mask: impl Fn(usize, usize) -> f32) -> Vec<f32> {
     let mut out = vec![0.0; l * d];
     for i in 0..l {
@@ -134,6 +142,81 @@ fn sdpa_matches_softmax_attention_with_causal_and_array_masks() {
     let masked = fast::scaled_dot_product_attention(&qa, &ka, &va, scale, SdpaMask::Array(&bool_mask), None).unwrap();
     let expect = attention_ref(&q, &k, &v, l, s, d, scale, |i, j| if keep[i * s + j] { 0.0 } else { f32::NEG_INFINITY });
     close(&masked.to_vec::<f32>().unwrap(), &expect, 1e-5);
+}
+
+#[test]
+fn rope_partial_dims_position_scale_and_array_offset() {
+    let (l, d) = (4, 8);
+    let x = seq(l * d, 0.2);
+    let xa = arr(&x, &[1, 1, l as i32, d as i32]);
+    for traditional in [false, true] {
+        // Only the first 4 features rotate; positions are scaled by 0.5.
+        let out = fast::rope(&xa, 4, traditional, Some(500.0), 0.5, 3, None).unwrap().to_vec::<f32>().unwrap();
+        close(&out, &rope_ref_partial(&x, l, d, 4, traditional, 500.0, 0.5, 3), 1e-4);
+        for (p, row) in out.chunks(d).enumerate() {
+            assert_eq!(&row[4..], &x[p * d + 4..(p + 1) * d], "features past dims are untouched");
+        }
+        // The offset as an array gives what the integer offset gives.
+        let off = Array::scalar(7i32);
+        let dynamic = fast::rope_dynamic(&xa, d as i32, traditional, Some(10000.0), 1.0, &off, None)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        close(&dynamic, &rope_ref(&x, l, d, traditional, 10000.0, 7), 1e-4);
+    }
+}
+
+#[test]
+fn norms_without_affine_parameters() {
+    let x = seq(2 * 6, 0.4);
+    let xa = arr(&x, &[2, 6]);
+    let rms = fast::rms_norm(&xa, None, 1e-6).unwrap().to_vec::<f32>().unwrap();
+    let ln = fast::layer_norm(&xa, None, None, 1e-6).unwrap().to_vec::<f32>().unwrap();
+    for (r, row) in x.chunks(6).enumerate() {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / 6.0;
+        let mean = row.iter().sum::<f32>() / 6.0;
+        let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 6.0;
+        for (i, v) in row.iter().enumerate() {
+            assert!((rms[r * 6 + i] - v / (ms + 1e-6).sqrt()).abs() < 1e-5);
+            assert!((ln[r * 6 + i] - (v - mean) / (var + 1e-6).sqrt()).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn attention_sinks_join_the_softmax_denominator() {
+    // 2 heads, one sink logit each: p_j = e^(s_j) / (e^sink + Σ e^(s_k)).
+    let (h, l, s, d) = (2usize, 2usize, 3usize, 4usize);
+    let q = seq(h * l * d, 0.2);
+    let k = seq(h * s * d + 2, 0.1)[2..].to_vec();
+    let v = seq(h * s * d + 9, 0.3)[9..].to_vec();
+    let sinks = [0.7f32, -1.5];
+    let out = fast::scaled_dot_product_attention(
+        &arr(&q, &[1, 2, 2, 4]),
+        &arr(&k, &[1, 2, 3, 4]),
+        &arr(&v, &[1, 2, 3, 4]),
+        0.5,
+        SdpaMask::Causal,
+        Some(&arr(&sinks, &[2])),
+    )
+    .unwrap()
+    .to_vec::<f32>()
+    .unwrap();
+    for hh in 0..h {
+        let (qh, kh, vh) = (&q[hh * l * d..][..l * d], &k[hh * s * d..][..s * d], &v[hh * s * d..][..s * d]);
+        for i in 0..l {
+            let logits: Vec<f32> = (0..s)
+                .map(|j| if j <= i + s - l { (0..d).map(|c| qh[i * d + c] * kh[j * d + c]).sum::<f32>() * 0.5 } else { f32::NEG_INFINITY })
+                .collect();
+            let m = logits.iter().cloned().fold(sinks[hh], f32::max);
+            let z = (sinks[hh] - m).exp() + logits.iter().map(|x| (x - m).exp()).sum::<f32>();
+            for c in 0..d {
+                let expect: f32 = (0..s).map(|j| (logits[j] - m).exp() / z * vh[j * d + c]).sum();
+                let got = out[(hh * l + i) * d + c];
+                assert!((got - expect).abs() < 1e-5, "head {hh} query {i} feature {c}: {got} vs {expect}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -180,4 +263,11 @@ fn mismatched_shapes_are_errors_and_the_next_call_works() {
     assert!(err.starts_with("mlx: "), "{err}");
     let ok = fast::rms_norm(&ops::astype(&q, Dtype::Float32).unwrap(), None, 1e-5).unwrap();
     assert_eq!(ok.shape(), vec![1, 1, 2, 4]);
+    // A bias of the wrong length, and more query heads than a multiple of kv heads.
+    assert!(fast::layer_norm(&q, None, Some(&w), 1e-5).is_err());
+    let q3 = arr(&seq(3 * 8, 0.1), &[1, 3, 2, 4]);
+    let k2 = arr(&seq(2 * 8, 0.1), &[1, 2, 2, 4]);
+    let err = fast::scaled_dot_product_attention(&q3, &k2, &k2, 1.0, SdpaMask::None, None).unwrap_err();
+    assert!(err.to_string().starts_with("mlx: "), "{err}");
+    assert!(ok.to_vec::<f32>().is_ok());
 }

@@ -7,7 +7,7 @@ use mlx_rs_safe::{ops, Array, Dtype};
 const SWIGLU_METAL: &str = include_str!("../../metal-kernels/swiglu.metal");
 const SWIGLU_CUDA: &str = include_str!("../../metal-kernels/swiglu.cu");
 
-fn swiglu_kernel(language: KernelLanguage) -> CustomKernel {
+fn swiglu_kernel(language: KernelLanguage) -> mlx_rs_safe::Result<CustomKernel> {
     let source = match language {
         KernelLanguage::Metal => SWIGLU_METAL,
         KernelLanguage::Cuda => SWIGLU_CUDA,
@@ -25,7 +25,6 @@ fn swiglu_kernel(language: KernelLanguage) -> CustomKernel {
             shared_memory: 0,
         },
     )
-    .unwrap()
 }
 
 fn call(n: i32, dtype: Dtype) -> KernelCall {
@@ -47,7 +46,7 @@ fn swiglu_kernel_matches_ops_on_the_gpu_or_errors_cleanly_without_one() {
     match gpu_backend() {
         Some(backend) => {
             let lang = if backend == "metal" { KernelLanguage::Metal } else { KernelLanguage::Cuda };
-            let out = swiglu_kernel(lang).apply(&[&g, &u], &call(n, Dtype::Float32)).unwrap();
+            let out = swiglu_kernel(lang).unwrap().apply(&[&g, &u], &call(n, Dtype::Float32)).unwrap();
             let got = out[0].to_vec::<f32>().unwrap();
             let silu = ops::multiply(&g, &ops::sigmoid(&g).unwrap()).unwrap();
             let expect = ops::multiply(&silu, &u).unwrap().to_vec::<f32>().unwrap();
@@ -56,14 +55,53 @@ fn swiglu_kernel_matches_ops_on_the_gpu_or_errors_cleanly_without_one() {
             }
         }
         None => {
+            // MLX refuses a CUDA kernel at creation without its backend, a Metal
+            // one when it is applied: either way an Err, not an abort.
             for lang in [KernelLanguage::Metal, KernelLanguage::Cuda] {
-                let err = swiglu_kernel(lang).apply(&[&g, &u], &call(n, Dtype::Float32)).unwrap_err();
+                let err = swiglu_kernel(lang).and_then(|k| k.apply(&[&g, &u], &call(n, Dtype::Float32))).unwrap_err();
                 assert!(err.to_string().starts_with("mlx: "), "{err}");
             }
             // MLX is still usable afterwards.
             assert_eq!(ops::add(&g, &u).unwrap().size(), n as usize);
         }
     }
+}
+
+#[test]
+fn gpu_backend_matches_the_default_device_and_full_configs_apply_or_error() {
+    let on_gpu = mlx_rs_safe::Device::default_device().unwrap() == mlx_rs_safe::Device::Gpu;
+    assert_eq!(gpu_backend().is_some(), on_gpu, "{:?}", gpu_backend());
+    // Every config setter, through the builder; equal to the struct literal.
+    let built = KernelCall::new()
+        .output(&[4], Dtype::Float32)
+        .output(&[2, 2], Dtype::Int32)
+        .grid(4, 1, 1)
+        .thread_group(4, 1, 1)
+        .init_value(0.0)
+        .template("T", TemplateArg::Dtype(Dtype::Float32))
+        .template("N", TemplateArg::Int(4))
+        .template("FLAG", TemplateArg::Bool(true))
+        .verbose(false);
+    assert_eq!(built.outputs, vec![(vec![4], Dtype::Float32), (vec![2, 2], Dtype::Int32)]);
+    assert_eq!((built.grid, built.thread_group, built.init_value), ((4, 1, 1), (4, 1, 1), Some(0.0)));
+    let x = Array::from_vec(&[1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    // Without a GPU, Metal: MLX creates the kernel and fails only when applying.
+    let lang = if gpu_backend() == Some("cuda") { KernelLanguage::Cuda } else { KernelLanguage::Metal };
+    let body = match lang {
+        KernelLanguage::Metal => "uint i = thread_position_in_grid.x; if (FLAG) { out[i] = x[i] * T(N); }",
+        KernelLanguage::Cuda => "int i = blockIdx.x * blockDim.x + threadIdx.x; if (FLAG) { out[i] = x[i] * T(N); }",
+    };
+    let names_in = ["x"];
+    let names_out = ["out", "extra"];
+    let kernel = CustomKernel::new(lang, &KernelSource::new("scale_by_n", &names_in, &names_out, body)).unwrap();
+    assert_eq!(kernel.language(), lang);
+    match (gpu_backend(), kernel.apply(&[&x], &built)) {
+        (Some(_), Ok(out)) => assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![4.0, 8.0, 12.0, 16.0]),
+        (None, Err(e)) => assert!(e.to_string().starts_with("mlx: "), "{e}"),
+        (backend, other) => panic!("backend {backend:?}: {other:?}"),
+    }
+    // Two inputs given to a one-input kernel.
+    assert!(kernel.apply(&[&x, &x], &built).is_err());
 }
 
 #[test]

@@ -1,7 +1,10 @@
 //! Affine quantization: error bounds, matmuls on quantized weights, the MoE
 //! gathered variants, and the Hadamard transform.
 
-use mlx_rs_safe::quantized::{dequantize, gather_mm, gather_qmm, hadamard_transform, quantize, quantized_matmul};
+use mlx_rs_safe::quantized::{
+    dequantize, dequantize_with, gather_mm, gather_qmm, gather_qmm_with, hadamard_transform, quantize, quantize_with,
+    quantized_matmul, quantized_matmul_with, QuantMode, QuantSpec,
+};
 use mlx_rs_safe::{ops, Array};
 
 fn weights(rows: usize, cols: usize, seed: u32) -> Vec<f32> {
@@ -127,6 +130,88 @@ fn hadamard_transform_matches_the_sylvester_matrix() {
     }
     let unscaled = hadamard_transform(&arr(&x, &[1, 4]), Some(1.0)).unwrap().to_vec::<f32>().unwrap();
     assert!((unscaled[0] - 2.5).abs() < 1e-6);
+
+    // n = 8, two rows: H8[i][j] = (-1)^popcount(i & j), scaled by 1/√8.
+    let x8 = weights(2, 8, 11);
+    let got = hadamard_transform(&arr(&x8, &[2, 8]), None).unwrap().to_vec::<f32>().unwrap();
+    for r in 0..2 {
+        for i in 0..8usize {
+            let expect: f32 = (0..8usize)
+                .map(|j| if (i & j).count_ones() % 2 == 0 { x8[r * 8 + j] } else { -x8[r * 8 + j] })
+                .sum::<f32>()
+                / 8f32.sqrt();
+            assert!((got[r * 8 + i] - expect).abs() < 1e-5, "row {r} #{i}: {} vs {expect}", got[r * 8 + i]);
+        }
+    }
+}
+
+#[test]
+fn mxfp4_holds_e2m1_values_exactly_and_has_no_biases() {
+    // Every group has max |x| = 6 (e2m1's largest), so its power-of-two scale is
+    // 1 and each value below is representable: the round trip is exact.
+    let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let w: Vec<f32> = (0..4 * 64)
+        .map(|i| if i % 32 == 0 { 6.0 } else if i % 3 == 0 { -grid[i % 8] } else { grid[(i * 5) % 8] })
+        .collect();
+    let spec = QuantSpec::default_for(QuantMode::Mxfp4);
+    assert_eq!((spec.group_size, spec.bits, spec.mode.as_str()), (32, 4, "mxfp4"));
+    let (q, s, b) = quantize_with(&arr(&w, &[4, 64]), spec).unwrap();
+    assert!(b.is_none());
+    assert_eq!(q.shape(), vec![4, 64 * 4 / 32]);
+    assert_eq!(s.shape(), vec![4, 2]);
+    let back = dequantize_with(&q, &s, None, spec, Some(mlx_rs_safe::Dtype::Float32)).unwrap();
+    assert_eq!(back.to_vec::<f32>().unwrap(), w);
+    // Scales are e8m0 bytes; without a dtype the float modes dequantize to bf16.
+    assert_eq!((q.dtype(), s.dtype()), (mlx_rs_safe::Dtype::Uint32, mlx_rs_safe::Dtype::Uint8));
+    assert_eq!(dequantize_with(&q, &s, None, spec, None).unwrap().dtype(), mlx_rs_safe::Dtype::Bfloat16);
+
+    // Matmul on the packed weight equals matmul with the dequantized one.
+    let x = weights(2, 64, 12);
+    let xa = arr(&x, &[2, 64]);
+    let got = quantized_matmul_with(&xa, &q, &s, None, true, spec).unwrap().to_vec::<f32>().unwrap();
+    for t in 0..2 {
+        for o in 0..4 {
+            let expect: f32 = (0..64).map(|k| x[t * 64 + k] * w[o * 64 + k]).sum();
+            assert!((got[t * 4 + o] - expect).abs() < 1e-3, "{t},{o}: {} vs {expect}", got[t * 4 + o]);
+        }
+    }
+}
+
+#[test]
+fn mxfp8_error_is_within_e4m3_precision() {
+    let w = weights(4, 64, 13);
+    let spec = QuantSpec::default_for(QuantMode::Mxfp8);
+    let (q, s, b) = quantize_with(&arr(&w, &[4, 64]), spec).unwrap();
+    assert!(b.is_none());
+    let back = dequantize_with(&q, &s, None, spec, Some(mlx_rs_safe::Dtype::Float32)).unwrap().to_vec::<f32>().unwrap();
+    for (g, (orig, deq)) in w.chunks(32).zip(back.chunks(32)).enumerate() {
+        let amax = orig.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (o, d) in orig.iter().zip(deq) {
+            // e4m3 has 3 mantissa bits: rounding is off by at most 1/16 of the
+            // value; values tiny next to the group max may sit in the subnormals.
+            assert!((o - d).abs() <= o.abs() / 16.0 + amax / 512.0, "group {g}: {o} -> {d}");
+        }
+    }
+}
+
+#[test]
+fn affine_spec_variants_agree_with_the_plain_functions() {
+    let w = arr(&weights(8, 64, 14), &[8, 64]);
+    let spec = QuantSpec::affine(32, 8);
+    assert!(spec.mode.has_biases() && !QuantMode::Nvfp4.has_biases());
+    let (q1, s1, b1) = quantize(&w, 32, 8).unwrap();
+    let (q2, s2, b2) = quantize_with(&w, spec).unwrap();
+    let b2 = b2.unwrap();
+    assert_eq!(q1.to_vec::<u32>().unwrap(), q2.to_vec::<u32>().unwrap());
+    assert_eq!(s1.to_vec::<f32>().unwrap(), s2.to_vec::<f32>().unwrap());
+    assert_eq!(b1.to_vec::<f32>().unwrap(), b2.to_vec::<f32>().unwrap());
+    let stacked = ops::reshape(&w, &[2, 4, 64]).unwrap();
+    let (q, s, b) = quantize(&stacked, 32, 8).unwrap();
+    let x = arr(&weights(3, 64, 15), &[3, 1, 64]);
+    let idx = Array::from_slice(&[1u32, 0, 1], &[3]).unwrap();
+    let plain = gather_qmm(&x, &q, &s, Some(&b), None, Some(&idx), true, 32, 8, false).unwrap();
+    let with = gather_qmm_with(&x, &q, &s, Some(&b), None, Some(&idx), true, spec, false).unwrap();
+    assert_eq!(plain.to_vec::<f32>().unwrap(), with.to_vec::<f32>().unwrap());
 }
 
 #[test]
@@ -137,6 +222,10 @@ fn bad_group_sizes_and_shapes_are_errors() {
     let (q, s, b) = quantize(&arr(&weights(4, 64, 9), &[4, 64]), 64, 4).unwrap();
     let x = arr(&weights(2, 32, 10), &[2, 32]);
     assert!(quantized_matmul(&x, &q, &s, Some(&b), true, 64, 4).is_err());
+    // Affine without biases, and an unsupported bit width for a float mode.
+    assert!(dequantize(&q, &s, None, 64, 4).and_then(|a| a.eval()).is_err());
+    let fp = QuantSpec { group_size: 32, bits: 3, mode: QuantMode::Mxfp4 };
+    assert!(quantize_with(&arr(&weights(2, 64, 16), &[2, 64]), fp).is_err());
     // The process carries on.
     assert_eq!(dequantize(&q, &s, Some(&b), 64, 4).unwrap().shape(), vec![4, 64]);
 }
