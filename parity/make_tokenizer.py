@@ -49,11 +49,14 @@ def write_tokenizer(out: Path, vocab_size: int) -> int:
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer)
-    # Pad with unused tokens up to the exact size the model's embedding has.
+    # Pad the BPE vocabulary (not the added tokens, which every encode scans)
+    # with unreachable entries up to the size of the model's embedding.
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
     n = tok.get_vocab_size()
-    if n < vocab_size:
-        tok.add_tokens([f"<|unused_{i}|>" for i in range(vocab_size - n)])
-    tok.save(str(out / "tokenizer.json"))
+    for i in range(n, vocab_size):
+        vocab[f"<|unused_{i}|>"] = i
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
             {
@@ -67,4 +70,4 @@ def write_tokenizer(out: Path, vocab_size: int) -> int:
             indent=2,
         )
     )
-    return tok.get_vocab_size()
+    return max(n, vocab_size)

@@ -71,6 +71,10 @@ pub struct GenerateArgs {
     /// Generate past end-of-sequence tokens, up to max_tokens (benchmarks).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Run one short untimed generation first (GPU kernel compilation), as
+    /// benchmarks do for both servers.
+    #[arg(long)]
+    pub warmup: bool,
     /// Print one JSON object (ids, text, timings, memory) instead of streaming text.
     #[arg(long)]
     pub json: bool,

@@ -64,7 +64,6 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         seed: args.seed,
         ..Default::default()
     })?;
-    memory::reset_peak_memory()?;
     let opts = GenerateOptions {
         prefill_size: args.prefill_size,
         max_tokens: args.max_tokens,
@@ -73,6 +72,12 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         quantized_kv_start: args.quantized_kv_start,
     };
 
+    if args.warmup {
+        let warm = GenerateOptions { max_tokens: 4, ..opts.clone() };
+        let mut g = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &warm)?;
+        while g.next_token()?.is_some() {}
+    }
+    memory::reset_peak_memory()?;
     let start = Instant::now();
     let mut gen = Generator::new(model.as_ref(), &prompt, sampler, &opts)?;
     let mut stop = StopMatcher::new(if args.ignore_eos { Default::default() } else { tok.eos_ids().clone() }, vec![]);
@@ -112,7 +117,8 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         prompt_tokens: prompt.len(),
         finish_reason: finish.as_str(),
         prompt_tps: prompt.len() as f64 / ttft.max(1e-9),
-        generation_tps: ids.len().saturating_sub(1) as f64 / decode_time,
+        // As mlx_lm.generate counts it: tokens generated over the time since the first.
+        generation_tps: ids.len() as f64 / decode_time,
         ttft_ms: ttft * 1e3,
         peak_memory_bytes: memory::peak_memory()?,
         generated_token_ids: ids,

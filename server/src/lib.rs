@@ -5,6 +5,7 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod generate_cmd;
+pub mod hub;
 pub mod kv;
 pub mod models;
 pub mod system_info;

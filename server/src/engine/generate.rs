@@ -67,9 +67,11 @@ fn token_array(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
 }
 
-/// The id in a one-element token array (argmax gives uint32, categorical int32).
+/// The id in a one-element uint32 token array (cast in `step`). Reading it must
+/// not enqueue any op: that op would run after the next step queued meanwhile,
+/// and the host would wait for that whole step (no more overlap).
 fn token_id(token: &Array) -> Result<u32> {
-    Ok(ops::astype(token, Dtype::Uint32)?.item::<u32>()?)
+    Ok(token.item::<u32>()?)
 }
 
 impl<'m> Generator<'m> {
@@ -126,7 +128,9 @@ impl<'m> Generator<'m> {
         let last = ops::reshape(&ops::slice(&logits, &[0, l - 1, 0], &[1, l, v], &[1, 1, 1])?, &[1, v])?;
         let last = self.sampler.process_logits(&self.history, &last)?;
         let logprobs = ops::subtract(&last, &ops::logsumexp(&last, &[-1], true)?)?;
-        let token = self.sampler.sample(&logprobs)?;
+        // The id is cast inside the step's graph, so reading it back later adds
+        // no new work behind the next step already queued on the stream.
+        let token = ops::astype(&self.sampler.sample(&logprobs)?, Dtype::Uint32)?;
         Ok((token, ops::reshape(&logprobs, &[v])?))
     }
 

@@ -1,0 +1,99 @@
+"""mlx-serve generate vs mlx_lm.generate on one model, same machine, one run.
+
+Both get the same prompt text (no chat template), generate exactly --gen-tokens
+tokens (end-of-sequence ignored), after one untimed warm-up generation in the
+same process (GPU kernels compile on first use). Prints a Markdown table and
+writes the raw numbers as JSON.
+
+usage: python bench/generate_bench.py --model DIR --mlx-serve target/release/mlx-serve
+           [--prompt-tokens 512] [--gen-tokens 128] [--runs 3] [--out results.json]
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import stream_generate
+
+WORDS = "the model token server memory cache layer weight attention value key query stream".split()
+
+
+def prompt_text(tokenizer, n_tokens):
+    words, i = [], 0
+    while len(tokenizer.encode(" ".join(words))) < n_tokens:
+        words.append(WORDS[(i * 7) % len(WORDS)])
+        i += 1
+    return " ".join(words)
+
+
+def run_ours(binary, model, prompt, gen_tokens, prefill):
+    out = subprocess.run(
+        [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen_tokens),
+         "--ignore-chat-template", "--ignore-eos", "--warmup", "--prefill-size", str(prefill), "--json"],
+        check=True, capture_output=True, text=True,
+    )
+    r = json.loads(out.stdout)
+    return {"prompt_tokens": r["prompt_tokens"], "prompt_tps": r["prompt_tps"],
+            "generation_tps": r["generation_tps"], "ttft_ms": r["ttft_ms"],
+            "peak_memory_gb": r["peak_memory_bytes"] / 1e9, "tokens": len(r["generated_token_ids"])}
+
+
+def run_mlx_lm(model, tokenizer, prompt, gen_tokens, prefill):
+    tokenizer.eos_token_ids = set()  # fixed length, as --ignore-eos
+    kw = dict(prefill_step_size=prefill)
+    for _ in stream_generate(model, tokenizer, prompt, max_tokens=4, **kw):
+        pass
+    mx.reset_peak_memory()
+    tic = time.perf_counter()
+    ttft, last = None, None
+    for r in stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, **kw):
+        if ttft is None:
+            ttft = time.perf_counter() - tic
+        last = r
+    return {"prompt_tokens": last.prompt_tokens, "prompt_tps": last.prompt_tps,
+            "generation_tps": last.generation_tps, "ttft_ms": ttft * 1e3,
+            "peak_memory_gb": mx.get_peak_memory() / 1e9, "tokens": last.generation_tokens}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mlx-serve", required=True)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--prefill-size", type=int, default=512)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+
+    model, tokenizer = load(a.model)
+    prompt = prompt_text(tokenizer, a.prompt_tokens)
+    ours, ref = [], []
+    for _ in range(a.runs):  # alternate, so drift hits both alike
+        ours.append(run_ours(a.mlx_serve, a.model, prompt, a.gen_tokens, a.prefill_size))
+        print(f"mlx-serve run: {ours[-1]}", file=sys.stderr, flush=True)
+        ref.append(run_mlx_lm(model, tokenizer, prompt, a.gen_tokens, a.prefill_size))
+        print(f"mlx-lm run: {ref[-1]}", file=sys.stderr, flush=True)
+
+    med = lambda rs, k: statistics.median(r[k] for r in rs)
+    rows = [("prompt tok/s", "prompt_tps", "{:.1f}"), ("generation tok/s", "generation_tps", "{:.1f}"),
+            ("TTFT ms", "ttft_ms", "{:.1f}"), ("peak memory GB", "peak_memory_gb", "{:.3f}")]
+    print(f"model {a.model}: prompt {ours[0]['prompt_tokens']} tokens, {a.gen_tokens} generated, "
+          f"median of {a.runs} runs, device {mx.default_device()}")
+    print("| metric | mlx-serve | mlx-lm 0.32.2 | ratio |")
+    print("| --- | --- | --- | --- |")
+    for name, k, f in rows:
+        o, r = med(ours, k), med(ref, k)
+        print(f"| {name} | {f.format(o)} | {f.format(r)} | {o / r:.2f} |")
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump({"model": a.model, "ours": ours, "mlx_lm": ref, "args": vars(a)}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

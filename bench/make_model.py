@@ -1,0 +1,76 @@
+"""Writes a random-weight model with the real shapes of a known checkpoint, built
+by mlx-lm itself (so both engines load the same files), plus a tokenizer of the
+exact vocabulary size. Speed does not depend on weight values.
+
+usage: python make_model.py NAME OUT_DIR [--bits 4] [--dtype bfloat16]
+NAME: one of SHAPES below.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
+from make_tokenizer import write_tokenizer  # noqa: E402
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+SHAPES = {
+    # HuggingFaceTB/SmolLM2-135M
+    "smollm2-135m": {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
+                     "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+                     "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 100000.0,
+                     "tie_word_embeddings": True, "max_position_embeddings": 8192},
+    # meta-llama/Llama-3.2-1B
+    "llama-3.2-1b": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
+                     "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "head_dim": 64, "rms_norm_eps": 1e-5, "vocab_size": 128256, "rope_theta": 500000.0,
+                     "rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": True,
+                     "max_position_embeddings": 131072},
+    # meta-llama/Llama-3.1-8B
+    "llama-3.1-8b": {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+                     "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "rms_norm_eps": 1e-5, "vocab_size": 128256, "rope_theta": 500000.0,
+                     "rope_scaling": dict(LLAMA3_ROPE, factor=8.0), "tie_word_embeddings": False,
+                     "max_position_embeddings": 131072},
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name", choices=sorted(SHAPES))
+    ap.add_argument("out")
+    ap.add_argument("--bits", type=int, default=None)
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = dict(SHAPES[a.name])
+    mx.random.seed(0)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    dtype = getattr(mx, a.dtype)
+    # Small random values, norm weights 1: activations stay finite.
+    flat = [
+        (k, mx.ones(p.shape, dtype) if "norm" in k else (0.02 * mx.random.normal(p.shape)).astype(dtype))
+        for k, p in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(flat))
+    if a.bits:
+        model, config = quantize_model(model, config, a.group_size, a.bits)
+    mx.eval(model.parameters())
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    write_tokenizer(out, config["vocab_size"])
+    print(json.dumps({"model": a.name, "bits": a.bits, "dir": str(out)}))
+
+
+if __name__ == "__main__":
+    main()
