@@ -12,6 +12,7 @@ mod error;
 mod optional;
 mod transforms;
 
+pub mod compile;
 pub mod ext;
 pub mod fast;
 pub mod io;

@@ -24,8 +24,8 @@ impl VectorArray {
         VectorArray { raw: unsafe { sys::mlx_vector_array_new() } }
     }
 
-    /// Moves the vector's arrays out as owned `Array`s.
-    pub(crate) fn into_arrays(self) -> Result<Vec<Array>> {
+    /// New references to the vector's arrays, leaving the vector intact.
+    pub(crate) fn borrowed_arrays(&self) -> Result<Vec<Array>> {
         // SAFETY: live vector.
         let n = unsafe { sys::mlx_vector_array_size(self.raw) };
         (0..n)
@@ -36,6 +36,11 @@ impl VectorArray {
                 })
             })
             .collect()
+    }
+
+    /// Moves the vector's arrays out as owned `Array`s.
+    pub(crate) fn into_arrays(self) -> Result<Vec<Array>> {
+        self.borrowed_arrays()
     }
 }
 

@@ -1,7 +1,5 @@
 //! Command-line interface (clap). Each subcommand maps to a typed config.
 
-use std::path::PathBuf;
-
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -21,9 +19,11 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Model folder (config.json, tokenizer, safetensors).
+    /// A local model folder (config.json, tokenizer, safetensors) or a Hugging
+    /// Face repo id, downloaded into the HF cache (HF_ENDPOINT, HF_TOKEN,
+    /// HF_HUB_CACHE/HF_HOME and HF_HUB_OFFLINE apply).
     #[arg(long)]
-    pub model: PathBuf,
+    pub model: String,
     /// The prompt ("-" reads standard input).
     #[arg(long, default_value = "hello")]
     pub prompt: String,

@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::cli::GenerateArgs;
 use crate::engine::{FinishReason, GenerateOptions, Generator, Sampler, SamplingParams, StopMatcher};
 use crate::error::Result;
+use crate::hub;
 use crate::models;
 use crate::tokenizer::Tokenizer;
 
@@ -51,8 +52,9 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     let load = models::LoadOptions {
         quantize: args.quantize.map(|bits| models::quant::QuantParams { bits, group_size: args.quantize_group_size }),
     };
-    let (model, _config) = models::load_with(&args.model, &load)?;
-    let tok = Tokenizer::load(&args.model, None)?;
+    let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
+    let (model, _config) = models::load_with(&dir, &load)?;
+    let tok = Tokenizer::load(&dir, None)?;
     let prompt = prompt_tokens(&tok, args)?;
     let sampler = Sampler::new(SamplingParams {
         temperature: args.temp,

@@ -1,5 +1,6 @@
 //! The gated MLP: down(silu(gate(x)) * up(x)).
 
+use mlx_rs_safe::compile::Compiled;
 use mlx_rs_safe::{ops, Array};
 
 use super::layers::Linear;
@@ -43,10 +44,44 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
     Ok(ops::multiply(&half_x, &ops::add(&s(1.0, x)?, &t)?)?)
 }
 
-/// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, with silu(g) = g * sigmoid(g).
+/// silu(gate) * x, with silu(g) = g * sigmoid(g): the body of mlx-lm's swiglu.
+fn swiglu_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
+    let silu = ops::multiply(&a[0], &ops::sigmoid(&a[0])?)?;
+    Ok(vec![ops::multiply(&silu, &a[1])?])
+}
+
+/// gelu_approx(gate) * x.
+fn gelu_glu_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
+    Ok(vec![ops::multiply(&gelu_approx(&a[0]).map_err(to_mlx)?, &a[1])?])
+}
+
+fn to_mlx(e: crate::error::Error) -> mlx_rs_safe::Error {
+    match e {
+        crate::error::Error::Mlx(m) => m,
+        other => mlx_rs_safe::Error::InvalidArgument(other.to_string()),
+    }
+}
+
+thread_local! {
+    // Compiled once per thread (the engine thread), shapeless, like mlx-lm's
+    // `@partial(mx.compile, shapeless=True)` activations: MLX fuses the
+    // elementwise ops into one kernel.
+    static SWIGLU: Option<Compiled> = Compiled::new(swiglu_graph, true).ok();
+    static GELU_GLU: Option<Compiled> = Compiled::new(gelu_glu_graph, true).ok();
+}
+
+fn call_compiled(f: &'static std::thread::LocalKey<Option<Compiled>>, graph: fn(&[Array]) -> mlx_rs_safe::Result<Vec<Array>>, gate: &Array, x: &Array) -> Result<Array> {
+    let out = f.with(|c| match c {
+        Some(c) => c.call(&[gate, x]),
+        // Compilation unavailable: the same graph, unfused.
+        None => graph(&[gate.clone(), x.clone()]),
+    })?;
+    out.into_iter().next().ok_or_else(|| crate::error::Error::InvalidRequest("internal: activation output".into()))
+}
+
+/// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, compiled.
 pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
-    let silu = ops::multiply(gate, &ops::sigmoid(gate)?)?;
-    Ok(ops::multiply(&silu, x)?)
+    call_compiled(&SWIGLU, swiglu_graph, gate, x)
 }
 
 impl Mlp {
@@ -95,7 +130,7 @@ impl Mlp {
         };
         let h = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => ops::multiply(&gelu_approx(&gate)?, &up)?,
+            Activation::GeluApprox => call_compiled(&GELU_GLU, gelu_glu_graph, &gate, &up)?,
         };
         self.down_proj.forward(&h)
     }
