@@ -1,9 +1,9 @@
 """mlx-serve generate vs mlx_lm.generate on one model, same machine, one run.
 
-Both get the same prompt text (no chat template), generate exactly --gen-tokens
-tokens (end-of-sequence ignored), after one untimed warm-up generation in the
-same process (GPU kernels compile on first use). Prints a Markdown table and
-writes the raw numbers as JSON.
+Both get the same prompt text (no chat template) and generate exactly
+--gen-tokens tokens (end-of-sequence ignored), each after the same generation
+ran once untimed in the same process (GPU kernels compile on first use of each
+shape). Prints a Markdown table and writes the raw numbers as JSON.
 
 usage: python bench/generate_bench.py --model DIR --mlx-serve target/release/mlx-serve
            [--prompt-tokens 512] [--gen-tokens 128] [--runs 3] [--out results.json]
@@ -46,7 +46,7 @@ def run_ours(binary, model, prompt, gen_tokens, prefill):
 def run_mlx_lm(model, tokenizer, prompt, gen_tokens, prefill):
     tokenizer.eos_token_ids = set()  # fixed length, as --ignore-eos
     kw = dict(prefill_step_size=prefill)
-    for _ in stream_generate(model, tokenizer, prompt, max_tokens=4, **kw):
+    for _ in stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, **kw):
         pass
     mx.reset_peak_memory()
     tic = time.perf_counter()

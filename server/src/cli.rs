@@ -71,8 +71,8 @@ pub struct GenerateArgs {
     /// Generate past end-of-sequence tokens, up to max_tokens (benchmarks).
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Run one short untimed generation first (GPU kernel compilation), as
-    /// benchmarks do for both servers.
+    /// Run the generation once untimed first (GPU kernels compile on first use
+    /// of each shape), as benchmarks do for both engines.
     #[arg(long)]
     pub warmup: bool,
     /// Print one JSON object (ids, text, timings, memory) instead of streaming text.

@@ -75,8 +75,10 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     };
 
     if args.warmup {
-        let warm = GenerateOptions { max_tokens: 4, ..opts.clone() };
-        let mut g = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &warm)?;
+        // The whole generation once: MLX's GPU backends compile kernels per
+        // shape as the cache grows, which a fresh process would otherwise pay
+        // inside the timed run (a long-running Python process has them already).
+        let mut g = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &opts)?;
         while g.next_token()?.is_some() {}
     }
     memory::reset_peak_memory()?;
