@@ -54,7 +54,9 @@ have_libclang() {
   [ -n "${LIBCLANG_PATH:-}" ] && return 0
   [ "$os" = Darwin ] && return 0 # Xcode CLT ships libclang
   ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' && return 0
-  compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null
+  # libclang itself (libclang.so, libclang-14.so.1), not libclang-cpp, which
+  # some images ship alone and which bindgen cannot use.
+  compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null
 }
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
