@@ -2,19 +2,87 @@
 
 use clap::{Args, Parser, Subcommand};
 
+/// The model served when `--model` is not given: a small 4-bit instruct model.
+pub const DEFAULT_MODEL: &str = "mlx-community/Qwen2.5-0.5B-Instruct-4bit";
+
+/// `mlx-serve [--model M ...]` serves (as `mlx-serve serve`); the other
+/// subcommands are tools.
 #[derive(Debug, Parser)]
-#[command(name = "mlx-serve", version, about = "OpenAI-compatible LLM inference server on MLX")]
+#[command(
+    name = "mlx-serve",
+    version,
+    about = "OpenAI-compatible LLM inference server on MLX",
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Serve the OpenAI-compatible HTTP API (the default without a subcommand).
+    Serve(ServeArgs),
     /// Print what MLX sees on this machine (version, backend, device, memory) as JSON.
     Info,
     /// Generate text from a prompt, as mlx_lm.generate does.
     Generate(GenerateArgs),
+}
+
+/// The server's flags (mlx_lm.server's names where they overlap); each can
+/// also come from the environment variable named in `--help`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// A local model folder or a Hugging Face repo id (downloaded into the HF cache).
+    #[arg(long, env = "MLX_SERVE_MODEL", default_value = DEFAULT_MODEL)]
+    pub model: String,
+    #[arg(long, env = "MLX_SERVE_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// 0 picks a free port (printed when listening).
+    #[arg(long, env = "MLX_SERVE_PORT", default_value_t = 5413)]
+    pub port: u16,
+    /// Tokens generated when a request does not say.
+    #[arg(long, env = "MLX_SERVE_MAX_TOKENS", default_value_t = 2048)]
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill step.
+    #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", default_value_t = 512)]
+    pub prefill_size: usize,
+    /// Quantize the KV cache to this many bits (4 or 8); such sequences decode
+    /// one by one, interleaved, rather than in one batch.
+    #[arg(long, env = "MLX_SERVE_KV_BITS")]
+    pub kv_bits: Option<i32>,
+    #[arg(long, env = "MLX_SERVE_KV_GROUP_SIZE", default_value_t = 64)]
+    pub kv_group_size: i32,
+    /// Start quantizing the KV cache once it holds this many tokens.
+    #[arg(long, env = "MLX_SERVE_QUANTIZED_KV_START", default_value_t = 5000)]
+    pub quantized_kv_start: i32,
+    /// Sequences generating at once (one decode batch).
+    #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16)]
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot; beyond this the server answers 503.
+    #[arg(long, env = "MLX_SERVE_MAX_QUEUE", default_value_t = 256)]
+    pub max_queue: usize,
+    /// Bytes of KV kept for prompt reuse across requests (0 turns the prompt cache off).
+    #[arg(long, env = "MLX_SERVE_PROMPT_CACHE_BYTES", default_value_t = 2 << 30)]
+    pub prompt_cache_bytes: usize,
+    /// Requests must carry `Authorization: Bearer <key>`.
+    #[arg(long, env = "MLX_SERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// A Jinja chat template file replacing the model's own.
+    #[arg(long, env = "MLX_SERVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<std::path::PathBuf>,
+    /// How tool calls are read from the output: hermes, llama3_json or mistral
+    /// (default: recognised from the chat template).
+    #[arg(long, env = "MLX_SERVE_TOOL_CALL_PARSER")]
+    pub tool_call_parser: Option<String>,
+    /// Largest request body accepted (bytes); larger ones get 413.
+    #[arg(long, env = "MLX_SERVE_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+    /// error, warn, info or debug.
+    #[arg(long, env = "MLX_SERVE_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 }
 
 #[derive(Debug, Args)]

@@ -1,12 +1,14 @@
 //! mlx-serve: models, engine and OpenAI-compatible HTTP API over MLX.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod generate_cmd;
 pub mod hub;
 pub mod kv;
+pub mod metrics;
 pub mod models;
 pub mod system_info;
 pub mod tokenizer;

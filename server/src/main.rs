@@ -14,7 +14,11 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    match cli.command.unwrap_or(Command::Serve(cli.serve)) {
+        Command::Serve(args) => match mlx_serve::api::serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        },
         Command::Info => match SystemInfo::collect() {
             // Serialising a struct of strings and integers cannot fail.
             Ok(info) => {

@@ -31,17 +31,23 @@ impl Default for GenerateOptions {
 }
 
 /// mlx-lm's `maybe_quantize_kv_cache`: swaps each cache that has reached
-/// `quantized_kv_start` tokens for its quantized form.
-fn maybe_quantize(caches: &mut [Box<dyn KvCache>], opts: &GenerateOptions) -> Result<()> {
-    let Some(bits) = opts.kv_bits else { return Ok(()) };
+/// `start` tokens for its quantized form.
+pub(crate) fn maybe_quantize(caches: &mut [Box<dyn KvCache>], bits: i32, group_size: i32, start: i32) -> Result<()> {
     for c in caches.iter_mut() {
-        if c.offset() >= opts.quantized_kv_start {
-            if let Some(q) = c.to_quantized(opts.kv_group_size, bits)? {
+        if c.offset() >= start {
+            if let Some(q) = c.to_quantized(group_size, bits)? {
                 *c = q;
             }
         }
     }
     Ok(())
+}
+
+fn quantize_kv(caches: &mut [Box<dyn KvCache>], opts: &GenerateOptions) -> Result<()> {
+    match opts.kv_bits {
+        Some(bits) => maybe_quantize(caches, bits, opts.kv_group_size, opts.quantized_kv_start),
+        None => Ok(()),
+    }
 }
 
 /// One generated token and the log-probabilities it was drawn from.
@@ -96,7 +102,7 @@ impl<'m> Generator<'m> {
         while prompt.len() - done > 1 {
             let n = prefill.min(prompt.len() - done - 1);
             model.forward(&token_array(&prompt[done..done + n])?, &mut caches)?;
-            maybe_quantize(&mut caches, opts)?;
+            quantize_kv(&mut caches, opts)?;
             let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
             eval(&state.iter().collect::<Vec<_>>())?;
             done += n;
@@ -121,7 +127,7 @@ impl<'m> Generator<'m> {
     /// Runs the model on `input` ([1, L] ids) and samples: (token [1], logprobs [vocab]).
     fn step(&mut self, input: &Array) -> Result<(Array, Array)> {
         let logits = self.model.forward(input, &mut self.caches)?;
-        maybe_quantize(&mut self.caches, &self.opts)?;
+        quantize_kv(&mut self.caches, &self.opts)?;
         let shape = logits.shape();
         let (l, v) = (shape[1], shape[2]);
         // logits[:, -1, :]

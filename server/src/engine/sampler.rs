@@ -96,6 +96,12 @@ impl Sampler {
         Sampler::new(SamplingParams { seed: Some(0), ..Default::default() }).expect("default params are valid")
     }
 
+    /// Greedy with no logits processing: a batch of such rows samples with one
+    /// argmax over all of them.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.params.temperature == 0.0 && self.params.logit_bias.is_empty() && !self.uses_history()
+    }
+
     /// Whether processing needs the tokens generated so far.
     pub fn uses_history(&self) -> bool {
         self.params.repetition_penalty != 1.0

@@ -59,6 +59,10 @@ impl KvCache for QuantizedKvCache {
         self.offset
     }
 
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView> {
         let ks = keys.shape();
         let (b, h, l, kd) = (ks[0], ks[1], ks[2], ks[3]);

@@ -138,6 +138,10 @@ impl KvCache for RotatingKvCache {
         self.offset
     }
 
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView> {
         let (keys, values) = if keys.shape()[2] == 1 {
             self.update_in_place(keys, values)?

@@ -19,6 +19,13 @@ impl StandardKvCache {
     pub fn new() -> StandardKvCache {
         StandardKvCache::default()
     }
+
+    /// A cache holding `keys`/`values` ([B, kv_heads, L, head_dim]) as its
+    /// first L positions; the next update grows the buffers.
+    pub fn from_state(keys: Array, values: Array) -> StandardKvCache {
+        let offset = keys.shape()[2];
+        StandardKvCache { keys: Some(keys), values: Some(values), offset }
+    }
 }
 
 /// `a[..., :n, :]` of a [B, H, S, D] array.
@@ -30,6 +37,18 @@ fn head(a: &Array, n: i32) -> Result<Array> {
 impl KvCache for StandardKvCache {
     fn offset(&self) -> i32 {
         self.offset
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn dense_rows(&self) -> Result<Option<(Array, Array)>> {
+        Ok(match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if k.shape()[2] == self.offset => Some((k.clone(), v.clone())),
+            (Some(k), Some(v)) => Some((head(k, self.offset)?, head(v, self.offset)?)),
+            _ => None,
+        })
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView> {

@@ -129,9 +129,9 @@ impl Attention {
         let k = heads(k, self.spec.n_kv_heads, self.k_norm.as_ref())?;
         let v = heads(v, self.spec.n_kv_heads, None)?;
 
-        let offset = cache.offset();
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let positions = cache.positions()?;
+        let q = self.rope.forward(&q, &positions)?;
+        let k = self.rope.forward(&k, &positions)?;
         let out = match cache.update_and_fetch(&k, &v)? {
             KvView::Dense { keys, values } => {
                 let sdpa_mask = match mask {

@@ -5,6 +5,7 @@ use mlx_rs_safe::{fast, ops, Array, Dtype};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::kv::Positions;
 
 pub struct Rope {
     dims: i32,
@@ -83,13 +84,18 @@ impl Rope {
         Ok(Rope { dims, traditional: false, kind: RopeKind::SuScaled { freqs, input_scale } })
     }
 
-    /// Rotates `x` ([B, heads, L, head_dim]) for positions offset.. offset+L.
-    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+    /// Rotates `x` ([B, heads, L, head_dim]) for positions start.. start+L
+    /// (one start for all rows, or one per row).
+    pub fn forward(&self, x: &Array, positions: &Positions) -> Result<Array> {
+        let rope = |x: &Array, traditional: bool, base: Option<f32>, scale: f32, freqs: Option<&Array>| -> Result<Array> {
+            Ok(match positions {
+                Positions::Scalar(offset) => fast::rope(x, self.dims, traditional, base, scale, *offset, freqs)?,
+                Positions::PerRow(starts) => fast::rope_dynamic(x, self.dims, traditional, base, scale, starts, freqs)?,
+            })
+        };
         Ok(match &self.kind {
-            RopeKind::Base { base, scale } => {
-                fast::rope(x, self.dims, self.traditional, Some(*base), *scale, offset, None)?
-            }
-            RopeKind::Freqs(freqs) => fast::rope(x, self.dims, self.traditional, None, 1.0, offset, Some(freqs))?,
+            RopeKind::Base { base, scale } => rope(x, self.traditional, Some(*base), *scale, None)?,
+            RopeKind::Freqs(freqs) => rope(x, self.traditional, None, 1.0, Some(freqs))?,
             RopeKind::SuScaled { freqs, input_scale } => {
                 // x.at[..., :dims].multiply(scale)
                 let scale = ops::astype(&Array::scalar(*input_scale), x.dtype())?;
@@ -103,7 +109,7 @@ impl Rope {
                     let part = ops::slice(x, &vec![0; n], &stop, &vec![1; n])?;
                     ops::slice_update(x, &ops::multiply(&part, &scale)?, &vec![0; n], &stop, &vec![1; n])?
                 };
-                fast::rope(&scaled, self.dims, false, None, 1.0, offset, Some(freqs))?
+                rope(&scaled, false, None, 1.0, Some(freqs))?
             }
         })
     }

@@ -7,6 +7,7 @@
 
 mod chat_template;
 mod detokenizer;
+pub mod tool_calls;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -21,6 +22,8 @@ use crate::error::{Error, Result};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
+    /// The template's source text (tool-call formats are recognised from it).
+    template_source: Option<String>,
     tokens: TemplateTokens,
     eos_ids: BTreeSet<u32>,
 }
@@ -97,7 +100,7 @@ impl Tokenizer {
             Some(s) => Some(s.to_string()),
             None => template_source(dir, config.as_ref())?,
         };
-        let template = source.map(|s| ChatTemplate::new(&s)).transpose()?;
+        let template = source.as_deref().map(ChatTemplate::new).transpose()?;
 
         let mut eos_ids = BTreeSet::new();
         for file in ["config.json", "generation_config.json"] {
@@ -108,7 +111,7 @@ impl Tokenizer {
         if let Some(id) = tokens.eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }
-        Ok(Tokenizer { inner, template, tokens, eos_ids })
+        Ok(Tokenizer { inner, template, template_source: source, tokens, eos_ids })
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -117,6 +120,10 @@ impl Tokenizer {
 
     pub fn eos_ids(&self) -> &BTreeSet<u32> {
         &self.eos_ids
+    }
+
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.template_source.as_deref()
     }
 
     pub fn has_chat_template(&self) -> bool {

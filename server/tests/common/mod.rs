@@ -50,3 +50,4 @@ pub fn fixture(name: &str, spec: &Value) -> PathBuf {
     dir
 }
 
+pub mod server;

@@ -1,0 +1,324 @@
+//! `POST /v1/chat/completions`: messages through the chat template, the
+//! answer as one object or as `chat.completion.chunk` SSE events, tool calls
+//! read out of the text in the model family's format.
+
+use std::sync::Arc;
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::error::ApiError;
+use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter, Prepared};
+use super::params::{fields, parse_object, read_body, CommonParams};
+use super::AppState;
+use crate::engine::{Event, TokenLogprob};
+use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Deserialize)]
+struct ChatRequest {
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    logprobs: bool,
+    top_logprobs: Option<i64>,
+}
+
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
+/// A message's content as the template expects it: a string (text parts
+/// joined), or null for an assistant turn that only calls tools.
+fn content_text(i: usize, role: &str, content: Option<&Value>, has_tool_calls: bool) -> Result<Value, ApiError> {
+    let param = format!("messages[{i}].content");
+    match content {
+        Some(Value::String(s)) => Ok(Value::String(s.clone())),
+        None | Some(Value::Null) if role == "assistant" && has_tool_calls => Ok(Value::Null),
+        None | Some(Value::Null) => Err(ApiError::bad_param(&param, format!("{param} is missing"))),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    (Some(kind), _) if kind != "text" => {
+                        return Err(ApiError::bad_param(
+                            &format!("{param}[{j}].type"),
+                            format!("content parts of type {kind:?} are not supported: this server serves text models"),
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::bad_param(
+                            &format!("{param}[{j}]"),
+                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
+                        ))
+                    }
+                }
+            }
+            Ok(Value::String(text))
+        }
+        Some(_) => Err(ApiError::bad_param(&param, format!("{param} must be a string or an array of content parts"))),
+    }
+}
+
+/// Tool calls of an assistant message, with `arguments` JSON text turned into
+/// objects: HF templates serialise them with `tojson` themselves.
+fn template_tool_calls(calls: &Value) -> Value {
+    let mut calls = calls.clone();
+    for call in calls.as_array_mut().into_iter().flatten() {
+        if let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) {
+            if let Some(parsed) = f.get("arguments").and_then(Value::as_str).and_then(|s| serde_json::from_str::<Value>(s).ok()) {
+                f.insert("arguments".into(), parsed);
+            }
+        }
+    }
+    calls
+}
+
+/// Validates the messages and rewrites them into what chat templates read.
+fn template_messages(messages: &[Value]) -> Result<Value, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param("messages", "messages must contain at least one message"));
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let obj = m
+            .as_object()
+            .ok_or_else(|| ApiError::bad_param(&format!("messages[{i}]"), format!("messages[{i}] must be an object")))?;
+        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad_param(&format!("messages[{i}].role"), format!("messages[{i}].role must be a string"))
+        })?;
+        if !ROLES.contains(&role) {
+            return Err(ApiError::bad_param(
+                &format!("messages[{i}].role"),
+                format!("messages[{i}].role {role:?} is not one of {}", ROLES.join(", ")),
+            ));
+        }
+        let tool_calls = obj.get("tool_calls").filter(|v| !v.is_null());
+        let mut msg = Map::new();
+        msg.insert("role".into(), Value::String(role.into()));
+        msg.insert("content".into(), content_text(i, role, obj.get("content"), tool_calls.is_some())?);
+        if let Some(calls) = tool_calls {
+            msg.insert("tool_calls".into(), template_tool_calls(calls));
+        }
+        for key in ["name", "tool_call_id"] {
+            if let Some(v) = obj.get(key) {
+                msg.insert(key.into(), v.clone());
+            }
+        }
+        out.push(Value::Object(msg));
+    }
+    Ok(Value::Array(out))
+}
+
+/// The tools passed to the template, unless tool_choice is "none".
+fn active_tools(req: &ChatRequest) -> Result<Option<Value>, ApiError> {
+    let Some(tools) = &req.tools else { return Ok(None) };
+    for (i, t) in tools.iter().enumerate() {
+        if t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_none() {
+            return Err(ApiError::bad_param(&format!("tools[{i}]"), format!("tools[{i}] needs function.name")));
+        }
+    }
+    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") || tools.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Value::Array(tools.clone())))
+}
+
+fn logprob_entry(tokenizer: &Tokenizer, lp: &TokenLogprob) -> Value {
+    let item = |id: u32, logprob: f32| {
+        let text = token_text(tokenizer, id);
+        json!({"token": text, "logprob": logprob, "bytes": text.as_bytes()})
+    };
+    let mut entry = item(lp.token, lp.logprob);
+    entry["top_logprobs"] = Value::Array(lp.top.iter().map(|&(id, l)| item(id, l)).collect());
+    entry
+}
+
+fn tool_call_json(call: &ToolCall) -> Value {
+    json!({"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}})
+}
+
+pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let body = read_body(payload, state.max_body_bytes).await?;
+    let body = parse_object(&body)?;
+    let req: ChatRequest = fields(&body)?;
+    let common: CommonParams = fields(&body)?;
+    state.check_model(common.model.as_deref())?;
+    common.check_n()?;
+    let top = match (req.logprobs, req.top_logprobs) {
+        (_, Some(n)) if !(0..=20).contains(&n) => {
+            return Err(ApiError::bad_param("top_logprobs", format!("top_logprobs must be between 0 and 20, got {n}")))
+        }
+        (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, _) => None,
+    };
+    let messages = template_messages(&req.messages)?;
+    let tools = active_tools(&req)?;
+    let prompt = state.tokenizer.encode_chat(&messages, tools.as_ref())?;
+    let prepared = Prepared {
+        max_tokens: common.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
+        sampling: common.sampling(state.vocab_size)?,
+        stop: common.stop_strings()?,
+        logprobs: top,
+        ignore_eos: common.ignore_eos,
+        prompt,
+    };
+    let tool_format = tools.as_ref().and(state.tool_format);
+    let rx = generation::submit(state, prepared)?;
+    let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.model_id.clone() };
+    if common.stream {
+        let writer = ChatStream {
+            meta,
+            tokenizer: state.tokenizer.clone(),
+            tools: tool_format.map(ToolCallStream::new),
+            calls: 0,
+            include_usage: common.include_usage(),
+        };
+        return Ok(generation::sse_response(rx, writer));
+    }
+    let done = generation::collect(rx).await?;
+    let (content, calls) = match tool_format {
+        Some(f) => {
+            let parsed = tool_calls::parse(f, &done.text);
+            (parsed.content, parsed.tool_calls)
+        }
+        None => (done.text, Vec::new()),
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    let finish = if calls.is_empty() {
+        done.finish_reason.as_str()
+    } else {
+        if content.trim().is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
+        "tool_calls"
+    };
+    let logprobs = match top {
+        Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),
+        None => Value::Null,
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
+        "usage": usage_json(&done.usage),
+    })))
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+/// `chat.completion.chunk` events.
+struct ChatStream {
+    meta: Meta,
+    tokenizer: Arc<Tokenizer>,
+    /// Present when the request has tools and the model's format is known.
+    tools: Option<ToolCallStream>,
+    /// Tool calls sent so far (their `index`).
+    calls: usize,
+    include_usage: bool,
+}
+
+impl ChatStream {
+    fn chunk(&self, delta: Value, logprobs: Value, finish_reason: Value) -> Value {
+        let mut c = json!({
+            "id": self.meta.id,
+            "object": "chat.completion.chunk",
+            "created": self.meta.created,
+            "model": self.meta.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+
+    /// Chunks for a piece of text (through the tool-call parser when active).
+    fn text_chunks(&mut self, items: Vec<StreamItem>, mut logprobs: Value, out: &mut Vec<Value>) {
+        for item in items {
+            let delta = match item {
+                StreamItem::Content(text) if text.is_empty() => continue,
+                StreamItem::Content(text) => json!({"content": text}),
+                StreamItem::Call(call) => {
+                    let mut c = tool_call_json(&call);
+                    c["index"] = json!(self.calls);
+                    self.calls += 1;
+                    json!({"tool_calls": [c]})
+                }
+            };
+            out.push(self.chunk(delta, std::mem::take(&mut logprobs), Value::Null));
+        }
+        // A token whose text is held back still reports its log-probability.
+        if !logprobs.is_null() {
+            out.push(self.chunk(json!({"content": ""}), logprobs, Value::Null));
+        }
+    }
+
+    fn items(&mut self, text: &str, finish: bool) -> Vec<StreamItem> {
+        match self.tools.as_mut() {
+            Some(t) => {
+                let mut items = t.push(text);
+                if finish {
+                    items.extend(t.finish());
+                }
+                items
+            }
+            None => vec![StreamItem::Content(text.to_string())],
+        }
+    }
+}
+
+impl ChunkWriter for ChatStream {
+    fn start(&mut self) -> Vec<Value> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), Value::Null, Value::Null)]
+    }
+
+    fn write(&mut self, event: Event) -> Vec<Value> {
+        let mut out = Vec::new();
+        match event {
+            Event::Token { text, logprob, .. } => {
+                let logprobs = match &logprob {
+                    Some(lp) => json!({"content": [logprob_entry(&self.tokenizer, lp)]}),
+                    None => Value::Null,
+                };
+                let items = self.items(&text, false);
+                self.text_chunks(items, logprobs, &mut out);
+            }
+            Event::Done { text, finish_reason, usage } => {
+                let items = self.items(&text, true);
+                self.text_chunks(items, Value::Null, &mut out);
+                let reason = if self.calls > 0 { "tool_calls" } else { finish_reason.as_str() };
+                out.push(self.chunk(json!({}), Value::Null, json!(reason)));
+                if self.include_usage {
+                    out.push(json!({
+                        "id": self.meta.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.meta.created,
+                        "model": self.meta.model,
+                        "choices": [],
+                        "usage": usage_json(&usage),
+                    }));
+                }
+            }
+            Event::Error(message) => out.push(error_chunk(&message)),
+        }
+        out
+    }
+}
+
+/// The tool-call format in effect: the `--tool-call-parser` flag, else the
+/// one the chat template shows.
+pub fn tool_format(flag: Option<&str>, tokenizer: &Tokenizer) -> crate::error::Result<Option<ToolCallFormat>> {
+    match flag {
+        Some(name) => ToolCallFormat::from_name(name).map(Some).map_err(crate::error::Error::InvalidRequest),
+        None => Ok(tokenizer.chat_template_source().and_then(ToolCallFormat::detect)),
+    }
+}

@@ -1,0 +1,216 @@
+//! `POST /v1/completions`: a raw prompt (text or token ids), the answer as one
+//! `text_completion` object or as SSE chunks; `echo` and legacy `logprobs`.
+
+use std::sync::Arc;
+
+use actix_web::{web, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter, Prepared};
+use super::params::{fields, parse_object, read_body, CommonParams};
+use super::AppState;
+use crate::engine::{Event, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+/// `prompt`: text, token ids, or a one-element list of either.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Tokens(Vec<i64>),
+    Texts(Vec<String>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Deserialize)]
+struct CompletionRequest {
+    prompt: PromptField,
+    #[serde(default)]
+    echo: bool,
+    logprobs: Option<i64>,
+}
+
+/// The prompt's token ids (text is encoded with the tokenizer's special
+/// tokens, as mlx_lm.server does) and its text, for `echo`.
+fn prompt_tokens(prompt: &PromptField, tokenizer: &Tokenizer, vocab_size: usize) -> Result<(Vec<u32>, String), ApiError> {
+    let ids = |ids: &[i64]| -> Result<(Vec<u32>, String), ApiError> {
+        let ids = ids
+            .iter()
+            .map(|&t| {
+                u32::try_from(t)
+                    .ok()
+                    .filter(|&t| (t as usize) < vocab_size)
+                    .ok_or_else(|| ApiError::bad_param("prompt", format!("token id {t} is outside the vocabulary (0..{vocab_size})")))
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        let text = tokenizer.decode(&ids, false)?;
+        Ok((ids, text))
+    };
+    let text = |t: &str| -> Result<(Vec<u32>, String), ApiError> { Ok((tokenizer.encode(t, true)?, t.to_string())) };
+    let one = |n: usize| -> Result<(), ApiError> {
+        if n == 1 {
+            Ok(())
+        } else {
+            Err(ApiError::bad_param("prompt", format!("only one prompt per request is supported, got {n}")))
+        }
+    };
+    let (tokens, text) = match prompt {
+        PromptField::Text(t) => text(t)?,
+        PromptField::Tokens(t) => ids(t)?,
+        PromptField::Texts(v) => {
+            one(v.len())?;
+            text(&v[0])?
+        }
+        PromptField::TokenLists(v) => {
+            one(v.len())?;
+            ids(&v[0])?
+        }
+    };
+    if tokens.is_empty() {
+        return Err(ApiError::bad_param("prompt", "the prompt is empty"));
+    }
+    Ok((tokens, text))
+}
+
+/// The legacy `logprobs` object for some tokens, text offsets counted from
+/// `offset` characters.
+fn legacy_logprobs(tokenizer: &Tokenizer, lps: &[TokenLogprob], mut offset: usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for lp in lps {
+        let text = token_text(tokenizer, lp.token);
+        offsets.push(offset);
+        offset += text.chars().count();
+        tokens.push(text);
+        token_logprobs.push(lp.logprob);
+        let alternatives: serde_json::Map<String, Value> =
+            lp.top.iter().map(|&(id, l)| (token_text(tokenizer, id), json!(l))).collect();
+        top.push(Value::Object(alternatives));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let body = read_body(payload, state.max_body_bytes).await?;
+    let body = parse_object(&body)?;
+    let req: CompletionRequest = fields(&body)?;
+    let common: CommonParams = fields(&body)?;
+    state.check_model(common.model.as_deref())?;
+    common.check_n()?;
+    let top = match req.logprobs {
+        Some(n) if !(0..=20).contains(&n) => {
+            return Err(ApiError::bad_param("logprobs", format!("logprobs must be between 0 and 20, got {n}")))
+        }
+        n => n.map(|n| n as usize),
+    };
+    let (prompt, prompt_text) = prompt_tokens(&req.prompt, &state.tokenizer, state.vocab_size)?;
+    let prepared = Prepared {
+        max_tokens: common.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
+        sampling: common.sampling(state.vocab_size)?,
+        stop: common.stop_strings()?,
+        logprobs: top,
+        ignore_eos: common.ignore_eos,
+        prompt,
+    };
+    let rx = generation::submit(state, prepared)?;
+    let echo = if req.echo { prompt_text } else { String::new() };
+    let (id, created) = (generation::response_id("cmpl"), generation::unix_now());
+    if common.stream {
+        let writer = CompletionStream {
+            id,
+            created,
+            model: state.model_id.clone(),
+            tokenizer: state.tokenizer.clone(),
+            echo: Some(echo),
+            chars: 0,
+            include_usage: common.include_usage(),
+        };
+        return Ok(generation::sse_response(rx, writer));
+    }
+    let done = generation::collect(rx).await?;
+    let logprobs = match top {
+        Some(_) => legacy_logprobs(&state.tokenizer, &done.logprobs, echo.chars().count()),
+        None => Value::Null,
+    };
+    Ok(HttpResponse::Ok().json(json!({
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_id,
+        "choices": [{"index": 0, "text": echo + &done.text, "logprobs": logprobs, "finish_reason": done.finish_reason.as_str()}],
+        "usage": usage_json(&done.usage),
+    })))
+}
+
+/// `text_completion` chunks.
+struct CompletionStream {
+    id: String,
+    created: u64,
+    model: String,
+    tokenizer: Arc<Tokenizer>,
+    /// The prompt text to send first (`echo`), until sent.
+    echo: Option<String>,
+    /// Characters sent so far (log-probability text offsets).
+    chars: usize,
+    include_usage: bool,
+}
+
+impl CompletionStream {
+    fn chunk(&mut self, text: String, logprobs: Value, finish_reason: Value) -> Value {
+        self.chars += text.chars().count();
+        let mut c = json!({
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        c
+    }
+}
+
+impl ChunkWriter for CompletionStream {
+    fn start(&mut self) -> Vec<Value> {
+        match self.echo.take() {
+            Some(text) if !text.is_empty() => vec![self.chunk(text, Value::Null, Value::Null)],
+            _ => Vec::new(),
+        }
+    }
+
+    fn write(&mut self, event: Event) -> Vec<Value> {
+        match event {
+            Event::Token { text, logprob, .. } => {
+                if text.is_empty() && logprob.is_none() {
+                    return Vec::new();
+                }
+                let logprobs = match &logprob {
+                    Some(lp) => legacy_logprobs(&self.tokenizer, std::slice::from_ref(lp), self.chars),
+                    None => Value::Null,
+                };
+                vec![self.chunk(text, logprobs, Value::Null)]
+            }
+            Event::Done { text, finish_reason, usage } => {
+                let mut out = vec![self.chunk(text, Value::Null, json!(finish_reason.as_str()))];
+                if self.include_usage {
+                    out.push(json!({
+                        "id": self.id,
+                        "object": "text_completion",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage_json(&usage),
+                    }));
+                }
+                out
+            }
+            Event::Error(message) => vec![error_chunk(&message)],
+        }
+    }
+}

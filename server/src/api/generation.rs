@@ -1,0 +1,163 @@
+//! What both generation endpoints do with the engine: submit a prepared
+//! request, then either collect its events into one answer or turn them into
+//! an SSE stream, chunk by chunk as the endpoint formats them.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use actix_web::{web, HttpResponse};
+use futures_util::stream;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::engine::{Event, FinishReason, Request, SamplingParams, SubmitError, TokenLogprob, Usage};
+use crate::tokenizer::Tokenizer;
+
+/// A request ready for the engine.
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    pub ignore_eos: bool,
+}
+
+pub fn submit(state: &AppState, p: Prepared) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = unbounded_channel();
+    let request = Request {
+        prompt: p.prompt,
+        sampling: p.sampling,
+        max_tokens: p.max_tokens,
+        stop: p.stop,
+        logprobs: p.logprobs,
+        ignore_eos: p.ignore_eos,
+        arrived: Instant::now(),
+        events: tx,
+    };
+    match state.engine.submit(request) {
+        Ok(()) => Ok(rx),
+        Err(SubmitError::QueueFull) => Err(ApiError::overloaded(state.engine.queued())),
+        Err(SubmitError::Stopped) => Err(ApiError::internal("the engine has stopped")),
+    }
+}
+
+/// Everything a request produced.
+pub struct Collected {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+}
+
+/// Waits for the whole generation.
+pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Token { text: t, logprob, .. } => {
+                text.push_str(&t);
+                logprobs.extend(logprob);
+            }
+            Event::Done { text: t, finish_reason, usage } => {
+                text.push_str(&t);
+                return Ok(Collected { text, logprobs, finish_reason, usage });
+            }
+            Event::Error(message) => return Err(ApiError::internal(message)),
+        }
+    }
+    Err(ApiError::internal("the engine dropped the request"))
+}
+
+/// Formats one endpoint's stream: each event becomes zero or more JSON chunks.
+pub trait ChunkWriter: Unpin + 'static {
+    /// Chunks sent before any token (the chat role).
+    fn start(&mut self) -> Vec<Value>;
+    fn write(&mut self, event: Event) -> Vec<Value>;
+}
+
+enum Phase {
+    Start,
+    Running,
+    Ended,
+}
+
+fn sse(chunks: &[Value], done: bool) -> web::Bytes {
+    let mut out = String::new();
+    for c in chunks {
+        out.push_str("data: ");
+        out.push_str(&c.to_string());
+        out.push_str("\n\n");
+    }
+    if done {
+        out.push_str("data: [DONE]\n\n");
+    }
+    web::Bytes::from(out)
+}
+
+/// An SSE response fed by the engine's events. When the client goes away,
+/// actix drops this stream and with it the receiver: the engine notices and
+/// stops the sequence.
+pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W) -> HttpResponse {
+    let body = stream::unfold((rx, writer, Phase::Start), |(mut rx, mut writer, phase)| async move {
+        match phase {
+            Phase::Start => {
+                let chunks = writer.start();
+                Some((Ok::<_, actix_web::Error>(sse(&chunks, false)), (rx, writer, Phase::Running)))
+            }
+            Phase::Running => loop {
+                let Some(event) = rx.recv().await else {
+                    let err = json!({"error": {"message": "the engine dropped the request", "type": "server_error"}});
+                    return Some((Ok(sse(&[err], true)), (rx, writer, Phase::Ended)));
+                };
+                let last = matches!(event, Event::Done { .. } | Event::Error(_));
+                let chunks = writer.write(event);
+                if last {
+                    return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
+                }
+                if !chunks.is_empty() {
+                    return Some((Ok(sse(&chunks, false)), (rx, writer, Phase::Running)));
+                }
+            },
+            Phase::Ended => None,
+        }
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .insert_header(("X-Accel-Buffering", "no"))
+        .streaming(body)
+}
+
+/// The error chunk of a stream that failed after it started.
+pub fn error_chunk(message: &str) -> Value {
+    json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})
+}
+
+/// A token as text, for log-probability reports.
+pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
+    tokenizer.decode(&[id], false).unwrap_or_default()
+}
+
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A response id with the given prefix ("chatcmpl", "cmpl").
+pub fn response_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    format!("{prefix}-{:08x}{:08x}", nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,208 @@
+//! Request bodies: read within the size limit, parsed into typed structs (a
+//! wrong type names its field), and the sampling fields both generation
+//! endpoints share, validated into what the engine takes.
+
+use std::collections::HashMap;
+
+use actix_web::web;
+use futures_util::StreamExt;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use crate::engine::SamplingParams;
+
+/// Reads the whole body, refusing it past `limit` bytes.
+pub async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, ApiError> {
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::too_large(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The body as a JSON object (400 when it is not one).
+pub fn parse_object(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request("the request body is empty; expected a JSON object"));
+    }
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("the request body must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// Reads typed fields out of the body object; a missing or wrongly typed
+/// field is named in the error (`param`).
+pub fn fields<T: DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(body).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let message = inner.to_string();
+        // "missing field `messages`" names its field only in the message.
+        let missing = message.strip_prefix("missing field `").and_then(|m| m.split('`').next());
+        match (path.as_str(), missing) {
+            (".", Some(field)) => ApiError::bad_param(field, format!("`{field}` is required")),
+            (".", None) => ApiError::bad_request(format!("invalid request: {message}")),
+            _ => ApiError::bad_param(&path, format!("invalid value for `{path}`: {message}")),
+        }
+    })
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Fields shared by chat and text completions.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CommonParams {
+    pub model: Option<String>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub repetition_context_size: Option<usize>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopField>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// Generate past end-of-sequence tokens (benchmarks; also mlx-lm's name).
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+impl CommonParams {
+    /// The sampling parameters, validated (400 naming the field otherwise).
+    pub fn sampling(&self, vocab_size: usize) -> Result<SamplingParams, ApiError> {
+        let mut p = SamplingParams::default();
+        if let Some(t) = self.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ApiError::bad_param("temperature", format!("temperature must be between 0 and 2, got {t}")));
+            }
+            p.temperature = t;
+        }
+        if let Some(v) = self.top_p {
+            p.top_p = v;
+        }
+        if let Some(v) = self.top_k {
+            p.top_k = v;
+        }
+        if let Some(v) = self.min_p {
+            p.min_p = v;
+        }
+        if let Some(v) = self.repetition_penalty {
+            p.repetition_penalty = v;
+        }
+        if let Some(v) = self.repetition_context_size {
+            p.repetition_context_size = v;
+        }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = v;
+        }
+        p.seed = self.seed;
+        for (token, bias) in self.logit_bias.iter().flatten() {
+            let id: u32 = token
+                .parse()
+                .ok()
+                .filter(|&id: &u32| (id as usize) < vocab_size)
+                .ok_or_else(|| ApiError::bad_param("logit_bias", format!("logit_bias key {token:?} is not a token id below {vocab_size}")))?;
+            if !(-100.0..=100.0).contains(bias) {
+                return Err(ApiError::bad_param("logit_bias", format!("logit_bias values must be between -100 and 100, got {bias}")));
+            }
+            p.logit_bias.insert(id, *bias);
+        }
+        p.validate().map_err(|e| {
+            let message = e.to_string();
+            let field = message.split_whitespace().next().unwrap_or("").to_string();
+            ApiError::bad_param(&field, message)
+        })?;
+        Ok(p)
+    }
+
+    pub fn stop_strings(&self) -> Result<Vec<String>, ApiError> {
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(StopField::One(s)) => vec![s.clone()],
+            Some(StopField::Many(v)) => v.clone(),
+        };
+        if stops.len() > 16 {
+            return Err(ApiError::bad_param("stop", format!("at most 16 stop sequences, got {}", stops.len())));
+        }
+        Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+    }
+
+    /// Checks `n` (only one choice is generated).
+    pub fn check_n(&self) -> Result<(), ApiError> {
+        match self.n {
+            None | Some(1) => Ok(()),
+            Some(n) => Err(ApiError::bad_param("n", format!("only n=1 is supported, got {n}"))),
+        }
+    }
+
+    /// Tokens to generate: the request's max_completion_tokens / max_tokens, or
+    /// the server default trimmed to what fits the context. A requested
+    /// amount that does not fit is an error that says both numbers.
+    pub fn max_tokens(&self, default: usize, prompt_tokens: usize, context: Option<usize>) -> Result<usize, ApiError> {
+        let (field, asked) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(v), _) => ("max_completion_tokens", Some(v)),
+            (None, Some(v)) => ("max_tokens", Some(v)),
+            _ => ("max_tokens", None),
+        };
+        if let Some(v) = asked {
+            if v < 1 {
+                return Err(ApiError::bad_param(field, format!("{field} must be at least 1, got {v}")));
+            }
+        }
+        let Some(context) = context else {
+            return Ok(asked.map(|v| v as usize).unwrap_or(default));
+        };
+        if prompt_tokens >= context {
+            return Err(ApiError::bad_param(
+                "messages",
+                format!("This model's maximum context length is {context} tokens; the prompt has {prompt_tokens} tokens"),
+            ));
+        }
+        match asked {
+            Some(v) if prompt_tokens + v as usize > context => Err(ApiError::bad_param(
+                field,
+                format!(
+                    "This model's maximum context length is {context} tokens. However, you requested {} tokens ({prompt_tokens} in the prompt, {v} in the completion)",
+                    prompt_tokens + v as usize
+                ),
+            )),
+            Some(v) => Ok(v as usize),
+            None => Ok(default.min(context - prompt_tokens)),
+        }
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage)
+    }
+}

@@ -1,0 +1,56 @@
+//! What travels between the HTTP side and the engine thread: a validated,
+//! tokenized request in; token events out, over the request's own channel.
+
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::sampler::SamplingParams;
+use super::stop::FinishReason;
+
+/// A generation request, ready for the engine (validated and tokenized).
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    /// Strings that end the generation (not included in the output).
+    pub stop: Vec<String>,
+    /// Return each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+    /// Keep generating past end-of-sequence tokens (benchmarks).
+    pub ignore_eos: bool,
+    pub arrived: Instant,
+    /// Where the engine sends this request's events. When the receiver is
+    /// dropped (the client went away), the engine stops the sequence.
+    pub events: UnboundedSender<Event>,
+}
+
+/// A token's log-probability, with the most likely alternatives at its step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// (token, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prompt cache.
+    pub cached_tokens: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// One generated token and the text it completes (possibly empty: the
+    /// detokenizer holds back incomplete characters, the stop matcher a
+    /// possible stop string's start).
+    Token { token: u32, text: String, logprob: Option<TokenLogprob> },
+    /// The end: the remaining text and why it ended.
+    Done { text: String, finish_reason: FinishReason, usage: Usage },
+    /// The request failed inside the engine; the server keeps serving.
+    Error(String),
+}

@@ -1,0 +1,157 @@
+//! One request's state while it generates: its sampler, stop matcher and
+//! detokenizer, the tokens so far, and the channel its events go to.
+
+use std::time::Instant;
+
+use mlx_rs_safe::{ops, Array, Dtype};
+
+use super::request::{Event, Request, TokenLogprob, Usage};
+use super::sampler::Sampler;
+use super::stop::{FinishReason, StopMatcher};
+use crate::metrics::Metrics;
+use crate::error::Result;
+use crate::tokenizer::{StreamingDetokenizer, Tokenizer};
+
+pub struct Sequence {
+    pub request: Request,
+    pub sampler: Sampler,
+    stop: StopMatcher,
+    detok: StreamingDetokenizer,
+    /// Prompt and generated tokens: penalties read them; the prompt cache
+    /// stores their KV when the sequence ends.
+    pub history: Vec<u32>,
+    generated: usize,
+    pub cached_tokens: usize,
+    last_token_at: Option<Instant>,
+    /// Set once the sequence has ended (finished, cancelled or failed).
+    pub finished: bool,
+}
+
+/// The `n` most likely tokens of a [vocab] log-probability row, best first.
+fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    let n = n.min(idx.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let by_logprob = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]);
+    idx.select_nth_unstable_by(n - 1, by_logprob);
+    idx.truncate(n);
+    idx.sort_by(by_logprob);
+    idx.into_iter().map(|i| (i, row[i as usize])).collect()
+}
+
+impl Sequence {
+    pub fn new(request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize) -> Sequence {
+        let eos = if request.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
+        Sequence {
+            stop: StopMatcher::new(eos, request.stop.clone()),
+            detok: tokenizer.new_detokenizer(),
+            history: request.prompt.clone(),
+            generated: 0,
+            cached_tokens,
+            last_token_at: None,
+            finished: false,
+            sampler,
+            request,
+        }
+    }
+
+    /// Whether the client is still listening.
+    pub fn is_connected(&self) -> bool {
+        !self.request.events.is_closed()
+    }
+
+    /// Sends an event; false if the client has gone away.
+    pub fn send(&self, event: Event) -> bool {
+        self.request.events.send(event).is_ok()
+    }
+
+    /// The tokens whose KV the sequence's cache holds once it ends: all but the
+    /// last sampled token, which was never fed back.
+    pub fn cached_history(&self) -> &[u32] {
+        &self.history[..self.history.len().saturating_sub(1)]
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.request.prompt.len(),
+            completion_tokens: self.generated,
+            cached_tokens: self.cached_tokens,
+        }
+    }
+
+    /// Takes one sampled token (with its step's [vocab] log-probabilities when
+    /// the request asked for them). Returns whether the sequence has ended.
+    pub fn accept(&mut self, token: u32, logprobs: Option<&Array>, tokenizer: &Tokenizer, metrics: &Metrics) -> Result<bool> {
+        let now = Instant::now();
+        match self.last_token_at {
+            None => metrics.observe_ttft(now.duration_since(self.request.arrived).as_secs_f64()),
+            Some(t) => metrics.observe_inter_token(now.duration_since(t).as_secs_f64()),
+        }
+        self.last_token_at = Some(now);
+        self.history.push(token);
+        if self.stop.is_eos(token) {
+            return self.finish(FinishReason::Stop, tokenizer, true);
+        }
+        self.generated += 1;
+        metrics.add_generated_tokens(1);
+        let logprob = match (self.request.logprobs, logprobs) {
+            (Some(n), Some(row)) => {
+                let row = ops::astype(row, Dtype::Float32)?.to_vec::<f32>()?;
+                let lp = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                Some(TokenLogprob { token, logprob: lp, top: top_logprobs(&row, n) })
+            }
+            _ => None,
+        };
+        let piece = self.stop.push(&self.detok.push(tokenizer.inner(), token)?);
+        if !self.send(Event::Token { token, text: piece.emit, logprob }) {
+            self.finished = true;
+            return Ok(true);
+        }
+        if piece.stopped {
+            return self.finish(FinishReason::Stop, tokenizer, false);
+        }
+        if self.generated >= self.request.max_tokens {
+            return self.finish(FinishReason::Length, tokenizer, true);
+        }
+        Ok(false)
+    }
+
+    /// Ends the sequence: the held-back text goes out with the finish reason.
+    fn finish(&mut self, reason: FinishReason, tokenizer: &Tokenizer, flush: bool) -> Result<bool> {
+        let mut text = String::new();
+        let mut reason = reason;
+        if flush {
+            let out = self.stop.push(&self.detok.finish(tokenizer.inner())?);
+            text = out.emit;
+            if out.stopped {
+                reason = FinishReason::Stop;
+            } else {
+                text.push_str(&self.stop.flush());
+            }
+        }
+        self.send(Event::Done { text, finish_reason: reason, usage: self.usage() });
+        self.finished = true;
+        Ok(true)
+    }
+
+    /// Ends the sequence with an error message for its client.
+    pub fn fail(&mut self, message: &str) {
+        self.send(Event::Error(message.to_string()));
+        self.finished = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_logprobs;
+
+    #[test]
+    fn top_logprobs_are_the_largest_in_descending_order() {
+        let row = [-3.0, -0.5, -2.0, -0.1, -9.0];
+        assert_eq!(top_logprobs(&row, 3), vec![(3, -0.1), (1, -0.5), (2, -2.0)]);
+        assert_eq!(top_logprobs(&row, 0), vec![]);
+        assert_eq!(top_logprobs(&row, 10).len(), 5);
+    }
+}

@@ -1,0 +1,109 @@
+//! The prompt cache: the KV of finished sequences, kept so that a later request
+//! starting with the same tokens (the next turn of a chat, a shared system
+//! prompt) skips prefilling them. Bounded by bytes, least recently used first out.
+
+use super::{KvCache, KvRows};
+use crate::error::Result;
+
+struct Entry {
+    tokens: Vec<u32>,
+    rows: KvRows,
+    nbytes: usize,
+    last_used: u64,
+}
+
+pub struct PromptCache {
+    entries: Vec<Entry>,
+    max_bytes: usize,
+    bytes: usize,
+    clock: u64,
+}
+
+/// Caches holding a prefix of a prompt.
+pub struct PromptCacheHit {
+    pub caches: Vec<Box<dyn KvCache>>,
+    /// Prompt tokens already in `caches`.
+    pub cached_tokens: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PromptCache {
+    pub fn new(max_bytes: usize) -> PromptCache {
+        PromptCache { entries: Vec::new(), max_bytes, bytes: 0, clock: 0 }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Caches for the longest cached prefix of `prompt`. At most all but the
+    /// last prompt token come from the cache: the model must still run on at
+    /// least one token to produce the next token's logits.
+    pub fn lookup(&mut self, prompt: &[u32]) -> Result<Option<PromptCacheHit>> {
+        let limit = prompt.len().saturating_sub(1);
+        let best = self
+            .entries
+            .iter_mut()
+            .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
+            .max_by_key(|(n, e)| (*n, e.last_used));
+        let Some((n, entry)) = best else { return Ok(None) };
+        if n == 0 {
+            return Ok(None);
+        }
+        self.clock += 1;
+        entry.last_used = self.clock;
+        let rows = entry.rows.prefix(n as i32)?;
+        Ok(Some(PromptCacheHit { caches: rows.into_caches(), cached_tokens: n }))
+    }
+
+    /// Keeps `rows`, the KV of `tokens`. An entry that is a prefix of `tokens`
+    /// is superseded; if `tokens` is itself a prefix of an entry, nothing new is
+    /// learnt. Least recently used entries go until the new one fits; one larger
+    /// than the whole budget is not kept.
+    pub fn insert(&mut self, tokens: Vec<u32>, rows: KvRows) -> Result<()> {
+        if tokens.is_empty() || rows.len() as usize != tokens.len() {
+            return Ok(());
+        }
+        self.clock += 1;
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(&tokens)) {
+            e.last_used = self.clock;
+            return Ok(());
+        }
+        let nbytes = rows.nbytes();
+        if nbytes > self.max_bytes {
+            return Ok(());
+        }
+        let mut freed = 0;
+        self.entries.retain(|e| {
+            let superseded = tokens.starts_with(&e.tokens);
+            if superseded {
+                freed += e.nbytes;
+            }
+            !superseded
+        });
+        self.bytes -= freed;
+        while self.bytes + nbytes > self.max_bytes {
+            let Some(oldest) = self.entries.iter().enumerate().min_by_key(|(_, e)| e.last_used).map(|(i, _)| i) else {
+                break;
+            };
+            self.bytes -= self.entries.swap_remove(oldest).nbytes;
+        }
+        // A copy: the rows may be slices of a batch buffer, which would
+        // otherwise stay alive (and uncounted) as long as the entry.
+        let rows = rows.detached()?;
+        self.entries.push(Entry { tokens, rows, nbytes, last_used: self.clock });
+        self.bytes += nbytes;
+        Ok(())
+    }
+}

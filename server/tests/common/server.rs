@@ -1,0 +1,142 @@
+//! A real `mlx-serve` process on a free port, and a small blocking HTTP client
+//! for it (ureq).
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub struct TestServer {
+    child: Child,
+    pub base: String,
+}
+
+pub fn binary() -> String {
+    std::env::var("MLX_SERVE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mlx-serve").into())
+}
+
+/// An HTTP answer: status, headers we look at, body.
+pub struct Reply {
+    pub status: u16,
+    pub content_type: String,
+    pub retry_after: Option<String>,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+fn reply(r: ureq::Response) -> Reply {
+    let status = r.status();
+    let content_type = r.header("content-type").unwrap_or("").to_string();
+    let retry_after = r.header("retry-after").map(str::to_string);
+    let mut body = String::new();
+    r.into_reader().read_to_string(&mut body).unwrap();
+    Reply { status, content_type, retry_after, body }
+}
+
+fn send(req: ureq::Request, body: Option<&str>) -> Reply {
+    let res = match body {
+        Some(b) => req.set("content-type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    match res {
+        Ok(r) => reply(r),
+        Err(ureq::Error::Status(_, r)) => reply(r),
+        Err(e) => panic!("request failed: {e}"),
+    }
+}
+
+impl TestServer {
+    /// Starts the server on `model` with extra flags; returns once it listens.
+    pub fn start(model: &Path, extra: &[&str]) -> TestServer {
+        let mut child = Command::new(binary())
+            .args(["--model", model.to_str().unwrap(), "--port", "0", "--log-level", "warn"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start mlx-serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Reads the listening line, then keeps draining so the pipe never fills.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.strip_prefix("mlx-serve: listening on ") {
+                    let _ = tx.send(Ok(addr.to_string()));
+                } else if line.starts_with("mlx-serve: ") {
+                    let _ = tx.send(Err(line.clone()));
+                }
+                eprintln!("[server] {line}");
+            }
+        });
+        let base = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(Ok(addr)) => addr,
+            Ok(Err(line)) => panic!("the server failed to start: {line}"),
+            Err(_) => panic!("the server did not start within 120 s"),
+        };
+        TestServer { child, base }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn post(&self, path: &str, body: &str) -> Reply {
+        send(ureq::post(&self.url(path)), Some(body))
+    }
+
+    pub fn post_json(&self, path: &str, body: &Value) -> Reply {
+        self.post(path, &body.to_string())
+    }
+
+    pub fn post_with_header(&self, path: &str, body: &str, header: (&str, &str)) -> Reply {
+        send(ureq::post(&self.url(path)).set(header.0, header.1), Some(body))
+    }
+
+    pub fn get(&self, path: &str) -> Reply {
+        send(ureq::get(&self.url(path)), None)
+    }
+
+    pub fn get_with_header(&self, path: &str, header: (&str, &str)) -> Reply {
+        send(ureq::get(&self.url(path)).set(header.0, header.1), None)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.get("/metrics").body
+    }
+
+    /// Waits (bounded) for the process to exit; its status.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_events(body: &str) -> Vec<String> {
+    body.split("\n\n").filter(|e| !e.is_empty()).map(|e| e.strip_prefix("data: ").unwrap_or(e).to_string()).collect()
+}

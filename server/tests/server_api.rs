@@ -1,0 +1,393 @@
+//! The HTTP server end to end: a real `mlx-serve` process on a free port,
+//! serving a tiny mlx-lm-built model, driven over HTTP.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::server::{sse_events, TestServer};
+use mlx_serve::metrics::counter_value;
+use serde_json::{json, Value};
+
+/// A tiny float32 Qwen3 (float32: batched and single decoding agree exactly on CPU).
+fn model() -> std::path::PathBuf {
+    model_with_context("server_qwen3", 2048)
+}
+
+/// The same shape with a context long enough for streams that outlast a test.
+fn long_context_model() -> std::path::PathBuf {
+    model_with_context("server_qwen3_long", 1 << 24)
+}
+
+fn model_with_context(name: &str, context: u64) -> std::path::PathBuf {
+    let config = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                        "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+                        "max_position_embeddings": context});
+    common::fixture(name, &json!({"config": config, "dtype": "float32", "quantize": null,
+                                  "prompt_tokens": 8, "max_tokens": 4, "seed": 5}))
+}
+
+fn chat_body(content: &str, extra: Value) -> Value {
+    let mut body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 16, "ignore_eos": true});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn metric(server: &TestServer, name: &str) -> f64 {
+    counter_value(&server.metrics(), name).unwrap_or(0.0)
+}
+
+#[test]
+fn chat_stream_is_openai_sse_byte_for_byte() {
+    let s = TestServer::start(&model(), &[]);
+    let r = s.post_json("/v1/chat/completions", &chat_body("hello model", json!({"stream": true, "max_tokens": 6, "stream_options": {"include_usage": true}})));
+    assert_eq!(r.status, 200);
+    assert!(r.content_type.starts_with("text/event-stream"), "{}", r.content_type);
+    // Every event is exactly "data: <payload>\n\n" and the stream ends with [DONE].
+    assert!(r.body.starts_with("data: {"), "{}", r.body);
+    assert!(r.body.ends_with("\n\ndata: [DONE]\n\n"), "{}", r.body);
+    for block in r.body.trim_end_matches("\n\n").split("\n\n") {
+        assert!(block.starts_with("data: ") && !block.contains('\n'), "malformed event {block:?}");
+    }
+    let events = sse_events(&r.body);
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let id = chunks[0]["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"));
+    for c in &chunks {
+        assert_eq!(c["id"], id);
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert!(c["created"].is_u64());
+        assert!(c.get("usage").is_some(), "include_usage puts usage (null) on every chunk: {c}");
+    }
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["delta"], json!({}));
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage_chunk = &chunks[chunks.len() - 1];
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 6);
+    // Content deltas carry text only; they add up to the non-streamed answer.
+    let streamed: String = chunks[1..chunks.len() - 2]
+        .iter()
+        .map(|c| {
+            assert!(c["choices"][0]["finish_reason"].is_null());
+            c["choices"][0]["delta"]["content"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let whole = s.post_json("/v1/chat/completions", &chat_body("hello model", json!({"max_tokens": 6}))).json();
+    assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().unwrap());
+}
+
+#[test]
+fn non_stream_objects_have_openai_shape_and_exact_usage() {
+    let s = TestServer::start(&model(), &[]);
+    let r = s.post_json("/v1/chat/completions", &chat_body("the cache", json!({"max_tokens": 9})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["choices"][0]["index"], 0);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 9);
+    assert_eq!(u["total_tokens"].as_u64().unwrap(), u["prompt_tokens"].as_u64().unwrap() + 9);
+    assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64());
+
+    // Token-array prompts count exactly their tokens.
+    let c = s.post_json("/v1/completions", &json!({"prompt": [5, 6, 7, 8, 9], "max_tokens": 3, "ignore_eos": true})).json();
+    assert_eq!(c["object"], "text_completion");
+    assert_eq!(c["usage"]["prompt_tokens"], 5);
+    assert_eq!(c["usage"]["completion_tokens"], 3);
+    assert!(c["choices"][0]["text"].is_string());
+
+    // echo puts the prompt text in front; logprobs report each token.
+    let e = s.post_json("/v1/completions", &json!({"prompt": "the model", "max_tokens": 4, "echo": true, "logprobs": 2, "ignore_eos": true})).json();
+    let text = e["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("the model"), "{text}");
+    let lp = &e["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4);
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+    for l in lp["token_logprobs"].as_array().unwrap() {
+        assert!(l.as_f64().unwrap() <= 0.0);
+    }
+    assert_eq!(lp["text_offset"][0], 9, "offsets count from the end of the echoed prompt");
+
+    let models = s.get("/v1/models").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["object"], "model");
+    assert_eq!(models["data"][0]["id"], model().to_str().unwrap());
+    let health = s.get("/health").json();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["backend"], "cpu");
+    assert!(health["memory"]["peak_bytes"].as_u64().unwrap() > 0, "{health}");
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them_streamed_or_not() {
+    let s = TestServer::start(&model(), &[]);
+    let base = json!({"prompt": "attention value", "max_tokens": 40, "ignore_eos": true});
+    let full = s.post_json("/v1/completions", &base).json()["choices"][0]["text"].as_str().unwrap().to_string();
+    // A stop string from the middle of the greedy output (at a char boundary).
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "{full:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let cut = full.find(&stop).unwrap();
+    let mut req = base.clone();
+    req["stop"] = json!([stop, "never-appears"]);
+    let r = s.post_json("/v1/completions", &req).json();
+    assert_eq!(r["choices"][0]["text"], full[..cut]);
+    assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    req["stream"] = json!(true);
+    let body = s.post_json("/v1/completions", &req).body;
+    let events = sse_events(&body);
+    let streamed: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, full[..cut], "the stream never passes the stop string");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_sampled_text() {
+    let s = TestServer::start(&model(), &[]);
+    let req = chat_body("hello", json!({"temperature": 1.0, "top_p": 0.9, "seed": 42, "max_tokens": 24}));
+    let a = s.post_json("/v1/chat/completions", &req).json();
+    let b = s.post_json("/v1/chat/completions", &req).json();
+    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    let greedy = s.post_json("/v1/chat/completions", &chat_body("hello", json!({"max_tokens": 24}))).json();
+    assert_ne!(a["choices"][0]["message"]["content"], greedy["choices"][0]["message"]["content"], "temperature 1 samples");
+}
+
+/// Greedy completions of a few prompts, one request at a time.
+fn prompts() -> Vec<String> {
+    ["the model", "hello world cache", "attention value key query stream", "a", "token server memory", "rust python", "weight layer", "東京 café"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn complete(s: &TestServer, prompt: &str, max_tokens: usize) -> String {
+    let r = s.post_json("/v1/completions", &json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn concurrent_requests_decode_as_one_batch_with_the_same_tokens_and_more_throughput() {
+    let s = TestServer::start(&model(), &["--prompt-cache-bytes", "0"]);
+    let n_tokens = 48;
+    complete(&s, "warm up", 4);
+    let t = Instant::now();
+    let sequential: Vec<String> = prompts().iter().map(|p| complete(&s, p, n_tokens)).collect();
+    let sequential_time = t.elapsed();
+    let steps_before = metric(&s, "mlx_serve_decode_steps_total");
+    let rows_before = metric(&s, "mlx_serve_decode_rows_total");
+    let t = Instant::now();
+    let concurrent: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = prompts().into_iter().map(|p| scope.spawn({ let s = &s; move || complete(s, &p, n_tokens) })).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let concurrent_time = t.elapsed();
+    assert_eq!(concurrent, sequential, "batched decoding changed the greedy output");
+    let steps = metric(&s, "mlx_serve_decode_steps_total") - steps_before;
+    let rows = metric(&s, "mlx_serve_decode_rows_total") - rows_before;
+    eprintln!("{} rows in {steps} steps; sequential {sequential_time:?}, concurrent {concurrent_time:?}", rows);
+    assert!(rows >= (prompts().len() * n_tokens) as f64);
+    assert!(rows / steps > 2.0, "mean batch size {} : the requests were not batched", rows / steps);
+    assert!(concurrent_time < sequential_time, "batched throughput is not above sequential");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
+    let s = TestServer::start(&long_context_model(), &[]);
+    let addr = s.base.strip_prefix("http://").unwrap().to_string();
+    let body = json!({"prompt": "the model", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string();
+    let mut conn = TcpStream::connect(&addr).unwrap();
+    write!(conn, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut seen = String::new();
+    while !seen.contains("data: {") {
+        let n = conn.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let running = |s: &TestServer| s.get("/health").json()["engine"]["running"].as_u64().unwrap();
+    assert_eq!(running(&s), 1);
+    drop(conn);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running(&s) != 0 || metric(&s, "mlx_serve_cancelled_total") < 1.0 {
+        assert!(Instant::now() < deadline, "the sequence kept running after its client left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(s.get("/health").json()["engine"]["kv_cache_bytes"], 0);
+    // And the server still serves.
+    assert_eq!(complete(&s, "hello", 3).is_empty(), false);
+}
+
+#[test]
+fn the_prompt_cache_reuses_a_conversation_prefix_without_changing_the_answer() {
+    let cached = TestServer::start(&model(), &[]);
+    let plain = TestServer::start(&model(), &["--prompt-cache-bytes", "0"]);
+    let system = "the model token server memory cache layer weight attention value key query stream ".repeat(6);
+    let turn1 = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}], "max_tokens": 12, "ignore_eos": true});
+    let a1 = cached.post_json("/v1/chat/completions", &turn1).json();
+    assert_eq!(a1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let reply = a1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let turn2 = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"},
+                                    {"role": "assistant", "content": reply}, {"role": "user", "content": "and then"}],
+                       "max_tokens": 12, "ignore_eos": true});
+    let a2 = cached.post_json("/v1/chat/completions", &turn2).json();
+    let hit = a2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = a2["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(hit > 100 && hit < prompt, "cached {hit} of {prompt}");
+    let b2 = plain.post_json("/v1/chat/completions", &turn2).json();
+    assert_eq!(a2["choices"][0]["message"]["content"], b2["choices"][0]["message"]["content"]);
+    assert_eq!(b2["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let m = cached.metrics();
+    assert_eq!(counter_value(&m, "mlx_serve_prompt_cache_hits_total"), Some(1.0));
+    assert_eq!(counter_value(&m, "mlx_serve_prompt_cache_tokens_total"), Some(hit as f64));
+    assert!(counter_value(&m, "mlx_serve_prompt_cache_bytes").unwrap() > 0.0);
+}
+
+#[test]
+fn metrics_count_requests_tokens_and_latencies() {
+    let s = TestServer::start(&model(), &[]);
+    s.post_json("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": true}));
+    s.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 0}));
+    s.get("/v1/models");
+    let m = s.metrics();
+    assert_eq!(counter_value(&m, r#"mlx_serve_requests_total{endpoint="/v1/completions",status="200"}"#), Some(1.0));
+    assert_eq!(counter_value(&m, r#"mlx_serve_requests_total{endpoint="/v1/completions",status="400"}"#), Some(1.0));
+    assert_eq!(counter_value(&m, r#"mlx_serve_requests_total{endpoint="/v1/models",status="200"}"#), Some(1.0));
+    assert_eq!(counter_value(&m, "mlx_serve_prompt_tokens_total"), Some(3.0));
+    assert_eq!(counter_value(&m, "mlx_serve_generated_tokens_total"), Some(5.0));
+    assert_eq!(counter_value(&m, "mlx_serve_time_to_first_token_seconds_count"), Some(1.0));
+    assert_eq!(counter_value(&m, "mlx_serve_inter_token_seconds_count"), Some(4.0));
+    assert_eq!(counter_value(&m, "mlx_serve_running_sequences"), Some(0.0));
+}
+
+#[test]
+fn bad_requests_get_openai_errors_with_the_right_status() {
+    let s = TestServer::start(&model(), &["--max-body-bytes", "4096"]);
+    let chat = "/v1/chat/completions";
+    let cases: Vec<(&str, String, u16, Option<&str>)> = vec![
+        (chat, "{not json".into(), 400, None),
+        (chat, "".into(), 400, None),
+        (chat, "[1, 2]".into(), 400, None),
+        (chat, json!({"messages": "hi"}).to_string(), 400, Some("messages")),
+        (chat, json!({"messages": []}).to_string(), 400, Some("messages")),
+        (chat, json!({}).to_string(), 400, None),
+        (chat, json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        (chat, json!({"messages": [{"content": "x"}]}).to_string(), 400, Some("messages[0].role")),
+        (chat, json!({"messages": [{"role": "user"}]}).to_string(), 400, Some("messages[0].content")),
+        (chat, json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}).to_string(), 400, Some("messages[0].content[0].type")),
+        (chat, chat_body("x", json!({"temperature": "hot"})).to_string(), 400, Some("temperature")),
+        (chat, chat_body("x", json!({"temperature": -1})).to_string(), 400, Some("temperature")),
+        (chat, chat_body("x", json!({"top_p": 1.5})).to_string(), 400, Some("top_p")),
+        (chat, chat_body("x", json!({"top_k": -3})).to_string(), 400, Some("top_k")),
+        (chat, chat_body("x", json!({"presence_penalty": 9})).to_string(), 400, Some("presence_penalty")),
+        (chat, chat_body("x", json!({"max_tokens": 0})).to_string(), 400, Some("max_tokens")),
+        (chat, chat_body("x", json!({"max_tokens": 5000})).to_string(), 400, Some("max_tokens")),
+        (chat, chat_body("x", json!({"n": 3})).to_string(), 400, Some("n")),
+        (chat, chat_body("x", json!({"logit_bias": {"999999": 1}})).to_string(), 400, Some("logit_bias")),
+        (chat, chat_body("x", json!({"logprobs": true, "top_logprobs": 50})).to_string(), 400, Some("top_logprobs")),
+        (chat, chat_body("x", json!({"stop": 7})).to_string(), 400, Some("stop")),
+        (chat, chat_body("x", json!({"model": "gpt-4"})).to_string(), 404, Some("model")),
+        (chat, format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"{}\"}}]}}", "x".repeat(5000)), 413, None),
+        ("/v1/completions", json!({"prompt": ""}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": [1, 100000]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": [-1]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": ["a", "b"]}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": {"a": 1}}).to_string(), 400, Some("prompt")),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": 99}).to_string(), 400, Some("logprobs")),
+        ("/v1/nothing", "{}".into(), 404, None),
+    ];
+    for (path, body, status, param) in cases {
+        let r = s.post(path, &body);
+        assert_eq!(r.status, status, "{path} {body:.200}: {}", r.body);
+        let e = r.json();
+        let err = &e["error"];
+        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", r.body);
+        assert!(err["type"].is_string() && err.get("param").is_some() && err.get("code").is_some(), "{}", r.body);
+        if let Some(p) = param {
+            assert_eq!(err["param"], p, "{body:.200}: {}", r.body);
+        }
+    }
+    // Both numbers appear when prompt + max_tokens exceed the context.
+    let r = s.post_json(chat, &chat_body("x", json!({"max_tokens": 5000})));
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("2048") && msg.contains("5000"), "{msg}");
+    // The server still answers after all of that.
+    assert_eq!(s.post_json(chat, &chat_body("x", json!({"max_tokens": 2}))).status, 200);
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let s = TestServer::start(&model(), &["--api-key", "sekrit"]);
+    let body = chat_body("x", json!({"max_tokens": 2})).to_string();
+    let r = s.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"]["code"], "invalid_api_key");
+    assert_eq!(s.post_with_header("/v1/chat/completions", &body, ("Authorization", "Bearer wrong")).status, 401);
+    assert_eq!(s.get("/v1/models").status, 401);
+    assert_eq!(s.post_with_header("/v1/chat/completions", &body, ("Authorization", "Bearer sekrit")).status, 200);
+    assert_eq!(s.get_with_header("/v1/models", ("Authorization", "Bearer sekrit")).status, 200);
+}
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let s = TestServer::start(&long_context_model(), &["--max-concurrency", "1", "--max-queue", "1"]);
+    let long = json!({"prompt": "the model", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string();
+    let addr = s.base.strip_prefix("http://").unwrap().to_string();
+    // Two held streams: one running, one queued behind it.
+    let open = |body: &str| {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        c
+    };
+    let _running = open(&long);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.get("/health").json()["engine"]["running"] != 1 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _queued = open(&long);
+    while s.get("/health").json()["engine"]["queued"] != 1 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let r = s.post("/v1/completions", &long);
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.retry_after.as_deref(), Some("1"));
+    assert_eq!(r.json()["error"]["type"], "server_error");
+}
+
+#[test]
+fn sigterm_stops_the_server_cleanly() {
+    let mut s = TestServer::start(&model(), &[]);
+    assert_eq!(s.get("/health").status, 200);
+    let killed = std::process::Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = s.wait_exit(Duration::from_secs(20)).expect("the server did not exit on SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn the_official_openai_client_works_against_the_server() {
+    let s = TestServer::start(&model(), &[]);
+    let out = std::process::Command::new(common::python())
+        .arg(common::repo().join("server/tests/openai_client.py"))
+        .arg(format!("{}/v1", s.base))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "openai client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("openai client: all checks passed"), "{stdout}");
+}
