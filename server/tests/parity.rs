@@ -116,6 +116,23 @@ fn qwen2_bf16_greedy_matches_mlx_lm() {
 }
 
 #[test]
+fn qwen2_4bit_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+                   "rope_theta": 1000000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048});
+    check_parity("qwen2_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn qwen3_bf16_greedy_matches_mlx_lm() {
+    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
+                   "max_position_embeddings": 2048});
+    check_parity("qwen3_bf16", spec(c, "bfloat16", None), TOL);
+}
+
+#[test]
 fn qwen3_8bit_greedy_matches_mlx_lm() {
     let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
                    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
@@ -149,43 +166,71 @@ fn qwen3_moe_4bit_with_a_dense_layer_matches_mlx_lm() {
     check_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
 }
 
+fn mixtral() -> Value {
+    json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0})
+}
+
 #[test]
 fn mixtral_4bit_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-                   "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0});
-    check_parity("mixtral_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+    check_parity("mixtral_q4", spec(mixtral(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn mixtral_fp32_greedy_matches_mlx_lm() {
+    check_parity("mixtral_fp32", spec(mixtral(), "float32", None), TOL);
+}
+
+fn qwen2_moe() -> Value {
+    json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+           "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+           "shared_expert_intermediate_size": 96, "tie_word_embeddings": false})
 }
 
 #[test]
 fn qwen2_moe_with_shared_expert_fp32_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-                   "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                   "shared_expert_intermediate_size": 96, "tie_word_embeddings": false});
-    check_parity("qwen2_moe_fp32", spec(c, "float32", None), TOL);
+    check_parity("qwen2_moe_fp32", spec(qwen2_moe(), "float32", None), TOL);
+}
+
+#[test]
+fn qwen2_moe_4bit_greedy_matches_mlx_lm() {
+    check_parity("qwen2_moe_q4", spec(qwen2_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+fn olmoe() -> Value {
+    json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
+           "tie_word_embeddings": false})
 }
 
 #[test]
 fn olmoe_4bit_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-                   "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
-                   "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
-                   "tie_word_embeddings": false});
-    check_parity("olmoe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+    check_parity("olmoe_q4", spec(olmoe(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn olmoe_fp32_greedy_matches_mlx_lm() {
+    check_parity("olmoe_fp32", spec(olmoe(), "float32", None), TOL);
 }
 
 // --kv-bits 8: the cache is quantized after the first prefill chunk, so the
 // second chunk and every decode step attend through quantized matmuls.
-#[test]
-fn llama_with_8bit_kv_cache_matches_mlx_lm() {
+fn llama_kv8() -> Value {
     let mut c = base_llama();
     c["num_attention_heads"] = json!(2);
     c["num_key_value_heads"] = json!(1);
     let mut sp = spec(c, "bfloat16", None);
     sp["kv_bits"] = json!(8);
     sp["kv_group_size"] = json!(32);
-    check_parity("llama_bf16_kv8", sp, TOL);
+    sp
+}
+
+#[test]
+fn llama_with_8bit_kv_cache_matches_mlx_lm() {
+    check_parity("llama_bf16_kv8", llama_kv8(), TOL);
 }
 
 #[test]
@@ -254,4 +299,75 @@ fn quantizing_at_load_matches_mlx_lm_quantize_model() {
     // An already-quantized model is refused.
     let err = models::load_with(&q_dir, &load).err().unwrap().to_string();
     assert!(err.contains("already quantized"), "{err}");
+}
+
+/// The server's batched path against mlx-lm: the fixture's prompt, sent three
+/// times at once beside two other prompts (so rows of different lengths share
+/// the batch), decodes to mlx-lm's greedy text in every copy.
+fn check_server_parity(name: &str, spec: Value, batched: bool, flags: &[&str]) {
+    let dir = fixture(name, &spec);
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
+    let expected: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
+    let tok = mlx_serve::tokenizer::Tokenizer::load(&dir, None).unwrap();
+    let expected_text = tok.decode(&expected, true).unwrap();
+    let mut args = vec!["--prefill-size", "512", "--prompt-cache-bytes", "0"];
+    args.extend_from_slice(flags);
+    let server = common::server::TestServer::start(&dir, &args);
+    let bodies = [
+        json!({"prompt": prompt, "max_tokens": expected.len(), "ignore_eos": true}),
+        json!({"prompt": "the model", "max_tokens": 40, "ignore_eos": true}),
+        json!({"prompt": prompt, "max_tokens": expected.len(), "ignore_eos": true}),
+        json!({"prompt": &prompt[..100], "max_tokens": 30, "ignore_eos": true}),
+        json!({"prompt": prompt, "max_tokens": expected.len(), "ignore_eos": true}),
+    ];
+    let texts: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                let server = &server;
+                scope.spawn(move || {
+                    let r = server.post_json("/v1/completions", b);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for i in [0, 2, 4] {
+        assert_eq!(texts[i], expected_text, "{name}: request {i} through the server differs from mlx-lm");
+    }
+    let m = server.metrics();
+    let rows = mlx_serve::metrics::counter_value(&m, "mlx_serve_decode_rows_total").unwrap();
+    let steps = mlx_serve::metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
+    if batched {
+        assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
+    } else {
+        assert_eq!(rows, steps, "{name}: caches that cannot be batched decode one sequence per step");
+    }
+}
+
+#[test]
+fn llama_bf16_through_the_batching_server_matches_mlx_lm() {
+    check_server_parity("llama_bf16", spec(base_llama(), "bfloat16", None), true, &[]);
+}
+
+#[test]
+fn qwen3_moe_4bit_through_the_batching_server_matches_mlx_lm() {
+    let mut c = qwen3_moe();
+    c["mlp_only_layers"] = json!([0]);
+    check_server_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), true, &[]);
+}
+
+#[test]
+fn gemma3_with_sliding_windows_through_the_server_matches_mlx_lm() {
+    // Rotating caches are not batched: these sequences decode interleaved.
+    check_server_parity("gemma3_bf16", spec(gemma3(), "bfloat16", None), false, &[]);
+}
+
+#[test]
+fn llama_with_8bit_kv_cache_through_the_server_matches_mlx_lm() {
+    let flags = ["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"];
+    check_server_parity("llama_bf16_kv8", llama_kv8(), false, &flags);
 }

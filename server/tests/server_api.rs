@@ -391,3 +391,39 @@ fn the_official_openai_client_works_against_the_server() {
     assert!(out.status.success(), "openai client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("openai client: all checks passed"), "{stdout}");
 }
+
+#[test]
+fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("tools.jinja");
+    std::fs::write(
+        &template,
+        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools> answer with <tool_call>{json}</tool_call>\n{% endif %}\
+         {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let s = TestServer::start(&model(), &["--chat-template", template.to_str().unwrap()]);
+    assert_eq!(s.get("/health").json()["capabilities"]["tools"], "hermes");
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let prompt_tokens = |extra: Value| {
+        let r = s.post_json("/v1/chat/completions", &chat_body("weather?", extra));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let plain = prompt_tokens(json!({"max_tokens": 1}));
+    assert!(prompt_tokens(json!({"max_tokens": 1, "tools": tools})) > plain + 5);
+    assert_eq!(prompt_tokens(json!({"max_tokens": 1, "tools": tools, "tool_choice": "none"})), plain);
+    let bad = s.post_json("/v1/chat/completions", &chat_body("x", json!({"tools": [{"type": "function"}]})));
+    assert_eq!((bad.status, bad.json()["error"]["param"].as_str()), (400, Some("tools[0]")));
+
+    // The flag overrides what the template shows; an unknown name stops the start.
+    let m = TestServer::start(&model(), &["--tool-call-parser", "mistral"]);
+    assert_eq!(m.get("/health").json()["capabilities"]["tools"], "mistral");
+    let out = std::process::Command::new(common::server::binary())
+        .args(["--model", model().to_str().unwrap(), "--port", "0", "--tool-call-parser", "nope"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hermes, llama3_json, mistral"));
+}

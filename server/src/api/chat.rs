@@ -178,23 +178,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         return Ok(generation::sse_response(rx, writer));
     }
     let done = generation::collect(rx).await?;
-    let (content, calls) = match tool_format {
-        Some(f) => {
-            let parsed = tool_calls::parse(f, &done.text);
-            (parsed.content, parsed.tool_calls)
-        }
-        None => (done.text, Vec::new()),
-    };
-    let mut message = json!({"role": "assistant", "content": content});
-    let finish = if calls.is_empty() {
-        done.finish_reason.as_str()
-    } else {
-        if content.trim().is_empty() {
-            message["content"] = Value::Null;
-        }
-        message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
-        "tool_calls"
-    };
+    let (message, finish) = chat_message(tool_format, done.text, done.finish_reason.as_str());
     let logprobs = match top {
         Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),
         None => Value::Null,
@@ -207,6 +191,27 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage_json(&done.usage),
     })))
+}
+
+/// The assistant message of a whole answer, tool calls read out of its text
+/// when a format is active, and the finish reason that goes with it.
+fn chat_message(tool_format: Option<ToolCallFormat>, text: String, finish: &'static str) -> (Value, &'static str) {
+    let (content, calls) = match tool_format {
+        Some(f) => {
+            let parsed = tool_calls::parse(f, &text);
+            (parsed.content, parsed.tool_calls)
+        }
+        None => (text, Vec::new()),
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if calls.is_empty() {
+        return (message, finish);
+    }
+    if content.trim().is_empty() {
+        message["content"] = Value::Null;
+    }
+    message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
+    (message, "tool_calls")
 }
 
 struct Meta {
@@ -320,5 +325,102 @@ pub fn tool_format(flag: Option<&str>, tokenizer: &Tokenizer) -> crate::error::R
     match flag {
         Some(name) => ToolCallFormat::from_name(name).map(Some).map_err(crate::error::Error::InvalidRequest),
         None => Ok(tokenizer.chat_template_source().and_then(ToolCallFormat::detect)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{FinishReason, Usage};
+
+    /// A word-level tokenizer in a temporary model folder (ChatStream reads
+    /// token texts from it only for log-probabilities).
+    fn tokenizer() -> Arc<Tokenizer> {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        Arc::new(Tokenizer::load(dir.path(), None).unwrap())
+    }
+
+    fn stream(format: Option<ToolCallFormat>) -> ChatStream {
+        ChatStream {
+            meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
+            tokenizer: tokenizer(),
+            tools: format.map(ToolCallStream::new),
+            calls: 0,
+            include_usage: false,
+        }
+    }
+
+    fn token(text: &str) -> Event {
+        Event::Token { token: 0, text: text.into(), logprob: None }
+    }
+
+    fn done() -> Event {
+        Event::Done { text: String::new(), finish_reason: FinishReason::Stop, usage: Usage::default() }
+    }
+
+    #[test]
+    fn hermes_tool_calls_stream_as_tool_call_deltas_with_finish_reason_tool_calls() {
+        let mut s = stream(Some(ToolCallFormat::Hermes));
+        let text = "Let me look.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        let mut chunks = Vec::new();
+        // Split into small pieces, as tokens arrive.
+        let chars: Vec<char> = text.chars().collect();
+        for piece in chars.chunks(3) {
+            chunks.extend(s.write(token(&piece.iter().collect::<String>())));
+        }
+        chunks.extend(s.write(done()));
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!(content, "Let me look.");
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls.len(), 1);
+        let call = &calls[0][0];
+        assert_eq!(call["index"], 0);
+        assert_eq!(call["type"], "function");
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["function"]["name"], "get_weather");
+        let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn without_tools_the_same_text_is_plain_content() {
+        let mut s = stream(None);
+        let mut chunks = s.write(token("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"));
+        chunks.extend(s.write(done()));
+        assert!(chunks.iter().all(|c| c["choices"][0]["delta"].get("tool_calls").is_none()));
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    }
+
+    #[test]
+    fn whole_answers_carry_tool_calls_and_null_content() {
+        let text = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), text.into(), "stop");
+        assert_eq!(finish, "tool_calls");
+        assert!(msg["content"].is_null());
+        assert_eq!(msg["tool_calls"][0]["function"]["name"], "add");
+        assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{\"a\":1,\"b\":2}");
+        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), "no calls here".into(), "length");
+        assert_eq!((msg["content"].as_str(), finish), (Some("no calls here"), "length"));
+        assert!(msg.get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn messages_are_validated_and_tool_call_arguments_become_objects() {
+        let msgs = json!([
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+            {"role": "tool", "content": "42", "tool_call_id": "c1"}
+        ]);
+        let out = template_messages(msgs.as_array().unwrap()).unwrap();
+        assert_eq!(out[0]["content"], "ab");
+        assert!(out[1]["content"].is_null());
+        assert_eq!(out[1]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
+        assert_eq!(out[2]["tool_call_id"], "c1");
+        let bad = json!([{"role": "user", "content": 5}]);
+        assert_eq!(template_messages(bad.as_array().unwrap()).unwrap_err().status.as_u16(), 400);
     }
 }
