@@ -9,8 +9,8 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter, Prepared};
-use super::params::{fields, parse_object, read_body, CommonParams};
+use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter};
+use super::params::{fields, read_request};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
@@ -140,12 +140,8 @@ fn tool_call_json(call: &ToolCall) -> Value {
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, state.max_body_bytes).await?;
-    let body = parse_object(&body)?;
+    let (body, common) = read_request(payload, state).await?;
     let req: ChatRequest = fields(&body)?;
-    let common: CommonParams = fields(&body)?;
-    state.check_model(common.model.as_deref())?;
-    common.check_n()?;
     let top = match (req.logprobs, req.top_logprobs) {
         (_, Some(n)) if !(0..=20).contains(&n) => {
             return Err(ApiError::bad_param("top_logprobs", format!("top_logprobs must be between 0 and 20, got {n}")))
@@ -156,16 +152,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let messages = template_messages(&req.messages)?;
     let tools = active_tools(&req)?;
     let prompt = state.tokenizer.encode_chat(&messages, tools.as_ref())?;
-    let prepared = Prepared {
-        max_tokens: common.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
-        sampling: common.sampling(state.vocab_size)?,
-        stop: common.stop_strings()?,
-        logprobs: top,
-        ignore_eos: common.ignore_eos,
-        prompt,
-    };
+    let params = common.generation(state, prompt, top)?;
     let tool_format = tools.as_ref().and(state.tool_format);
-    let rx = generation::submit(state, prepared)?;
+    let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.model_id.clone() };
     if common.stream {
         let writer = ChatStream {

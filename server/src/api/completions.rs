@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter, Prepared};
-use super::params::{fields, parse_object, read_body, CommonParams};
+use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter};
+use super::params::{fields, read_request};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -95,12 +95,8 @@ fn legacy_logprobs(tokenizer: &Tokenizer, lps: &[TokenLogprob], mut offset: usiz
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
-    let body = read_body(payload, state.max_body_bytes).await?;
-    let body = parse_object(&body)?;
+    let (body, common) = read_request(payload, state).await?;
     let req: CompletionRequest = fields(&body)?;
-    let common: CommonParams = fields(&body)?;
-    state.check_model(common.model.as_deref())?;
-    common.check_n()?;
     let top = match req.logprobs {
         Some(n) if !(0..=20).contains(&n) => {
             return Err(ApiError::bad_param("logprobs", format!("logprobs must be between 0 and 20, got {n}")))
@@ -108,15 +104,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         n => n.map(|n| n as usize),
     };
     let (prompt, prompt_text) = prompt_tokens(&req.prompt, &state.tokenizer, state.vocab_size)?;
-    let prepared = Prepared {
-        max_tokens: common.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
-        sampling: common.sampling(state.vocab_size)?,
-        stop: common.stop_strings()?,
-        logprobs: top,
-        ignore_eos: common.ignore_eos,
-        prompt,
-    };
-    let rx = generation::submit(state, prepared)?;
+    let params = common.generation(state, prompt, top)?;
+    let rx = generation::submit(state, params)?;
     let echo = if req.echo { prompt_text } else { String::new() };
     let (id, created) = (generation::response_id("cmpl"), generation::unix_now());
     if common.stream {

@@ -11,32 +11,13 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::ApiError;
 use super::AppState;
-use crate::engine::{Event, FinishReason, Request, SamplingParams, SubmitError, TokenLogprob, Usage};
+use crate::engine::{Event, FinishReason, Generation, Request, SubmitError, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
 
-/// A request ready for the engine.
-pub struct Prepared {
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub max_tokens: usize,
-    pub stop: Vec<String>,
-    pub logprobs: Option<usize>,
-    pub ignore_eos: bool,
-}
-
-pub fn submit(state: &AppState, p: Prepared) -> Result<UnboundedReceiver<Event>, ApiError> {
+/// Queues `params` with the engine; its events arrive on the returned receiver.
+pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<Event>, ApiError> {
     let (tx, rx) = unbounded_channel();
-    let request = Request {
-        prompt: p.prompt,
-        sampling: p.sampling,
-        max_tokens: p.max_tokens,
-        stop: p.stop,
-        logprobs: p.logprobs,
-        ignore_eos: p.ignore_eos,
-        arrived: Instant::now(),
-        events: tx,
-    };
-    match state.engine.submit(request) {
+    match state.engine.submit(Request { params, arrived: Instant::now(), events: tx }) {
         Ok(()) => Ok(rx),
         Err(SubmitError::QueueFull) => Err(ApiError::overloaded(state.engine.queued())),
         Err(SubmitError::Stopped) => Err(ApiError::internal("the engine has stopped")),

@@ -10,10 +10,11 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::engine::SamplingParams;
+use super::AppState;
+use crate::engine::{Generation, SamplingParams};
 
 /// Reads the whole body, refusing it past `limit` bytes.
-pub async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, ApiError> {
+async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, ApiError> {
     let mut body = web::BytesMut::new();
     while let Some(chunk) = payload.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
@@ -26,7 +27,7 @@ pub async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::B
 }
 
 /// The body as a JSON object (400 when it is not one).
-pub fn parse_object(body: &[u8]) -> Result<serde_json::Value, ApiError> {
+fn parse_object(body: &[u8]) -> Result<serde_json::Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request("the request body is empty; expected a JSON object"));
     }
@@ -53,6 +54,16 @@ pub fn fields<T: DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiErr
             _ => ApiError::bad_param(&path, format!("invalid value for `{path}`: {message}")),
         }
     })
+}
+
+/// A generation request's body: the whole JSON object (for the endpoint's own
+/// fields) and the shared fields, with the model and `n` checked.
+pub async fn read_request(payload: web::Payload, state: &AppState) -> Result<(serde_json::Value, CommonParams), ApiError> {
+    let body = parse_object(&read_body(payload, state.max_body_bytes).await?)?;
+    let common: CommonParams = fields(&body)?;
+    state.check_model(common.model.as_deref())?;
+    common.check_n()?;
+    Ok((body, common))
 }
 
 /// `stop`: one string or a list.
@@ -159,7 +170,7 @@ impl CommonParams {
     }
 
     /// Checks `n` (only one choice is generated).
-    pub fn check_n(&self) -> Result<(), ApiError> {
+    fn check_n(&self) -> Result<(), ApiError> {
         match self.n {
             None | Some(1) => Ok(()),
             Some(n) => Err(ApiError::bad_param("n", format!("only n=1 is supported, got {n}"))),
@@ -200,6 +211,18 @@ impl CommonParams {
             Some(v) => Ok(v as usize),
             None => Ok(default.min(context - prompt_tokens)),
         }
+    }
+
+    /// What the engine generates for `prompt`, every field validated.
+    pub fn generation(&self, state: &AppState, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<Generation, ApiError> {
+        Ok(Generation {
+            max_tokens: self.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
+            sampling: self.sampling(state.vocab_size)?,
+            stop: self.stop_strings()?,
+            logprobs,
+            ignore_eos: self.ignore_eos,
+            prompt,
+        })
     }
 
     pub fn include_usage(&self) -> bool {

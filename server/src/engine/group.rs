@@ -183,7 +183,7 @@ impl DecodeGroup {
         let ids = step.tokens.to_vec::<u32>()?;
         let mut ended = Vec::new();
         for (b, seq) in self.seqs.iter_mut().enumerate() {
-            let row = if seq.request.logprobs.is_some() {
+            let row = if seq.request.params.logprobs.is_some() {
                 let b = b as i32;
                 let v = step.logprobs.dim(-1)?;
                 Some(ops::reshape(&ops::slice(&step.logprobs, &[b, 0], &[b + 1, v], &[1, 1])?, &[v])?)

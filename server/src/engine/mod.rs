@@ -10,6 +10,6 @@ pub mod stop;
 
 pub use generate::{GenerateOptions, Generator, StepOutput};
 pub use sampler::{Sampler, SamplingParams};
-pub use request::{Event, Request, TokenLogprob, Usage};
+pub use request::{Event, Generation, Request, TokenLogprob, Usage};
 pub use scheduler::{EngineConfig, EngineHandle, EngineStats, SubmitError};
 pub use stop::{FinishReason, StopMatcher};

@@ -8,8 +8,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::sampler::SamplingParams;
 use super::stop::FinishReason;
 
-/// A generation request, ready for the engine (validated and tokenized).
-pub struct Request {
+/// What to generate: a validated, tokenized prompt and how to continue it.
+#[derive(Debug, Clone)]
+pub struct Generation {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
     pub max_tokens: usize,
@@ -19,6 +20,11 @@ pub struct Request {
     pub logprobs: Option<usize>,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+}
+
+/// A generation on its way to the engine.
+pub struct Request {
+    pub params: Generation,
     pub arrived: Instant,
     /// Where the engine sends this request's events. When the receiver is
     /// dropped (the client went away), the engine stops the sequence.

@@ -246,8 +246,8 @@ impl Scheduler {
                 self.metrics.record_cancelled();
                 continue;
             }
-            self.metrics.add_prompt_tokens(request.prompt.len() as u64);
-            let sampler = match Sampler::new(request.sampling.clone()) {
+            self.metrics.add_prompt_tokens(request.params.prompt.len() as u64);
+            let sampler = match Sampler::new(request.params.sampling.clone()) {
                 Ok(s) => s,
                 Err(e) => {
                     let _ = request.events.send(Event::Error(e.to_string()));
@@ -255,7 +255,7 @@ impl Scheduler {
                 }
             };
             let hit = if self.config.prompt_cache_bytes > 0 {
-                match self.prompt_cache.lookup(&request.prompt) {
+                match self.prompt_cache.lookup(&request.params.prompt) {
                     Ok(hit) => hit,
                     Err(e) => {
                         let _ = request.events.send(Event::Error(e.to_string()));
@@ -283,35 +283,29 @@ impl Scheduler {
             self.metrics.record_cancelled();
             return;
         }
-        let prompt_len = p.seq.request.prompt.len();
-        let left = prompt_len - p.done - 1;
-        if left == 0 {
-            let last = p.seq.request.prompt[prompt_len - 1];
-            self.ready.push((p.seq, p.caches, last));
-            return;
-        }
-        let n = left.min(self.config.prefill_size.max(1));
-        let result = (|| -> Result<()> {
-            let chunk = token_row(&p.seq.request.prompt[p.done..p.done + n])?;
-            self.model.forward(&chunk, &mut p.caches)?;
-            if let Some(q) = self.config.kv_quant {
-                maybe_quantize(&mut p.caches, q.bits, q.group_size, q.start)?;
-            }
-            let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
-            eval(&state.iter().collect::<Vec<_>>())?;
-            Ok(())
-        })();
-        match result {
-            Ok(()) => {
-                p.done += n;
-                if p.done + 1 == prompt_len {
-                    let last = p.seq.request.prompt[prompt_len - 1];
-                    self.ready.push((p.seq, p.caches, last));
-                } else {
-                    self.prefill = Some(p);
+        let prompt_len = p.seq.request.params.prompt.len();
+        let n = (prompt_len - p.done - 1).min(self.config.prefill_size.max(1));
+        if n > 0 {
+            let result = (|| -> Result<()> {
+                let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
+                self.model.forward(&chunk, &mut p.caches)?;
+                if let Some(q) = self.config.kv_quant {
+                    maybe_quantize(&mut p.caches, q.bits, q.group_size, q.start)?;
                 }
+                let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
+                eval(&state.iter().collect::<Vec<_>>())?;
+                Ok(())
+            })();
+            if let Err(e) = result {
+                return p.seq.fail(&e.to_string());
             }
-            Err(e) => p.seq.fail(&e.to_string()),
+            p.done += n;
+        }
+        if p.done + 1 == prompt_len {
+            let last = p.seq.request.params.prompt[prompt_len - 1];
+            self.ready.push((p.seq, p.caches, last));
+        } else {
+            self.prefill = Some(p);
         }
     }
 

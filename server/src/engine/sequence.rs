@@ -43,11 +43,11 @@ fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
 
 impl Sequence {
     pub fn new(request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize) -> Sequence {
-        let eos = if request.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
+        let eos = if request.params.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
         Sequence {
-            stop: StopMatcher::new(eos, request.stop.clone()),
+            stop: StopMatcher::new(eos, request.params.stop.clone()),
             detok: tokenizer.new_detokenizer(),
-            history: request.prompt.clone(),
+            history: request.params.prompt.clone(),
             generated: 0,
             cached_tokens,
             last_token_at: None,
@@ -75,7 +75,7 @@ impl Sequence {
 
     fn usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.request.prompt.len(),
+            prompt_tokens: self.request.params.prompt.len(),
             completion_tokens: self.generated,
             cached_tokens: self.cached_tokens,
         }
@@ -96,7 +96,7 @@ impl Sequence {
         }
         self.generated += 1;
         metrics.add_generated_tokens(1);
-        let logprob = match (self.request.logprobs, logprobs) {
+        let logprob = match (self.request.params.logprobs, logprobs) {
             (Some(n), Some(row)) => {
                 let row = ops::astype(row, Dtype::Float32)?.to_vec::<f32>()?;
                 let lp = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
@@ -112,7 +112,7 @@ impl Sequence {
         if piece.stopped {
             return self.finish(FinishReason::Stop, tokenizer, false);
         }
-        if self.generated >= self.request.max_tokens {
+        if self.generated >= self.request.params.max_tokens {
             return self.finish(FinishReason::Length, tokenizer, true);
         }
         Ok(false)
