@@ -1,11 +1,13 @@
 //! The engine thread: owns the model and every MLX array, takes requests from
 //! a channel and runs continuous batching. Each turn of its loop:
-//! 1. admits a waiting request when a slot is free (prompt-cache lookup),
+//! 1. admits waiting requests while slots are free (prompt-cache lookup),
 //! 2. runs one decode step of every group (all batched sequences in one model
 //!    call), handing tokens to their sequences,
 //! 3. moves sequences whose prefill finished into the batch,
-//! 4. prefills one chunk of the admitted prompt,
-//! so a long prompt never stalls the running sequences for more than a chunk.
+//! 4. prefills up to `prefill_size` prompt tokens of the admitted requests
+//!    (several short prompts, or one chunk of a long one),
+//! so a long prompt never stalls the running sequences for more than a chunk,
+//! and a burst of short requests joins the batch together.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -154,7 +156,8 @@ struct Scheduler {
     waiting: Arc<AtomicUsize>,
     stats: Arc<EngineStats>,
     queue: VecDeque<Request>,
-    prefill: Option<Prefill>,
+    /// Admitted requests being prefilled, oldest first.
+    prefill: VecDeque<Prefill>,
     /// Prefilled sequences about to join a group, with their caches and the
     /// (last prompt) token they feed first.
     ready: Vec<(Sequence, Vec<Box<dyn KvCache>>, u32)>,
@@ -185,14 +188,14 @@ impl Scheduler {
             waiting,
             stats,
             queue: VecDeque::new(),
-            prefill: None,
+            prefill: VecDeque::new(),
             ready: Vec::new(),
             groups: Vec::new(),
         }
     }
 
     fn running(&self) -> usize {
-        self.groups.iter().map(|g| g.seqs.len()).sum::<usize>() + self.ready.len() + usize::from(self.prefill.is_some())
+        self.groups.iter().map(|g| g.seqs.len()).sum::<usize>() + self.ready.len() + self.prefill.len()
     }
 
     fn idle(&self) -> bool {
@@ -237,9 +240,9 @@ impl Scheduler {
         self.prefill_chunk();
     }
 
-    /// Starts prefilling the next waiting request when a slot is free.
+    /// Starts prefilling waiting requests while slots are free.
     fn admit(&mut self) {
-        while self.prefill.is_none() && self.running() < self.config.max_concurrency {
+        while self.running() < self.config.max_concurrency {
             let Some(request) = self.queue.pop_front() else { return };
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             if request.events.is_closed() {
@@ -271,42 +274,54 @@ impl Scheduler {
             }
             let caches = hit.map(|h| h.caches).unwrap_or_else(|| self.model.new_caches());
             let seq = Sequence::new(request, sampler, &self.tokenizer, cached);
-            self.prefill = Some(Prefill { seq, caches, done: cached });
+            self.prefill.push_back(Prefill { seq, caches, done: cached });
         }
     }
 
-    /// One chunk of the admitted prompt; all but its last token go through
-    /// here (the last one is the sequence's first decode step, as in mlx-lm).
+    /// Prefills chunks of admitted prompts, oldest request first, until about
+    /// `prefill_size` tokens went through. Each prompt is cut into chunks of
+    /// `prefill_size` from its start whatever else runs, so its KV (and its
+    /// quantization, with --kv-bits) is the same as mlx-lm's. All but a
+    /// prompt's last token go through here (the last one is the sequence's
+    /// first decode step, as in mlx-lm).
     fn prefill_chunk(&mut self) {
-        let Some(mut p) = self.prefill.take() else { return };
-        if !p.seq.is_connected() {
-            self.metrics.record_cancelled();
-            return;
-        }
-        let prompt_len = p.seq.request.params.prompt.len();
-        let n = (prompt_len - p.done - 1).min(self.config.prefill_size.max(1));
-        if n > 0 {
-            let result = (|| -> Result<()> {
-                let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
-                self.model.forward(&chunk, &mut p.caches)?;
-                if let Some(q) = self.config.kv_quant {
-                    maybe_quantize(&mut p.caches, q.bits, q.group_size, q.start)?;
-                }
-                let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
-                eval(&state.iter().collect::<Vec<_>>())?;
-                Ok(())
-            })();
-            if let Err(e) = result {
-                return p.seq.fail(&e.to_string());
+        let chunk = self.config.prefill_size.max(1);
+        let mut budget = chunk;
+        while budget > 0 {
+            let Some(mut p) = self.prefill.pop_front() else { return };
+            if !p.seq.is_connected() {
+                self.metrics.record_cancelled();
+                continue;
             }
-            p.done += n;
+            let prompt_len = p.seq.request.params.prompt.len();
+            let n = (prompt_len - p.done - 1).min(chunk);
+            if n > 0 {
+                if let Err(e) = self.prefill_tokens(&mut p, n) {
+                    p.seq.fail(&e.to_string());
+                    continue;
+                }
+                budget = budget.saturating_sub(n);
+            }
+            if p.done + 1 == prompt_len {
+                let last = p.seq.request.params.prompt[prompt_len - 1];
+                self.ready.push((p.seq, p.caches, last));
+            } else {
+                self.prefill.push_front(p);
+            }
         }
-        if p.done + 1 == prompt_len {
-            let last = p.seq.request.params.prompt[prompt_len - 1];
-            self.ready.push((p.seq, p.caches, last));
-        } else {
-            self.prefill = Some(p);
+    }
+
+    /// Runs the model over the next `n` prompt tokens of `p`.
+    fn prefill_tokens(&self, p: &mut Prefill, n: usize) -> Result<()> {
+        let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
+        self.model.forward(&chunk, &mut p.caches)?;
+        if let Some(q) = self.config.kv_quant {
+            maybe_quantize(&mut p.caches, q.bits, q.group_size, q.start)?;
         }
+        let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
+        eval(&state.iter().collect::<Vec<_>>())?;
+        p.done += n;
+        Ok(())
     }
 
     /// Prefilled sequences join the batch (or a group of their own when their
@@ -380,7 +395,7 @@ impl Scheduler {
         for r in self.queue.drain(..) {
             let _ = r.events.send(Event::Error(message.to_string()));
         }
-        if let Some(mut p) = self.prefill.take() {
+        for mut p in self.prefill.drain(..) {
             p.seq.fail(message);
         }
         for (mut seq, _, _) in self.ready.drain(..) {
