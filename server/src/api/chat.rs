@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter};
+use super::generation::{self, error_chunk, off_the_event_loop, token_text, usage_json, ChunkWriter};
 use super::params::{fields, read_request};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
@@ -151,9 +151,10 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     };
     let messages = template_messages(&req.messages)?;
     let tools = active_tools(&req)?;
-    let prompt = state.tokenizer.encode_chat(&messages, tools.as_ref())?;
-    let params = common.generation(state, prompt, top)?;
     let tool_format = tools.as_ref().and(state.tool_format);
+    let tokenizer = state.tokenizer.clone();
+    let prompt = off_the_event_loop(move || tokenizer.encode_chat(&messages, tools.as_ref())).await?;
+    let params = common.generation(state, prompt, top)?;
     let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.model_id.clone() };
     if common.stream {

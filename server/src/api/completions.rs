@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, ChunkWriter};
+use super::generation::{self, error_chunk, off_the_event_loop, token_text, usage_json, ChunkWriter};
 use super::params::{fields, read_request};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
@@ -103,7 +103,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         }
         n => n.map(|n| n as usize),
     };
-    let (prompt, prompt_text) = prompt_tokens(&req.prompt, &state.tokenizer, state.vocab_size)?;
+    let (tokenizer, vocab_size) = (state.tokenizer.clone(), state.vocab_size);
+    let (prompt, prompt_text) = off_the_event_loop(move || prompt_tokens(&req.prompt, &tokenizer, vocab_size)).await?;
     let params = common.generation(state, prompt, top)?;
     let rx = generation::submit(state, params)?;
     let echo = if req.echo { prompt_text } else { String::new() };

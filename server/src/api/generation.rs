@@ -24,6 +24,19 @@ pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<
     }
 }
 
+/// Runs `work` (template rendering, tokenizing: CPU-bound for long prompts)
+/// on actix's blocking pool, so it never stalls the workers' other requests.
+pub async fn off_the_event_loop<T, E>(work: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    E: Into<ApiError> + Send + 'static,
+{
+    match web::block(work).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(e) => Err(ApiError::internal(format!("the tokenizer task failed: {e}"))),
+    }
+}
+
 /// Everything a request produced.
 pub struct Collected {
     pub text: String,
