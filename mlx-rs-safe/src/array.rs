@@ -119,7 +119,46 @@ impl Array {
         crate::transforms::eval(&[self])
     }
 
+    /// Element strides (in elements, not bytes) of the evaluated array.
+    fn strides(&self) -> Vec<usize> {
+        let n = self.shape().len();
+        if n == 0 {
+            return Vec::new();
+        }
+        // SAFETY: live handle; mlx-c returns a pointer to `ndim` strides owned
+        // by the array, copied before the array can change.
+        let ptr = unsafe { sys::mlx_array_strides(self.raw) };
+        if ptr.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: as above, `n` = ndim entries.
+        unsafe { std::slice::from_raw_parts(ptr, n) }.to_vec()
+    }
+
+    /// Whether the evaluated array's elements lie in row-major order with no
+    /// gaps (dimensions of size 1 may have any stride).
+    fn is_row_contiguous(&self) -> bool {
+        let shape = self.shape();
+        let strides = self.strides();
+        if strides.len() != shape.len() {
+            return false;
+        }
+        let mut expected = 1usize;
+        for (&d, &st) in shape.iter().zip(&strides).rev() {
+            if d != 1 && st != expected {
+                return false;
+            }
+            expected *= d.max(1) as usize;
+        }
+        true
+    }
+
     /// Copies the elements out, in row-major order, evaluating first.
+    ///
+    /// Only this array is evaluated (as Python's `item()` / `tolist()` do): an
+    /// already contiguous result is read in place, so no new op is queued
+    /// behind work the caller queued meanwhile with `async_eval` — which would
+    /// make the host wait for that work too. Strided results get one copy.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if self.dtype() != T::DTYPE {
             return Err(Error::DtypeMismatch {
@@ -127,12 +166,19 @@ impl Array {
                 requested: T::DTYPE,
             });
         }
-        // Row-major contiguous, so the buffer is exactly `size` elements in order.
-        let c = Array::build_s(|res, s| {
-            // SAFETY: live input handle, valid out handle and stream.
-            unsafe { sys::mlx_contiguous(res, self.raw, false, s) }
-        })?;
-        c.eval()?;
+        init();
+        // SAFETY: live handle.
+        check(unsafe { sys::mlx_array_eval(self.raw) })?;
+        let c = if self.is_row_contiguous() {
+            self.clone()
+        } else {
+            let c = Array::build_s(|res, s| {
+                // SAFETY: live input handle, valid out handle and stream.
+                unsafe { sys::mlx_contiguous(res, self.raw, false, s) }
+            })?;
+            c.eval()?;
+            c
+        };
         let n = c.size();
         if n == 0 {
             return Ok(Vec::new());
@@ -143,9 +189,10 @@ impl Array {
         if ptr.is_null() {
             return Err(Error::Mlx(take_last_error().unwrap_or_else(|| "no data".into())));
         }
-        // SAFETY: `c` is evaluated, row-contiguous, of dtype T::DTYPE (checked
-        // above) and holds `n` elements; MLX aligns buffers for any element type;
-        // we copy before `c` is dropped.
+        // SAFETY: `c` is evaluated, row-contiguous (checked, or made so), of
+        // dtype T::DTYPE (checked above) and holds `n` elements from its data
+        // pointer on; MLX aligns buffers for any element type; we copy before
+        // `c` is dropped.
         Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<T>(), n) }.to_vec())
     }
 

@@ -110,3 +110,18 @@ fn display_uses_mlx_printout() {
     let a = Array::from_vec(&[1i32, 2]).unwrap();
     assert_eq!(format!("{a}"), "array([1, 2], dtype=int32)");
 }
+
+#[test]
+fn views_read_back_as_their_own_elements_in_row_major_order() {
+    let a = Array::from_slice(&(0..24).collect::<Vec<i32>>(), &[2, 3, 4]).unwrap();
+    // A contiguous view at an offset (rows 1..3 of the second block): read in place.
+    let rows = ops::slice(&a, &[1, 1, 0], &[2, 3, 4], &[1, 1, 1]).unwrap();
+    assert_eq!(rows.to_vec::<i32>().unwrap(), (16..24).collect::<Vec<i32>>());
+    // Strided views need a copy and still come out in order.
+    let cols = ops::slice(&a, &[0, 0, 1], &[2, 3, 4], &[1, 1, 2]).unwrap();
+    assert_eq!(cols.to_vec::<i32>().unwrap(), vec![1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23]);
+    let wide = ops::broadcast_to(&Array::from_slice(&[7i32, 8], &[2, 1]).unwrap(), &[2, 3]).unwrap();
+    assert_eq!(wide.to_vec::<i32>().unwrap(), vec![7, 7, 7, 8, 8, 8]);
+    let row = ops::slice(&a, &[1, 2, 3], &[2, 3, 4], &[1, 1, 1]).unwrap();
+    assert_eq!(row.item::<i32>().unwrap(), 23);
+}
