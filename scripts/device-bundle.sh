@@ -5,7 +5,7 @@
 # MLX's CUDA bundle comes from ../shared/tools/cuda-bundle.sh (same .device/).
 #
 # On the GPU machine (device tool, carry [".device"]):
-#   source .device/cuda-env.sh && .device/run-tests.sh
+#   source .device/cuda-env.sh && .device/run-tests.sh   (unpacks .device/bin.tar.xz)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device
@@ -21,12 +21,20 @@ for line in sys.stdin:
         print(m["executable"])' >"$out/tests.txt"
 while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
 cp target/release/mlx-serve vendor/mlxc/lib/libmlxc.so "$out/bin/"
-# Debug line tables are not needed there and would not fit the 64 MiB a call carries.
+pwd >"$out/built-at"
+# Debug line tables are not needed there; compressed, the binaries fit beside MLX's
+# CUDA bundle in the 64 MiB a call carries (the GPU machine unpacks bin.tar.xz first).
 strip --strip-debug "$out"/bin/*
+tar -C "$out" -cJf "$out/bin.tar.xz" bin && rm -rf "$out/bin"
 cat >"$out/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every packed test executable; prints a summary line per executable.
 cd "$(dirname "$0")/.."
+[ -d .device/bin ] || tar -C .device -xJf .device/bin.tar.xz
+# The tests find the repository at the path it had where they were built.
+built_at=$(cat .device/built-at)
+[ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; }
+export MLX_SERVE_PYTHON=${MLX_SERVE_PYTHON:-python3}
 export MLX_SERVE_BIN=$PWD/.device/bin/mlx-serve
 fail=0
 for t in .device/bin/*-*; do

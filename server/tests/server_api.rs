@@ -125,7 +125,7 @@ fn non_stream_objects_have_openai_shape_and_exact_usage() {
     assert_eq!(models["data"][0]["id"], model().to_str().unwrap());
     let health = s.get("/health").json();
     assert_eq!(health["status"], "ok");
-    assert_eq!(health["backend"], "cpu");
+    assert!(["cpu", "cuda", "metal"].contains(&health["backend"].as_str().unwrap()), "{health}");
     assert!(health["memory"]["peak_bytes"].as_u64().unwrap() > 0, "{health}");
 }
 
@@ -183,17 +183,21 @@ fn complete(s: &TestServer, prompt: &str, max_tokens: usize) -> String {
 fn concurrent_requests_decode_as_one_batch_with_the_same_tokens_and_more_throughput() {
     let s = TestServer::start(&model(), &["--prompt-cache-bytes", "0"]);
     let n_tokens = 48;
-    complete(&s, "warm up", 4);
+    let run_concurrently = || -> Vec<String> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = prompts().into_iter().map(|p| scope.spawn({ let s = &s; move || complete(s, &p, n_tokens) })).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    };
+    // Untimed first: GPU backends compile kernels for each new batch shape.
+    run_concurrently();
     let t = Instant::now();
     let sequential: Vec<String> = prompts().iter().map(|p| complete(&s, p, n_tokens)).collect();
     let sequential_time = t.elapsed();
     let steps_before = metric(&s, "mlx_serve_decode_steps_total");
     let rows_before = metric(&s, "mlx_serve_decode_rows_total");
     let t = Instant::now();
-    let concurrent: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = prompts().into_iter().map(|p| scope.spawn({ let s = &s; move || complete(s, &p, n_tokens) })).collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let concurrent = run_concurrently();
     let concurrent_time = t.elapsed();
     assert_eq!(concurrent, sequential, "batched decoding changed the greedy output");
     let steps = metric(&s, "mlx_serve_decode_steps_total") - steps_before;
