@@ -436,3 +436,33 @@ fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("hermes, llama3_json, mistral"));
 }
+
+#[test]
+fn finished_sequences_leave_only_their_prompt_cache_entries_in_memory() {
+    let s = TestServer::start(&long_context_model(), &[]);
+    let idle = |s: &TestServer| -> (i64, i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let h = s.get("/health").json();
+            if h["engine"]["running"] == 0 {
+                return (h["memory"]["active_bytes"].as_i64().unwrap(), h["engine"]["prompt_cache_bytes"].as_i64().unwrap());
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    complete(&s, "warm up the weights", 8);
+    let (active0, cached0) = idle(&s);
+    std::thread::scope(|scope| {
+        for p in prompts() {
+            let s = &s;
+            scope.spawn(move || complete(s, &p, 200));
+        }
+    });
+    let (active1, cached1) = idle(&s);
+    assert!(cached1 > cached0, "the finished sequences went into the prompt cache");
+    // What stays is the weights and the prompt cache's own (counted) bytes: no
+    // batch buffers kept alive behind the entries.
+    let leftover = (active1 - cached1) - (active0 - cached0);
+    assert!(leftover.abs() < 256 * 1024, "{leftover} bytes beyond the prompt cache stayed allocated");
+}
