@@ -3,7 +3,8 @@
 //! 1. admits waiting requests while slots are free (prompt-cache lookup),
 //! 2. runs one decode step of every group (all batched sequences in one model
 //!    call), handing tokens to their sequences,
-//! 3. moves sequences whose prefill finished into the batch,
+//! 3. moves sequences whose prefill finished into the batch (and then ends
+//!    the turn, so their first step is not delayed by another prompt), or
 //! 4. prefills up to `prefill_size` prompt tokens of the admitted requests
 //!    (several short prompts, or one chunk of a long one),
 //! so a long prompt never stalls the running sequences for more than a chunk,
@@ -236,7 +237,12 @@ impl Scheduler {
     fn turn(&mut self) {
         self.admit();
         self.decode();
-        self.place_ready();
+        if !self.ready.is_empty() {
+            // No prefill this turn: the sequences joining now get their first
+            // token at the next step, not after another prompt's chunk.
+            self.place_ready();
+            return;
+        }
         self.prefill_chunk();
     }
 
