@@ -1,0 +1,378 @@
+"""HTTP-server benchmark: mlx-serve vs mlx_lm.server on one model, same client, same prompts.
+
+Starts each server on a free port (one at a time, never both), warms it up with untimed
+requests of the same shapes, drives it with one streaming httpx client over
+/v1/chat/completions, then stops it. Rounds alternate the order (ours first, then mlx-lm
+first, ...) so load from other processes on the machine falls on both. A connection the
+server drops before answering is retried by the client and counted.
+
+Per request: TTFT (to the first content token), decode tok/s of the stream (tokens after
+the first / time after the first), end-to-end latency. Per wave of C concurrent requests:
+aggregate tok/s (all generated tokens / wall time of the wave). Per level: peak RSS of the
+server process (VmHWM, reset before each level). Prompt-cache case: a new long system prompt
+with one question (cold: nothing to reuse), then the same system prompt with another
+question of the same length (hit); their TTFTs are compared.
+
+Generation is fixed-length on both: requests carry "ignore_eos": true (mlx-serve honours
+it) and both servers load a copy of the model folder whose eos token is the last
+(unused) vocabulary entry (mlx_lm.server has no ignore_eos). Every request's usage is
+checked: completion_tokens must equal max_tokens.
+
+usage: vendor/pyref/bin/python bench/server_bench.py --model DIR --mlx-serve PATH/mlx-serve
+           [--concurrency 1,4,16] [--prompt-tokens 128] [--gen-tokens 64] [--waves 2]
+           [--rounds 2] [--ref-first] [--prefix-tokens 1000] [--cache-reps 2] [--label COMMIT]
+           [--warmup-prompt-tokens N] [--warmup-gen-tokens N] [--out bench/server_results.json]
+On a slow CPU, short warm-ups (e.g. 16 and 8) save minutes: MLX's CPU backend compiles no
+kernels per shape; on a GPU keep the default (warm-up of the timed shapes).
+"""
+
+import argparse, asyncio, json, os, platform, random, signal, socket, statistics
+import subprocess, sys, tempfile, time
+from pathlib import Path
+
+try:
+    import httpx
+except ImportError:  # the reference venv ships httpx under its new name
+    import httpx2 as httpx
+from tokenizers import Tokenizer
+
+WORDS = ("the of and to in is was for on that with as by at from his her are an which this be "
+         "or have it not were had but they one their all has been model token server memory "
+         "cache layer weight attention value key query stream expert quantize metal cuda apple "
+         "silicon rust python benchmark hello world").split()
+
+
+# ---------------------------------------------------------------- model and prompts
+
+def fixed_length_model(src: Path, dst: Path) -> int:
+    """Links src's files into dst, with the eos token moved to the last vocab id."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "tokenizer_config.json" and not (dst / f.name).exists():
+            (dst / f.name).symlink_to(f.resolve())
+    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
+    eos_id = tok.get_vocab_size() - 1
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = tok.id_to_token(eos_id)
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    return eos_id
+
+
+def make_text(tok: Tokenizer, n_tokens: int, tag: str) -> str:
+    """About n_tokens of words; starts with a unique tag so prompts share no prefix."""
+    rng = random.Random(tag)
+    words = [f"r{tag}:"]
+    while len(tok.encode(" ".join(words), add_special_tokens=False).ids) < n_tokens:
+        words.append(rng.choice(WORDS))
+    return " ".join(words)
+
+
+def chat(user: str, system: str | None = None) -> list:
+    msgs = [{"role": "system", "content": system}] if system else []
+    return msgs + [{"role": "user", "content": user}]
+
+
+# ---------------------------------------------------------------- server processes
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One server process: start, wait until it answers /health, read its peak RSS, stop."""
+
+    def __init__(self, name, argv, env, log_dir):
+        self.name, self.argv, self.env, self.log_dir = name, argv, env, log_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout=300):
+        self.log = open(self.log_dir / f"{self.name}.log", "a")
+        self.proc = subprocess.Popen(self.argv + ["--port", str(self.port)], env=self.env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}, see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return time.perf_counter() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} did not start in {timeout}s")
+
+    def reset_peak_rss(self):
+        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+
+    def peak_rss_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+# ---------------------------------------------------------------- client
+
+async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
+    """One streaming chat completion; times the first and last content chunk. A connection
+    dropped before any response byte is retried (as the openai client does), from the
+    same start time; the retries are counted."""
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = usage = status = None
+    retries = 0
+    while status is None:
+        try:
+            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                status = r.status_code
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+                    choices = chunk.get("choices") or []
+                    if choices and (choices[0].get("delta") or {}).get("content"):
+                        last = time.perf_counter()
+                        first = first or last
+        except httpx.TransportError as e:
+            if status is not None or retries + 1 >= attempts:
+                status = f"{status} then {type(e).__name__}" if status else type(e).__name__
+                break
+            retries += 1
+    end = time.perf_counter()
+    n = (usage or {}).get("completion_tokens", 0)
+    return {"status": status, "retries": retries, "start": t0, "end": end, "ttft_s": (first or end) - t0,
+            "decode_tps": (n - 1) / (last - first) if first and last > first else None,
+            "e2e_s": end - t0, "prompt_tokens": (usage or {}).get("prompt_tokens"),
+            "completion_tokens": n, "max_tokens": max_tokens,
+            "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
+
+
+async def wave(url, message_lists, max_tokens) -> dict:
+    """All requests at once; aggregate tok/s over the wave's wall time."""
+    limits = httpx.Limits(max_connections=len(message_lists) + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
+        reqs = await asyncio.gather(*(stream_request(client, url, m, max_tokens) for m in message_lists))
+    wall = max(r["end"] for r in reqs) - min(r["start"] for r in reqs)
+    return {"requests": reqs, "wall_s": wall,
+            "aggregate_tps": sum(r["completion_tokens"] for r in reqs) / wall}
+
+
+def run_wave(url, message_lists, max_tokens):
+    return asyncio.run(wave(url, message_lists, max_tokens))
+
+
+# ---------------------------------------------------------------- one server session
+
+def session(server, tok, a, rnd) -> dict:
+    """Start, warm up, run every concurrency level and the prompt-cache case, stop."""
+    out = {"server": server.name, "round": rnd, "startup_s": server.start(), "levels": {}, "cache": []}
+    try:
+        warm(server.url, tok, a, rnd)
+        for c in a.concurrency:
+            server.reset_peak_rss()
+            waves = [run_wave(server.url, [chat(make_text(tok, a.prompt_tokens, f"{rnd}-{c}-{w}-{i}"))
+                                           for i in range(c)], a.gen_tokens) for w in range(a.waves)]
+            out["levels"][c] = {"waves": waves, "peak_rss_mib": server.peak_rss_mib()}
+        for k in range(a.cache_reps):
+            out["cache"].append(cache_case(server.url, tok, a, f"{rnd}-{k}"))
+        if server.name == "mlx-serve":
+            out["metrics"] = decode_metrics(server.url)
+    finally:
+        server.stop()
+    return out
+
+
+def warm(url, tok, a, rnd):
+    """Untimed waves at every level (prompts never reused later), by default of the timed shapes;
+    --warmup-prompt-tokens/--warmup-gen-tokens shrink them where no kernel compiles per shape."""
+    for c in a.concurrency:
+        run_wave(url, [chat(make_text(tok, a.warmup_prompt_tokens, f"w{rnd}-{c}-{i}"))
+                       for i in range(c)], a.warmup_gen_tokens)
+    if a.warmup_prompt_tokens >= a.prompt_tokens:
+        run_wave(url, [chat("hi", make_text(tok, a.prefix_tokens, f"wp{rnd}"))], a.warmup_gen_tokens)
+
+
+def cache_case(url, tok, a, tag) -> dict:
+    """A new long system prompt with one question (cold: nothing to reuse), then the same
+    system prompt with another question of the same length (hit: should reuse the prefix)."""
+    shared = make_text(tok, a.prefix_tokens, f"shared{tag}")
+    cold = run_wave(url, [chat(make_text(tok, 24, f"p{tag}"), shared)], a.gen_tokens)
+    hit = run_wave(url, [chat(make_text(tok, 24, f"q{tag}"), shared)], a.gen_tokens)
+    return {"cold": cold["requests"][0], "hit": hit["requests"][0]}
+
+
+def decode_metrics(url) -> dict:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    wanted = ("mlx_serve_decode_steps_total", "mlx_serve_decode_rows_total")
+    return {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l.startswith(wanted)}
+
+
+# ---------------------------------------------------------------- summary and report
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(sessions, name, a) -> dict:
+    mine = [s for s in sessions if s["server"] == name]
+    levels = {}
+    for c in a.concurrency:
+        waves = [w for s in mine for w in s["levels"][c]["waves"]]
+        reqs = [r for w in waves for r in w["requests"]]
+        levels[c] = {"ttft_ms": 1e3 * med([r["ttft_s"] for r in reqs]),
+                     "decode_tps": med([r["decode_tps"] for r in reqs]),
+                     "e2e_s": med([r["e2e_s"] for r in reqs]),
+                     "aggregate_tps": med([w["aggregate_tps"] for w in waves]),
+                     "peak_rss_mib": max(s["levels"][c]["peak_rss_mib"] for s in mine),
+                     "prompt_tokens": med([r["prompt_tokens"] for r in reqs]),
+                     "retries": sum(r["retries"] for r in reqs), "requests": len(reqs)}
+    cases = [c for s in mine for c in s["cache"]]
+    cache = {k: 1e3 * med([c[k]["ttft_s"] for c in cases]) for k in ("cold", "hit")}
+    cache["cached_tokens"] = med([c["hit"]["cached_tokens"] for c in cases])
+    cache["prompt_tokens"] = {k: med([c[k]["prompt_tokens"] for c in cases]) for k in ("cold", "hit")}
+    return {"levels": levels, "cache": cache}
+
+
+def check_lengths(sessions) -> list:
+    """Every request must have generated exactly max_tokens with HTTP 200."""
+    bad = []
+    for s in sessions:
+        reqs = [r for lv in s["levels"].values() for w in lv["waves"] for r in w["requests"]]
+        reqs += [r for c in s["cache"] for r in c.values()]
+        bad += [f'{s["server"]} round {s["round"]}: status {r["status"]}, {r["completion_tokens"]}'
+                f'/{r["max_tokens"]} tokens, {r["retries"]} retries' for r in reqs
+                if r["status"] != 200 or r["completion_tokens"] != r["max_tokens"]]
+    return bad
+
+
+def row(label, ours, ref, fmt, higher_is_better):
+    adv = (ours / ref if higher_is_better else ref / ours) if ours and ref else float("nan")
+    return f"| {label} | {ours:{fmt}} | {ref:{fmt}} | {adv:.2f}× |"
+
+
+def report(ours, ref, a) -> str:
+    lines = []
+    for c in a.concurrency:
+        o, r = ours["levels"][c], ref["levels"][c]
+        lines += [f"\n**Concurrency {c}** (prompt {o['prompt_tokens']:.0f} tokens, {a.gen_tokens} generated)\n",
+                  "| metric (median) | mlx-serve | mlx_lm.server | ours better by |", "| --- | ---: | ---: | ---: |",
+                  row("TTFT (ms)", o["ttft_ms"], r["ttft_ms"], ".0f", False),
+                  row("decode tok/s per stream", o["decode_tps"], r["decode_tps"], ".1f", True),
+                  row("end-to-end latency (s)", o["e2e_s"], r["e2e_s"], ".2f", False),
+                  row("aggregate tok/s", o["aggregate_tps"], r["aggregate_tps"], ".1f", True),
+                  row("peak RSS (MiB)", o["peak_rss_mib"], r["peak_rss_mib"], ".0f", False),
+                  f"| connections dropped, retried | {o['retries']} of {o['requests']} | "
+                  f"{r['retries']} of {r['requests']} | |"]
+    o, r = ours["cache"], ref["cache"]
+    if not a.cache_reps:
+        return "\n".join(lines)
+    lines += [f"\n**Prompt cache** (~{a.prefix_tokens}-token system prompt; cold: first request with it, "
+              f"{o['prompt_tokens']['cold']:.0f} tokens; hit: same system prompt, another question, "
+              f"{o['prompt_tokens']['hit']:.0f} tokens; {a.gen_tokens} generated)\n",
+              "| metric (median) | mlx-serve | mlx_lm.server | ours better by |", "| --- | ---: | ---: | ---: |",
+              row("TTFT cold (ms)", o["cold"], r["cold"], ".0f", False),
+              row("TTFT after shared prefix (ms)", o["hit"], r["hit"], ".0f", False),
+              row("cold / hit speed-up", o["cold"] / o["hit"], r["cold"] / r["hit"], ".2f", True),
+              f"| cached tokens reported | {o['cached_tokens']:.0f} | {r['cached_tokens']:.0f} | |"]
+    return "\n".join(lines)
+
+
+def environment(a, python) -> dict:
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    ref_ver = subprocess.run([python, "-c", "import mlx_lm, mlx.core as mx; print(mlx_lm.__version__, mx.__version__)"],
+                             capture_output=True, text=True).stdout.split()
+    ours_ver = subprocess.run([a.mlx_serve, "--version"], capture_output=True, text=True, env=ours_env(a)).stdout.strip()
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
+            "os": platform.platform(), "mlx_serve": f"{ours_ver} ({a.label})" if a.label else ours_ver,
+            "mlx_lm": ref_ver[0] if ref_ver else "?", "mlx": ref_ver[1] if len(ref_ver) > 1 else "?",
+            "command": " ".join([Path(sys.executable).name] + sys.argv)}
+
+
+def ours_env(a) -> dict:
+    env = dict(os.environ)
+    if a.mlx_lib:  # same libmlx.so as the reference when none sits beside the binary
+        env["LD_LIBRARY_PATH"] = a.mlx_lib + ":" + env.get("LD_LIBRARY_PATH", "")
+    return env
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mlx-serve", required=True)
+    ap.add_argument("--python", default=sys.executable, help="python with mlx-lm for mlx_lm.server")
+    ap.add_argument("--mlx-lib", default=None, help="folder with libmlx.so for mlx-serve (default: the reference's)")
+    ap.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--gen-tokens", type=int, default=64)
+    ap.add_argument("--waves", type=int, default=2, help="timed waves per concurrency level and session")
+    ap.add_argument("--rounds", type=int, default=2, help="sessions per server, order alternating")
+    ap.add_argument("--warmup-prompt-tokens", type=int, default=None, help="default: --prompt-tokens")
+    ap.add_argument("--warmup-gen-tokens", type=int, default=None, help="default: --gen-tokens")
+    ap.add_argument("--prefix-tokens", type=int, default=1000)
+    ap.add_argument("--cache-reps", type=int, default=2)
+    ap.add_argument("--ref-first", action="store_true", help="round 0 starts with mlx_lm.server")
+    ap.add_argument("--label", default="", help="e.g. the commit of the mlx-serve binary")
+    ap.add_argument("--ours-args", default="", help="extra flags for mlx-serve")
+    ap.add_argument("--ref-args", default="", help="extra flags for mlx_lm.server")
+    ap.add_argument("--out", default="bench/server_results.json")
+    a = ap.parse_args()
+    a.warmup_prompt_tokens = a.warmup_prompt_tokens or a.prompt_tokens
+    a.warmup_gen_tokens = a.warmup_gen_tokens or a.gen_tokens
+    if a.mlx_lib is None:
+        ref_lib = subprocess.run([a.python, "-c", "import mlx, os; print(os.path.join(mlx.__path__[0], 'lib'))"],
+                                 capture_output=True, text=True).stdout.strip()
+        a.mlx_lib = ref_lib if not (Path(a.mlx_serve).parent / "libmlx.so").exists() else ""
+
+    work = Path(tempfile.mkdtemp(prefix="server-bench-"))
+    model = work / "model"
+    eos_id = fixed_length_model(Path(a.model), model)
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    env = environment(a, a.python)
+    print(f"# {env['date']}  {env['cpu']} ({env['cores']} cores)  work dir {work}  eos -> id {eos_id}", file=sys.stderr)
+
+    def make(name):
+        if name == "mlx-serve":
+            argv = [a.mlx_serve, "--model", str(model), "--log-level", "warn"] + a.ours_args.split()
+            return Server(name, argv, ours_env(a), work)
+        argv = [a.python, "-m", "mlx_lm.server", "--model", str(model), "--log-level", "WARNING"] + a.ref_args.split()
+        return Server(name, argv, dict(os.environ), work)
+
+    sessions, order = [], ["mlx-serve", "mlx_lm.server"][::-1 if a.ref_first else 1]
+    for rnd in range(a.rounds):
+        for name in (order if rnd % 2 == 0 else order[::-1]):
+            t0 = time.perf_counter()
+            sessions.append(session(make(name), tok, a, rnd))
+            print(f"# round {rnd} {name}: {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+            Path(a.out).write_text(json.dumps({"env": env, "args": vars(a), "partial": True,
+                                               "sessions": sessions}, indent=1))
+
+    ours, ref = summarize(sessions, "mlx-serve", a), summarize(sessions, "mlx_lm.server", a)
+    bad = check_lengths(sessions)
+    text = report(ours, ref, a)
+    print(text)
+    print("\nlength check: " + ("every request generated exactly max_tokens" if not bad else "FAILED:\n" + "\n".join(bad)))
+    metrics = [s["metrics"] for s in sessions if "metrics" in s]
+    print(f"mlx-serve /metrics at the end of each session: {metrics}")
+    Path(a.out).write_text(json.dumps({"env": env, "args": vars(a), "eos_id": eos_id, "summary":
+                                       {"mlx-serve": ours, "mlx_lm.server": ref}, "length_errors": bad,
+                                       "sessions": sessions}, indent=1))
+    print(f"raw numbers: {a.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
