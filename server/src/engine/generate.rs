@@ -68,7 +68,8 @@ pub struct Generator<'m> {
     opts: GenerateOptions,
 }
 
-fn token_array(tokens: &[u32]) -> Result<Array> {
+/// `tokens` as a [1, L] int32 model input.
+pub(crate) fn token_array(tokens: &[u32]) -> Result<Array> {
     let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
     Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
 }

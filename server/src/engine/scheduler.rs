@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 
 use mlx_rs_safe::{eval, memory, Array};
 
-use super::generate::maybe_quantize;
+use super::generate::{maybe_quantize, token_array};
 use super::group::{DecodeGroup, KvQuantization};
 use super::request::{Event, Request};
 use super::sampler::Sampler;
@@ -164,11 +164,6 @@ struct Scheduler {
     ready: Vec<(Sequence, Vec<Box<dyn KvCache>>, u32)>,
     groups: Vec<DecodeGroup>,
     prompt_cache: PromptCache,
-}
-
-fn token_row(tokens: &[u32]) -> Result<Array> {
-    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-    Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
 }
 
 impl Scheduler {
@@ -319,7 +314,7 @@ impl Scheduler {
 
     /// Runs the model over the next `n` prompt tokens of `p`.
     fn prefill_tokens(&self, p: &mut Prefill, n: usize) -> Result<()> {
-        let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
+        let chunk = token_array(&p.seq.request.params.prompt[p.done..p.done + n])?;
         self.model.forward(&chunk, &mut p.caches)?;
         if let Some(q) = self.config.kv_quant {
             maybe_quantize(&mut p.caches, q.bits, q.group_size, q.start)?;
