@@ -429,6 +429,17 @@ fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
     // The flag overrides what the template shows; an unknown name stops the start.
     let m = TestServer::start(&model(), &["--tool-call-parser", "mistral"]);
     assert_eq!(m.get("/health").json()["capabilities"]["tools"], "mistral");
+    // Mistral's markers are special tokens: with tools, special tokens stay in the text
+    // the parser reads (forced here with logit_bias on <|im_start|>, id 1); without, they go.
+    let forced = |extra: Value| {
+        let mut body = chat_body("x", json!({"max_tokens": 3, "logit_bias": {"1": 100}}));
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        m.post_json("/v1/chat/completions", &body).json()["choices"][0]["message"]["content"].clone()
+    };
+    assert_eq!(forced(json!({"tools": tools})), "<|im_start|><|im_start|><|im_start|>");
+    assert_eq!(forced(json!({})), "");
     let out = std::process::Command::new(common::server::binary())
         .args(["--model", model().to_str().unwrap(), "--port", "0", "--tool-call-parser", "nope"])
         .output()

@@ -154,7 +154,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let tool_format = tools.as_ref().and(state.tool_format);
     let tokenizer = state.tokenizer.clone();
     let prompt = off_the_event_loop(move || tokenizer.encode_chat(&messages, tools.as_ref())).await?;
-    let params = common.generation(state, prompt, top)?;
+    let mut params = common.generation(state, prompt, top)?;
+    params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
     let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.model_id.clone() };
     if common.stream {

@@ -221,6 +221,7 @@ impl CommonParams {
             stop: self.stop_strings()?,
             logprobs,
             ignore_eos: self.ignore_eos,
+            keep_special_tokens: false,
             prompt,
         })
     }

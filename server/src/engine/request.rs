@@ -20,6 +20,9 @@ pub struct Generation {
     pub logprobs: Option<usize>,
     /// Keep generating past end-of-sequence tokens (benchmarks).
     pub ignore_eos: bool,
+    /// Leave special tokens in the text: a tool-call format whose markers are
+    /// special tokens (Mistral's `[TOOL_CALLS]`) must see them.
+    pub keep_special_tokens: bool,
 }
 
 /// A generation on its way to the engine.

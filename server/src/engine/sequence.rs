@@ -46,7 +46,7 @@ impl Sequence {
         let eos = if request.params.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
         Sequence {
             stop: StopMatcher::new(eos, request.params.stop.clone()),
-            detok: tokenizer.new_detokenizer(),
+            detok: StreamingDetokenizer::new(!request.params.keep_special_tokens),
             history: request.params.prompt.clone(),
             generated: 0,
             cached_tokens,
