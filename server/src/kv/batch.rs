@@ -112,10 +112,6 @@ impl BatchKvCache {
         })
     }
 
-    pub fn batch_size(&self) -> usize {
-        self.left_pad.len()
-    }
-
     /// Row `b`'s keys and values without padding: [1, H, len_b, D].
     pub fn row(&self, b: usize) -> Result<(Array, Array)> {
         let (keys, values) = self

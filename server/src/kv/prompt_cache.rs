@@ -39,14 +39,6 @@ impl PromptCache {
         self.bytes
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// Caches for the longest cached prefix of `prompt`. At most all but the
     /// last prompt token come from the cache: the model must still run on at
     /// least one token to produce the next token's logits.
