@@ -21,7 +21,11 @@ pub fn python() -> PathBuf {
 }
 
 /// Builds (once per spec and generator version) the fixture folder for `name`.
+/// Tests run as threads and several share a fixture: one builds it while the
+/// others wait, so none reads a folder that is being rewritten.
 pub fn fixture(name: &str, spec: &Value) -> PathBuf {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("parity");
     let dir = root.join(name);
     let spec_text = serde_json::to_string_pretty(spec).unwrap();
