@@ -44,6 +44,8 @@ pub struct Metrics {
     queued_requests: Gauge,
     kv_cache_bytes: Gauge,
     prompt_cache_bytes: Gauge,
+    mlx_active_bytes: Gauge,
+    mlx_peak_bytes: Gauge,
     prompt_cache_hits: Counter,
     prompt_cache_misses: Counter,
     prompt_cache_tokens: Counter,
@@ -73,6 +75,8 @@ impl Metrics {
             queued_requests: Gauge::default(),
             kv_cache_bytes: Gauge::default(),
             prompt_cache_bytes: Gauge::default(),
+            mlx_active_bytes: Gauge::default(),
+            mlx_peak_bytes: Gauge::default(),
             prompt_cache_hits: Counter::default(),
             prompt_cache_misses: Counter::default(),
             prompt_cache_tokens: Counter::default(),
@@ -135,6 +139,18 @@ impl Metrics {
             "Memory held by the prompt cache",
             Unit::Bytes,
             self.prompt_cache_bytes.clone(),
+        );
+        r.register_with_unit(
+            "mlx_active_memory",
+            "Memory held by live MLX arrays (weights, caches, temporaries)",
+            Unit::Bytes,
+            self.mlx_active_bytes.clone(),
+        );
+        r.register_with_unit(
+            "mlx_peak_memory",
+            "Most MLX memory held at once since start or since SIGUSR1 reset it",
+            Unit::Bytes,
+            self.mlx_peak_bytes.clone(),
         );
         r.register(
             "prompt_cache_hits",
@@ -220,6 +236,12 @@ impl Metrics {
     /// Bytes held by the prompt cache.
     pub fn set_prompt_cache_bytes(&self, n: i64) {
         self.prompt_cache_bytes.set(n);
+    }
+
+    /// MLX's allocator: bytes live now and the most live at once.
+    pub fn set_mlx_memory(&self, active: i64, peak: i64) {
+        self.mlx_active_bytes.set(active);
+        self.mlx_peak_bytes.set(peak);
     }
 
     /// A request looked up the prompt cache: reused `cached_tokens` (0 = miss).

@@ -477,3 +477,37 @@ fn finished_sequences_leave_only_their_prompt_cache_entries_in_memory() {
     let leftover = (active1 - cached1) - (active0 - cached0);
     assert!(leftover.abs() < 256 * 1024, "{leftover} bytes beyond the prompt cache stayed allocated");
 }
+
+#[test]
+fn sigusr1_resets_the_mlx_peak_memory_that_health_and_metrics_report() {
+    let s = TestServer::start(&model(), &[]);
+    let idle_memory = |s: &TestServer| -> (i64, i64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let h = s.get("/health").json();
+            if h["engine"]["running"] == 0 {
+                return (h["memory"]["active_bytes"].as_i64().unwrap(), h["memory"]["peak_bytes"].as_i64().unwrap());
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    complete(&s, "fill the caches with something", 32);
+    let (active, peak) = idle_memory(&s);
+    assert!(peak > active, "generation's temporaries raised the peak ({peak}) above what stays live ({active})");
+    assert_eq!(metric(&s, "mlx_serve_mlx_peak_memory_bytes"), peak as f64);
+    assert_eq!(metric(&s, "mlx_serve_mlx_active_memory_bytes"), active as f64);
+
+    let sent = std::process::Command::new("kill").args(["-USR1", &s.pid().to_string()]).status().unwrap();
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while idle_memory(&s).1 != active {
+        assert!(Instant::now() < deadline, "the peak did not drop to the live memory after SIGUSR1");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.get("/health").status, 200, "the server keeps serving after the signal");
+
+    complete(&s, "and generate again to raise it", 32);
+    let (active2, peak2) = idle_memory(&s);
+    assert!(peak2 > active2, "the next generation raises the peak again");
+}

@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer, ResponseError};
+use mlx_rs_safe::memory;
 use serde_json::{json, Value};
 
 use crate::cli::ServeArgs;
 use crate::engine::group::KvQuantization;
-use crate::engine::{EngineConfig, EngineHandle};
+use crate::engine::{EngineConfig, EngineHandle, EngineStats};
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
 use crate::system_info::SystemInfo;
@@ -206,6 +207,27 @@ fn context_length(config: &Value) -> Option<usize> {
     from(config).or_else(|| config.get("text_config").and_then(from))
 }
 
+/// `kill -USR1 PID` zeroes MLX's peak-memory counter, as writing 5 to /proc/PID/clear_refs does
+/// for the RSS high-water mark, so a benchmark can read the peak of one phase from /health
+/// or /metrics. MLX's reset takes the allocator's lock, so it is safe beside the engine thread.
+async fn reset_peak_memory_on_sigusr1(stats: Arc<EngineStats>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut usr1 = match signal(SignalKind::user_defined1()) {
+        Ok(s) => s,
+        Err(e) => return log::warn!("SIGUSR1 (peak-memory reset) is not available: {e}"),
+    };
+    while usr1.recv().await.is_some() {
+        match memory::reset_peak_memory().and_then(|()| memory::active_memory()) {
+            Ok(active) => {
+                // Until the engine's next turn publishes, /health shows what is live now.
+                stats.peak_memory.store(active, Ordering::Relaxed);
+                log::info!("SIGUSR1: MLX peak memory reset");
+            }
+            Err(e) => log::warn!("SIGUSR1: cannot reset MLX peak memory: {e}"),
+        }
+    }
+}
+
 /// Loads the model and serves until SIGINT/SIGTERM.
 pub fn serve(args: ServeArgs) -> Result<()> {
     init_logging(&args.log_level)?;
@@ -268,8 +290,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         created: generation::unix_now(),
     });
     let app_state = state.clone();
+    let stats = state.engine.stats.clone();
     let (host, port) = (args.host.clone(), args.port);
     let served = actix_web::rt::System::new().block_on(async move {
+        actix_web::rt::spawn(reset_peak_memory_on_sigusr1(stats));
         let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
             .bind((host.as_str(), port))
             .map_err(|e| Error::InvalidRequest(format!("cannot listen on {host}:{port}: {e}")))?

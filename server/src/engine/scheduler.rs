@@ -413,9 +413,13 @@ impl Scheduler {
         s.running.store(self.running(), Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
         s.prompt_cache_bytes.store(self.prompt_cache.nbytes(), Ordering::Relaxed);
-        s.active_memory.store(memory::active_memory().unwrap_or(0), Ordering::Relaxed);
-        s.peak_memory.store(memory::peak_memory().unwrap_or(0), Ordering::Relaxed);
+        let active = memory::active_memory().unwrap_or(0);
+        // After a reset MLX reads 0 until the next allocation; the peak is never below what is live.
+        let peak = memory::peak_memory().unwrap_or(0).max(active);
+        s.active_memory.store(active, Ordering::Relaxed);
+        s.peak_memory.store(peak, Ordering::Relaxed);
         s.cache_memory.store(memory::cache_memory().unwrap_or(0), Ordering::Relaxed);
+        self.metrics.set_mlx_memory(active as i64, peak as i64);
         self.metrics.set_running(self.running() as i64);
         self.metrics.set_queued(self.waiting.load(Ordering::Relaxed) as i64);
         self.metrics.set_kv_bytes(kv as i64);
