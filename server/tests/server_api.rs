@@ -22,8 +22,17 @@ fn long_context_model() -> std::path::PathBuf {
 }
 
 fn model_with_context(name: &str, context: u64) -> std::path::PathBuf {
+    qwen3_fixture(name, context, 16)
+}
+
+/// Heads of 32: MLX quantizes in groups of at least 32, so --kv-bits needs them.
+fn quantizable_kv_model() -> std::path::PathBuf {
+    qwen3_fixture("server_qwen3_hd32", 2048, 32)
+}
+
+fn qwen3_fixture(name: &str, context: u64, head_dim: u64) -> std::path::PathBuf {
     let config = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim, "rms_norm_eps": 1e-6,
                         "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
                         "max_position_embeddings": context});
     common::fixture(name, &json!({"config": config, "dtype": "float32", "quantize": null,
@@ -258,6 +267,33 @@ fn the_prompt_cache_reuses_a_conversation_prefix_without_changing_the_answer() {
     assert_eq!(counter_value(&m, "mlx_serve_prompt_cache_hits_total"), Some(1.0));
     assert_eq!(counter_value(&m, "mlx_serve_prompt_cache_tokens_total"), Some(hit as f64));
     assert!(counter_value(&m, "mlx_serve_prompt_cache_bytes").unwrap() > 0.0);
+}
+
+#[test]
+fn with_a_quantized_kv_cache_the_prompt_cache_keeps_quantized_prefixes() {
+    let s = TestServer::start(&quantizable_kv_model(), &["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"]);
+    let system = "the model token server memory cache layer weight attention value key query stream ".repeat(6);
+    let turn1 = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}], "max_tokens": 12, "ignore_eos": true});
+    let a = s.post_json("/v1/chat/completions", &turn1).json();
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // The same prompt again reuses all but its last token. Each token's keys and
+    // values are quantized on their own (groups run along the head dimension), so
+    // the restored prefix holds exactly what the first request computed and the
+    // greedy answer cannot change.
+    let b = s.post_json("/v1/chat/completions", &turn1).json();
+    let prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(b["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(), Some(prompt - 1));
+    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    // A next turn extends the cached (quantized) conversation.
+    let reply = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let turn2 = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"},
+                                    {"role": "assistant", "content": reply}, {"role": "user", "content": "and then"}],
+                       "max_tokens": 12, "ignore_eos": true});
+    let c = s.post_json("/v1/chat/completions", &turn2).json();
+    let hit = c["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(hit > 100, "cached {hit}");
+    assert_eq!(c["usage"]["completion_tokens"], 12);
+    assert_eq!(metric(&s, "mlx_serve_prompt_cache_hits_total"), 2.0);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use mlx_rs_safe::{async_eval, ops, Array, Dtype};
 use super::generate::maybe_quantize;
 use super::sequence::Sequence;
 use crate::error::{Error, Result};
-use crate::kv::{BatchKvCache, KvCache, KvRows};
+use crate::kv::{BatchKvCache, KvCache, KvRows, KvSnapshot};
 use crate::models::LanguageModel;
 
 /// KV bits settings applied to unbatched sequences after each step.
@@ -103,6 +103,14 @@ impl DecodeGroup {
         Ok(Some(KvRows { layers }))
     }
 
+    /// Row `b`'s KV as the prompt cache keeps it (also quantized or unbatched).
+    fn snapshot_of(&mut self, b: usize) -> Result<Option<KvSnapshot>> {
+        if !self.batched {
+            return KvSnapshot::from_caches(&self.caches);
+        }
+        Ok(self.rows_of(b)?.map(KvSnapshot::Dense))
+    }
+
     /// Adds sequences to a batched group (between steps: nothing pending).
     pub fn join(&mut self, joining: Vec<(Sequence, KvRows, u32)>) -> Result<()> {
         if !self.batched || self.pending.is_some() {
@@ -169,7 +177,7 @@ impl DecodeGroup {
         model: &dyn LanguageModel,
         pipeline: bool,
         mut accept: impl FnMut(&mut Sequence, u32, Option<&Array>) -> Result<bool>,
-    ) -> Result<Vec<(Sequence, Option<KvRows>)>> {
+    ) -> Result<Vec<(Sequence, Option<KvSnapshot>)>> {
         if self.pending.is_none() {
             self.queue_step(model)?;
         }
@@ -198,14 +206,13 @@ impl DecodeGroup {
     }
 
     /// Takes the rows in `ended` out of the group (their KV rows come along).
-    fn remove(&mut self, ended: &[usize]) -> Result<Vec<(Sequence, Option<KvRows>)>> {
+    fn remove(&mut self, ended: &[usize]) -> Result<Vec<(Sequence, Option<KvSnapshot>)>> {
         if ended.is_empty() {
             return Ok(Vec::new());
         }
         let mut out = Vec::with_capacity(ended.len());
         for &b in ended {
-            let rows = self.rows_of(b)?;
-            out.push(rows);
+            out.push(self.snapshot_of(b)?);
         }
         let keep: Vec<usize> = (0..self.seqs.len()).filter(|b| !ended.contains(b)).collect();
         if self.batched && !keep.is_empty() {

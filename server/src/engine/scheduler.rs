@@ -376,10 +376,10 @@ impl Scheduler {
             });
             match result {
                 Ok(ended) => {
-                    for (seq, rows) in ended {
-                        if let (Some(rows), true) = (rows, self.config.prompt_cache_bytes > 0) {
+                    for (seq, kv) in ended {
+                        if let (Some(kv), true) = (kv, self.config.prompt_cache_bytes > 0) {
                             let tokens = seq.cached_history().to_vec();
-                            let stored = rows.prefix(tokens.len() as i32).and_then(|r| self.prompt_cache.insert(tokens, r));
+                            let stored = kv.prefix(tokens.len() as i32).and_then(|kv| self.prompt_cache.insert(tokens, kv));
                             if let Err(e) = stored {
                                 eprintln!("mlx-serve: prompt cache: {e}");
                             }

@@ -7,7 +7,7 @@
 //! buffer from the rows (one copy of the batch's KV), which keeps the layout
 //! simple and the padding minimal.
 
-use mlx_rs_safe::{eval, ops, Array, Dtype};
+use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::{AttentionMask, KvCache, KvView, Positions, StandardKvCache};
 use crate::error::{Error, Result};
@@ -44,26 +44,6 @@ impl KvRows {
             }
         }
         Ok(Some(KvRows { layers }))
-    }
-
-    /// The first `n` tokens of every layer.
-    pub fn prefix(&self, n: i32) -> Result<KvRows> {
-        let cut = |a: &Array| -> Result<Array> {
-            let s = a.shape();
-            Ok(ops::slice(a, &[0, 0, 0, 0], &[s[0], s[1], n, s[3]], &[1, 1, 1, 1])?)
-        };
-        Ok(KvRows { layers: self.layers.iter().map(|(k, v)| Ok((cut(k)?, cut(v)?))).collect::<Result<_>>()? })
-    }
-
-    /// Copies of the arrays, computed now, so they stop sharing (and keeping
-    /// alive) the buffer of the batch they were sliced from. Left lazy, a copy
-    /// would hold on to its whole source buffer until first used.
-    pub fn detached(&self) -> Result<KvRows> {
-        let copy = |a: &Array| -> Result<Array> { Ok(ops::contiguous(a, false)?) };
-        let rows = KvRows { layers: self.layers.iter().map(|(k, v)| Ok((copy(k)?, copy(v)?))).collect::<Result<_>>()? };
-        let arrays: Vec<&Array> = rows.layers.iter().flat_map(|(k, v)| [k, v]).collect();
-        eval(&arrays)?;
-        Ok(rows)
     }
 
     /// Plain single-sequence caches holding these rows.

@@ -5,6 +5,7 @@ mod mask;
 mod prompt_cache;
 mod quantized;
 mod rotating;
+mod snapshot;
 mod standard;
 
 pub use batch::{BatchKvCache, KvRows};
@@ -12,6 +13,7 @@ pub use mask::{causal_mask, AttentionMask};
 pub use prompt_cache::{PromptCache, PromptCacheHit};
 pub use quantized::QuantizedKvCache;
 pub use rotating::RotatingKvCache;
+pub use snapshot::KvSnapshot;
 pub use standard::StandardKvCache;
 
 use std::any::Any;
@@ -60,6 +62,11 @@ pub trait KvCache: Send {
     /// or the prompt cache; None for rotating and quantized caches.
     fn dense_rows(&self) -> Result<Option<(Array, Array)>> {
         Ok(None)
+    }
+    /// For an affine-quantized cache: the cached (packed, scales, biases) of
+    /// keys and of values up to the offset, its group size and bits.
+    fn quantized_rows(&self) -> Option<([Array; 3], [Array; 3], i32, i32)> {
+        None
     }
     /// For the batch scheduler, which owns concrete [`BatchKvCache`]s behind
     /// the trait objects the models take.

@@ -2,12 +2,12 @@
 //! starting with the same tokens (the next turn of a chat, a shared system
 //! prompt) skips prefilling them. Bounded by bytes, least recently used first out.
 
-use super::{KvCache, KvRows};
+use super::{KvCache, KvSnapshot};
 use crate::error::Result;
 
 struct Entry {
     tokens: Vec<u32>,
-    rows: KvRows,
+    kv: KvSnapshot,
     nbytes: usize,
     last_used: u64,
 }
@@ -55,16 +55,16 @@ impl PromptCache {
         }
         self.clock += 1;
         entry.last_used = self.clock;
-        let rows = entry.rows.prefix(n as i32)?;
-        Ok(Some(PromptCacheHit { caches: rows.into_caches(), cached_tokens: n }))
+        let kv = entry.kv.prefix(n as i32)?;
+        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n }))
     }
 
-    /// Keeps `rows`, the KV of `tokens`. An entry that is a prefix of `tokens`
+    /// Keeps `kv`, the KV of `tokens`. An entry that is a prefix of `tokens`
     /// is superseded; if `tokens` is itself a prefix of an entry, nothing new is
     /// learnt. Least recently used entries go until the new one fits; one larger
     /// than the whole budget is not kept.
-    pub fn insert(&mut self, tokens: Vec<u32>, rows: KvRows) -> Result<()> {
-        if tokens.is_empty() || rows.len() as usize != tokens.len() {
+    pub fn insert(&mut self, tokens: Vec<u32>, kv: KvSnapshot) -> Result<()> {
+        if tokens.is_empty() || kv.len() as usize != tokens.len() {
             return Ok(());
         }
         self.clock += 1;
@@ -72,7 +72,7 @@ impl PromptCache {
             e.last_used = self.clock;
             return Ok(());
         }
-        let nbytes = rows.nbytes();
+        let nbytes = kv.nbytes();
         if nbytes > self.max_bytes {
             return Ok(());
         }
@@ -93,8 +93,8 @@ impl PromptCache {
         }
         // A copy: the rows may be slices of a batch buffer, which would
         // otherwise stay alive (and uncounted) as long as the entry.
-        let rows = rows.detached()?;
-        self.entries.push(Entry { tokens, rows, nbytes, last_used: self.clock });
+        let kv = kv.detached()?;
+        self.entries.push(Entry { tokens, kv, nbytes, last_used: self.clock });
         self.bytes += nbytes;
         Ok(())
     }

@@ -33,6 +33,13 @@ impl QuantizedKvCache {
         QuantizedKvCache { keys: None, values: None, offset: 0, group_size, bits }
     }
 
+    /// A cache holding exactly these parts ([B, H, len, X] each), e.g. a
+    /// prompt-cache prefix; it grows on the next update.
+    pub fn from_parts(keys: [Array; 3], values: [Array; 3], group_size: i32, bits: i32) -> QuantizedKvCache {
+        let offset = keys[0].shape()[2];
+        QuantizedKvCache { keys: Some(keys), values: Some(values), offset, group_size, bits }
+    }
+
     /// Quantizes a dense cache's buffers (mlx-lm's KVCache.to_quantized).
     pub fn from_dense(keys: Option<&Array>, values: Option<&Array>, offset: i32, group_size: i32, bits: i32) -> Result<QuantizedKvCache> {
         let mut c = QuantizedKvCache::new(group_size, bits);
@@ -128,6 +135,14 @@ impl KvCache for QuantizedKvCache {
 
     fn to_quantized(&self, _group_size: i32, _bits: i32) -> Result<Option<Box<dyn KvCache>>> {
         Ok(None)
+    }
+
+    fn quantized_rows(&self) -> Option<([Array; 3], [Array; 3], i32, i32)> {
+        let (keys, values) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let upto = |parts: &[Array; 3]| -> Option<[Array; 3]> {
+            Some([head(&parts[0], self.offset).ok()?, head(&parts[1], self.offset).ok()?, head(&parts[2], self.offset).ok()?])
+        };
+        Some((upto(keys)?, upto(values)?, self.group_size, self.bits))
     }
 
     fn state(&self) -> Vec<Array> {
