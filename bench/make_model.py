@@ -27,6 +27,12 @@ SHAPES = {
                      "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
                      "rms_norm_eps": 1e-5, "vocab_size": 49152, "rope_theta": 100000.0,
                      "tie_word_embeddings": True, "max_position_embeddings": 8192},
+    # No published checkpoint: a small Llama for CPU benchmark runs, where MLX's matmul runs at
+    # a few GFLOP/s and even SmolLM2-135M prefills ~11 tokens/s.
+    "llama-tiny": {"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 4,
+                   "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "rms_norm_eps": 1e-5, "vocab_size": 8192, "rope_theta": 500000.0,
+                   "tie_word_embeddings": True, "max_position_embeddings": 32768},
     # meta-llama/Llama-3.2-1B
     "llama-3.2-1b": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
                      "intermediate_size": 8192, "num_attention_heads": 32, "num_key_value_heads": 8,

@@ -26,153 +26,15 @@ On a slow CPU, short warm-ups (e.g. 16 and 8) save minutes: MLX's CPU backend co
 kernels per shape; on a GPU keep the default (warm-up of the timed shapes).
 """
 
-import argparse, asyncio, json, os, platform, random, signal, socket, statistics
-import subprocess, sys, tempfile, time
+import argparse, json, os, platform, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
-try:
-    import httpx
-except ImportError:  # the reference venv ships httpx under its new name
-    import httpx2 as httpx
 from tokenizers import Tokenizer
 
-WORDS = ("the of and to in is was for on that with as by at from his her are an which this be "
-         "or have it not were had but they one their all has been model token server memory "
-         "cache layer weight attention value key query stream expert quantize metal cuda apple "
-         "silicon rust python benchmark hello world").split()
+import serving
+from serving import Server, chat, fixed_length_model, make_text, run_wave
 
-
-# ---------------------------------------------------------------- model and prompts
-
-def fixed_length_model(src: Path, dst: Path) -> int:
-    """Links src's files into dst, with the eos token moved to the last vocab id."""
-    dst.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "tokenizer_config.json" and not (dst / f.name).exists():
-            (dst / f.name).symlink_to(f.resolve())
-    tok = Tokenizer.from_file(str(src / "tokenizer.json"))
-    eos_id = tok.get_vocab_size() - 1
-    cfg = json.loads((src / "tokenizer_config.json").read_text())
-    cfg["eos_token"] = tok.id_to_token(eos_id)
-    (dst / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
-    return eos_id
-
-
-def make_text(tok: Tokenizer, n_tokens: int, tag: str) -> str:
-    """About n_tokens of words; starts with a unique tag so prompts share no prefix."""
-    rng = random.Random(tag)
-    words = [f"r{tag}:"]
-    while len(tok.encode(" ".join(words), add_special_tokens=False).ids) < n_tokens:
-        words.append(rng.choice(WORDS))
-    return " ".join(words)
-
-
-def chat(user: str, system: str | None = None) -> list:
-    msgs = [{"role": "system", "content": system}] if system else []
-    return msgs + [{"role": "user", "content": user}]
-
-
-# ---------------------------------------------------------------- server processes
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """One server process: start, wait until it answers /health, read its peak RSS, stop."""
-
-    def __init__(self, name, argv, env, log_dir):
-        self.name, self.argv, self.env, self.log_dir = name, argv, env, log_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout=300):
-        self.log = open(self.log_dir / f"{self.name}.log", "a")
-        self.proc = subprocess.Popen(self.argv + ["--port", str(self.port)], env=self.env,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}, see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} did not start in {timeout}s")
-
-    def reset_peak_rss(self):
-        Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
-
-    def peak_rss_mib(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-
-# ---------------------------------------------------------------- client
-
-async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
-    """One streaming chat completion; times the first and last content chunk. A connection
-    dropped before any response byte is retried (as the openai client does), from the
-    same start time; the retries are counted."""
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    first = last = usage = status = None
-    retries = 0
-    while status is None:
-        try:
-            async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                status = r.status_code
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    usage = chunk.get("usage") or usage
-                    choices = chunk.get("choices") or []
-                    if choices and (choices[0].get("delta") or {}).get("content"):
-                        last = time.perf_counter()
-                        first = first or last
-        except httpx.TransportError as e:
-            if status is not None or retries + 1 >= attempts:
-                status = f"{status} then {type(e).__name__}" if status else type(e).__name__
-                break
-            retries += 1
-    end = time.perf_counter()
-    n = (usage or {}).get("completion_tokens", 0)
-    return {"status": status, "retries": retries, "start": t0, "end": end, "ttft_s": (first or end) - t0,
-            "decode_tps": (n - 1) / (last - first) if first and last > first else None,
-            "e2e_s": end - t0, "prompt_tokens": (usage or {}).get("prompt_tokens"),
-            "completion_tokens": n, "max_tokens": max_tokens,
-            "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
-
-
-async def wave(url, message_lists, max_tokens) -> dict:
-    """All requests at once; aggregate tok/s over the wave's wall time."""
-    limits = httpx.Limits(max_connections=len(message_lists) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
-        reqs = await asyncio.gather(*(stream_request(client, url, m, max_tokens) for m in message_lists))
-    wall = max(r["end"] for r in reqs) - min(r["start"] for r in reqs)
-    return {"requests": reqs, "wall_s": wall,
-            "aggregate_tps": sum(r["completion_tokens"] for r in reqs) / wall}
-
-
-def run_wave(url, message_lists, max_tokens):
-    return asyncio.run(wave(url, message_lists, max_tokens))
+httpx = serving.httpx
 
 
 # ---------------------------------------------------------------- one server session
@@ -296,18 +158,12 @@ def environment(a, python) -> dict:
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
     ref_ver = subprocess.run([python, "-c", "import mlx_lm, mlx.core as mx; print(mlx_lm.__version__, mx.__version__)"],
                              capture_output=True, text=True).stdout.split()
-    ours_ver = subprocess.run([a.mlx_serve, "--version"], capture_output=True, text=True, env=ours_env(a)).stdout.strip()
+    ours_ver = subprocess.run([a.mlx_serve, "--version"], capture_output=True, text=True,
+                              env=serving.ours_env(a.mlx_serve, a.python)).stdout.strip()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
             "os": platform.platform(), "mlx_serve": f"{ours_ver} ({a.label})" if a.label else ours_ver,
             "mlx_lm": ref_ver[0] if ref_ver else "?", "mlx": ref_ver[1] if len(ref_ver) > 1 else "?",
             "command": " ".join([Path(sys.executable).name] + sys.argv)}
-
-
-def ours_env(a) -> dict:
-    env = dict(os.environ)
-    if a.mlx_lib:  # same libmlx.so as the reference when none sits beside the binary
-        env["LD_LIBRARY_PATH"] = a.mlx_lib + ":" + env.get("LD_LIBRARY_PATH", "")
-    return env
 
 
 def main():
@@ -315,7 +171,6 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--mlx-serve", required=True)
     ap.add_argument("--python", default=sys.executable, help="python with mlx-lm for mlx_lm.server")
-    ap.add_argument("--mlx-lib", default=None, help="folder with libmlx.so for mlx-serve (default: the reference's)")
     ap.add_argument("--concurrency", default="1,4,16", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--gen-tokens", type=int, default=64)
@@ -333,10 +188,6 @@ def main():
     a = ap.parse_args()
     a.warmup_prompt_tokens = a.warmup_prompt_tokens or a.prompt_tokens
     a.warmup_gen_tokens = a.warmup_gen_tokens or a.gen_tokens
-    if a.mlx_lib is None:
-        ref_lib = subprocess.run([a.python, "-c", "import mlx, os; print(os.path.join(mlx.__path__[0], 'lib'))"],
-                                 capture_output=True, text=True).stdout.strip()
-        a.mlx_lib = ref_lib if not (Path(a.mlx_serve).parent / "libmlx.so").exists() else ""
 
     work = Path(tempfile.mkdtemp(prefix="server-bench-"))
     model = work / "model"
@@ -347,10 +198,9 @@ def main():
 
     def make(name):
         if name == "mlx-serve":
-            argv = [a.mlx_serve, "--model", str(model), "--log-level", "warn"] + a.ours_args.split()
-            return Server(name, argv, ours_env(a), work)
-        argv = [a.python, "-m", "mlx_lm.server", "--model", str(model), "--log-level", "WARNING"] + a.ref_args.split()
-        return Server(name, argv, dict(os.environ), work)
+            return Server(name, "ours", serving.ours_argv(a.mlx_serve, model, a.ours_args.split()),
+                          serving.ours_env(a.mlx_serve, a.python), work)
+        return Server(name, "ref", serving.ref_argv(a.python, model, a.ref_args.split()), dict(os.environ), work)
 
     sessions, order = [], ["mlx-serve", "mlx_lm.server"][::-1 if a.ref_first else 1]
     for rnd in range(a.rounds):

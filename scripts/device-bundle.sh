@@ -22,6 +22,8 @@ for line in sys.stdin:
 while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
 cp target/release/mlx-serve vendor/mlxc/lib/libmlxc.so "$out/bin/"
 pwd >"$out/built-at"
+# The benchmark suite records which commit the binary was built from (no git there).
+echo "$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" >"$out/commit"
 # Debug line tables are not needed there; compressed, the binaries fit beside MLX's
 # CUDA bundle in the 64 MiB a call carries (the GPU machine unpacks bin.tar.xz first).
 strip --strip-debug "$out"/bin/*
