@@ -22,7 +22,7 @@ report.md and the charts.
 usage: python bench/suite.py --model DIR --mlx-serve BIN --out DIR [options]   (see --help)
 """
 
-import argparse, json, os, platform, shutil, statistics, subprocess, sys, tempfile, time
+import argparse, json, os, platform, shutil, signal, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -75,6 +75,8 @@ def parse_args():
     ap.add_argument("--regression-gen-tokens", type=int, default=32)
     ap.add_argument("--commit", default=None, help="mlx-serve's commit (default: git, or .device/commit)")
     ap.add_argument("--command", default=None, help="the command to record (default: this one)")
+    ap.add_argument("--time-budget", type=float, default=None,
+                    help="seconds after which no new cell or regression starts (the next run resumes)")
     ap.add_argument("--no-report", action="store_true")
     a = ap.parse_args()
     a.configs = [c for c in a.configs.split(",") if c]
@@ -313,6 +315,14 @@ def verdict(rounds, errors) -> dict:
 
 # ---------------------------------------------------------------- sessions
 
+class OutOfTime(Exception):
+    """--time-budget is spent: stop cleanly, leaving the rest to the next run."""
+
+
+def check_time(a):
+    if a.time_budget is not None and time.monotonic() - a.started > a.time_budget:
+        raise OutOfTime()
+
 def warm_up(server, tok, a, cells):
     """Untimed: every concurrency level at the shortest prompt, then one request per longer
     prompt length, so kernel compilation (CUDA JIT) stays out of the cells."""
@@ -348,6 +358,7 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
         server = Server(name, kind, serving.ref_argv(a.python, model, flags +
                                                      ["--prompt-cache-bytes", str(PROMPT_CACHE_BYTES)]),
                         dict(os.environ), a.out / "logs")
+    check_time(a)
     log(f"{name} {config}: starting ({len(todo)} cells{', regression' if need_regression else ''})")
     server.start()
     try:
@@ -356,6 +367,7 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
             warm_up(server, tok, a, todo)
             log(f"  warm-up {time.perf_counter() - t0:.0f} s")
         for L, c in todo:
+            check_time(a)
             t0 = time.perf_counter()
             try:
                 cell = run_cell(server, tok, a, config, L, c, roof)
@@ -372,6 +384,7 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
                 server.stop()
                 server.start()
         if need_regression:
+            check_time(a)
             res.put_regression(f"{name}/{config}", regression(server, tok, a, config))
     finally:
         server.stop()
@@ -395,6 +408,9 @@ def roofline_facts(a, res, backend) -> dict:
 
 def main():
     a = parse_args()
+    a.started = time.monotonic()
+    # A time limit's SIGTERM unwinds like Ctrl-C: the servers are stopped, the results kept.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     a.out = Path(a.out).resolve()
     backend = backend_of(a.python)
     if a.memory_gib is None:
@@ -421,6 +437,8 @@ def main():
             order = a.servers if i % 2 == 0 else a.servers[::-1]
             for kind in order:
                 session(kind, config, a, model, tok, res, roof, model_ctx)
+    except OutOfTime:
+        log(f"--time-budget {a.time_budget:.0f} s spent; run the same command again to go on")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if not a.no_report:
