@@ -148,6 +148,22 @@ class Server:
         except (OSError, ValueError, KeyError):
             return None
 
+    def log_tail(self) -> str:
+        """The last error line of the server's log (where mlx_lm.server reports a stream it
+        closed), or its last line."""
+        self.log.flush()
+        lines = [l.strip() for l in Path(self.log.name).read_text(errors="replace").splitlines() if l.strip()]
+        errors = [l for l in lines if "Error" in l or "error" in l]
+        return (errors or lines or [""])[-1][:300]
+
+    def healthy(self) -> bool:
+        """Whether it still generates: one short request."""
+        try:
+            r = run_wave(self.url, [[{"role": "user", "content": "hi"}]], 2, timeout=120)["requests"][0]
+            return request_ok(r)
+        except Exception:
+            return False
+
     def stop(self):
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
@@ -179,6 +195,7 @@ async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
     t0 = time.perf_counter()
     first = last = usage = status = None
     error = None
+    times = []  # arrival of each content chunk
     retries = 0
     while status is None:
         try:
@@ -191,11 +208,14 @@ async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[6:])
+                    if chunk.get("error"):  # a stream that failed after it started
+                        error = str(chunk["error"].get("message", chunk["error"]))[:300]
                     usage = chunk.get("usage") or usage
                     choices = chunk.get("choices") or []
                     if choices and (choices[0].get("delta") or {}).get("content"):
                         last = time.perf_counter()
                         first = first or last
+                        times.append(last)
         except httpx.TransportError as e:
             if status is not None or retries + 1 >= attempts:
                 status = f"{status} then {type(e).__name__}" if status else type(e).__name__
@@ -204,7 +224,7 @@ async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
     end = time.perf_counter()
     n = (usage or {}).get("completion_tokens", 0)
     return {"status": status, "error": error, "retries": retries, "start": t0, "end": end,
-            "first": first, "last": last, "ttft_s": (first or end) - t0,
+            "first": first, "last": last, "times": times, "ttft_s": (first or end) - t0,
             "decode_tps": (n - 1) / (last - first) if first and last > first else None,
             "e2e_s": end - t0, "prompt_tokens": (usage or {}).get("prompt_tokens"),
             "completion_tokens": n, "max_tokens": max_tokens,

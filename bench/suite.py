@@ -211,6 +211,21 @@ def plan_skip(a, model_ctx, roof, config, context, c) -> str | None:
     return None
 
 
+def steady_decode_tps(reqs) -> float | None:
+    """Aggregate decode tok/s while every stream is decoding: tokens that arrived between the
+    last stream's first token and the first stream's last token, over that window. Outside
+    it some streams are still prefilling or already done, which is not what the roofline
+    (all c streams decoding) describes. None when the streams never all decoded at once."""
+    if not reqs or any(not r["times"] for r in reqs):
+        return None
+    start, end = max(r["times"][0] for r in reqs), min(r["times"][-1] for r in reqs)
+    if end <= start:
+        return None
+    # Tokens after `start` up to `end`: the chunk at `start` only opens the window.
+    n = sum(sum(1 for t in r["times"] if start < t <= end) for r in reqs)
+    return n / (end - start) if n >= 2 * len(reqs) else None
+
+
 def run_cell(server, tok, a, config, context, c, roof) -> dict:
     base = {"server": server.name, "config": config, "context": context, "concurrency": c}
     prompts = [chat(make_text(tok, context, f"{server.name}-{config}-{context}-{c}-{i}")) for i in range(c)]
@@ -220,10 +235,7 @@ def run_cell(server, tok, a, config, context, c, roof) -> dict:
     mem = server.mlx_memory()
     reqs = w["requests"]
     bad = [r for r in reqs if not request_ok(r)]
-    firsts = [r["first"] for r in reqs if r["first"]]
-    lasts = [r["last"] for r in reqs if r["last"]]
-    decode_agg = (sum(max(r["completion_tokens"] - 1, 0) for r in reqs) / (max(lasts) - min(firsts))
-                  if firsts and lasts and max(lasts) > min(firsts) else None)
+    decode_agg = steady_decode_tps(reqs)
     kv = roof["kv_bytes_per_token"][config]
     cell = dict(base, status="failed" if bad else "ok",
                 prompt_tokens=med([r["prompt_tokens"] for r in reqs]), gen_tokens=a.gen_tokens,
@@ -239,6 +251,7 @@ def run_cell(server, tok, a, config, context, c, roof) -> dict:
         r = bad[0]
         cell["reason"] = (f"{len(bad)} of {len(reqs)} requests failed; first: status {r['status']}, "
                           f"{r['completion_tokens']}/{r['max_tokens']} tokens {r['error'] or ''}").strip()
+        cell["server_log"] = server.log_tail()
     return cell
 
 
@@ -323,15 +336,29 @@ def check_time(a):
     if a.time_budget is not None and time.monotonic() - a.started > a.time_budget:
         raise OutOfTime()
 
-def warm_up(server, tok, a, cells):
+def warm_up(server, tok, a, cells) -> str | None:
     """Untimed: every concurrency level at the shortest prompt, then one request per longer
-    prompt length, so kernel compilation (CUDA JIT) stays out of the cells."""
-    todo = [(L, c) for (L, c) in cells]
-    shortest = min(L for L, _ in todo)
-    for c in sorted({c for _, c in todo}):
+    prompt length, so kernel compilation (CUDA JIT) stays out of the cells. Returns why the
+    first request failed, if it did (then the configuration does not run at all here)."""
+    shortest = min(L for L, _ in cells)
+    first = run_wave(server.url, [chat(make_text(tok, shortest, "warm-first"))], a.warmup_gen_tokens)["requests"][0]
+    if not request_ok(first):
+        return (f"status {first['status']}, {first['completion_tokens']}/{first['max_tokens']} tokens "
+                f"{first['error'] or ''}; server log: {server.log_tail()}")
+    for c in sorted({c for _, c in cells}):
         run_wave(server.url, [chat(make_text(tok, shortest, f"warm-{c}-{i}")) for i in range(c)], a.warmup_gen_tokens)
-    for L in sorted({L for L, _ in todo if L > shortest}):
+    for L in sorted({L for L, _ in cells if L > shortest}):
         run_wave(server.url, [chat(make_text(tok, L, f"warm-L{L}"))], a.warmup_gen_tokens)
+    settle(server)
+    return None
+
+
+def settle(server):
+    """Lets work a client no longer waits for (cache bookkeeping, a dropped request's tail)
+    finish, so it does not land in the next cell's numbers."""
+    if server.kind == "ours":
+        server.mlx_memory()  # returns once no sequence is running
+    time.sleep(2)
 
 
 def session(kind, config, a, model, tok, res, roof, model_ctx):
@@ -364,8 +391,18 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
     try:
         if todo:
             t0 = time.perf_counter()
-            warm_up(server, tok, a, todo)
-            log(f"  warm-up {time.perf_counter() - t0:.0f} s")
+            broken = warm_up(server, tok, a, todo)
+            log(f"  warm-up {time.perf_counter() - t0:.0f} s" + (f": FAILED {broken}" if broken else ""))
+            if broken:
+                for L, c in todo:
+                    res.put_cell({"server": name, "config": config, "context": L, "concurrency": c,
+                                  "status": "failed", "reason": f"not run: the first warm-up request failed ({broken})"})
+                if need_regression:
+                    res.put_regression(f"{name}/{config}", {
+                        "server": name, "config": config, "clients": a.clients, "rounds": [],
+                        "verdict": {"hits_on_repeats": None, "memory_stable": None, "errors": 0, "ok": False,
+                                    "notes": f"not run: the first warm-up request failed ({broken})"}})
+                return
         for L, c in todo:
             check_time(a)
             t0 = time.perf_counter()
@@ -379,10 +416,15 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
                 f"TTFT {cell['ttft_ms']:.0f} ms, decode {cell['decode_tps'] or 0:.1f} tok/s/stream, "
                 f"aggregate {cell['aggregate_tps']:.1f} tok/s, MLX peak {cell['mlx_peak_mib'] or 0:.0f} MiB "
                 f"({time.perf_counter() - t0:.0f} s)" if cell["status"] == "ok" else cell.get("reason", "")))
-            if not server.alive():
-                log(f"  {name} died; restarting")
+            if cell["status"] != "ok" and not server.healthy():
+                # e.g. mlx_lm.server after an out-of-memory error: the process lives on, its
+                # generation thread does not. Later cells get a new process.
+                log(f"  {name} no longer generates; restarting it")
                 server.stop()
                 server.start()
+                warm_up(server, tok, a, [(min(L for L, _ in todo), 1)])
+            else:
+                settle(server)
         if need_regression:
             check_time(a)
             res.put_regression(f"{name}/{config}", regression(server, tok, a, config))

@@ -50,8 +50,13 @@ if mx.default_device() == mx.gpu:
 print(name.lower())
 EOF
 )
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat "$(dirname "$BIN")/../commit" 2>/dev/null || echo unknown)
-[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit-dirty"
+# The binary's commit: scripts/device-bundle.sh writes it beside a carried binary; else git's.
+if [ -f "$(dirname "$BIN")/../commit" ]; then
+  commit=$(cat "$(dirname "$BIN")/../commit")
+else
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit-dirty"
+fi
 
 status=0
 for job in "${jobs[@]}"; do
