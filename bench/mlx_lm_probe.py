@@ -1,7 +1,8 @@
 """Runs mlx_lm.server (same arguments) with two signal handlers, so the benchmarks read the
 reference server's MLX memory counters the way they read mlx-serve's:
 
-  SIGUSR1  zeroes MLX's peak-memory counter (mlx-serve does the same on SIGUSR1);
+  SIGUSR1  zeroes MLX's peak-memory counter (mlx-serve does the same on SIGUSR1), then
+           writes the file below;
   SIGUSR2  writes {"seq", "active_bytes", "peak_bytes", "cache_bytes"} to $MLX_MEMORY_FILE.
 
 Python runs signal handlers on the main thread, where mlx_lm.server's serve_forever waits in
@@ -20,6 +21,7 @@ _seq = itertools.count(1)
 
 def reset_peak(signum, frame):
     mx.reset_peak_memory()
+    write_memory(signum, frame)  # tells the benchmark the reset happened
 
 
 def write_memory(signum, frame):

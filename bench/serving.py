@@ -110,8 +110,16 @@ class Server:
     def reset_peaks(self):
         """Starts a new high-water mark for RSS and MLX memory."""
         Path(f"/proc/{self.proc.pid}/clear_refs").write_text("5")
+        before = self._probe_seq()
         self.proc.send_signal(signal.SIGUSR1)
-        time.sleep(0.05)  # the handler runs asynchronously in both servers
+        if self.kind == "ours":
+            time.sleep(0.05)  # a tokio task resets it at once
+            return
+        # The probe's handler runs when Python's main thread next gets the GIL; it writes the
+        # memory file after resetting.
+        deadline = time.perf_counter() + 10
+        while self._probe_seq() == before and time.perf_counter() < deadline:
+            time.sleep(0.01)
 
     def status_kib(self, field) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -349,6 +349,9 @@ def warm_up(server, tok, a, cells) -> str | None:
         run_wave(server.url, [chat(make_text(tok, shortest, f"warm-{c}-{i}")) for i in range(c)], a.warmup_gen_tokens)
     for L in sorted({L for L, _ in cells if L > shortest}):
         run_wave(server.url, [chat(make_text(tok, L, f"warm-L{L}"))], a.warmup_gen_tokens)
+    # The long prompts leave large buffers in MLX's cache; one more short request returns to
+    # the first cell's shapes.
+    run_wave(server.url, [chat(make_text(tok, shortest, "warm-last"))], a.warmup_gen_tokens)
     settle(server)
     return None
 
