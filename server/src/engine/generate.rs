@@ -4,7 +4,7 @@
 //! `async_eval` before the current token is handed out, so the device computes
 //! while the host detokenizes; nothing in the layer loop waits on the device.
 
-use mlx_rs_safe::{async_eval, eval, ops, Array, Dtype};
+use mlx_rs_safe::{async_eval, eval, memory, ops, Array, Dtype};
 
 use super::sampler::Sampler;
 use crate::error::{Error, Result};
@@ -107,6 +107,8 @@ impl<'m> Generator<'m> {
             let state: Vec<Array> = caches.iter().flat_map(|c| c.state()).collect();
             eval(&state.iter().collect::<Vec<_>>())?;
             done += n;
+            // As mlx-lm: a chunk's temporaries are not reused at the next chunk's sizes.
+            memory::clear_cache()?;
         }
         let mut g = Generator {
             model,
@@ -163,6 +165,9 @@ impl<'m> Generator<'m> {
         }
         let id = token_id(&token)?;
         self.history.push(id);
+        if self.produced % 256 == 0 {
+            memory::clear_cache()?; // mlx-lm's generate_step clears at the same interval
+        }
         if more && self.sampler.uses_history() {
             let next = self.step(&token_array(&[id])?)?;
             async_eval(&[&next.0, &next.1])?;

@@ -164,7 +164,14 @@ struct Scheduler {
     ready: Vec<(Sequence, Vec<Box<dyn KvCache>>, u32)>,
     groups: Vec<DecodeGroup>,
     prompt_cache: PromptCache,
+    /// Decode turns run, to clear MLX's buffer cache every CLEAR_CACHE_EVERY of them.
+    decode_turns: u64,
 }
+
+/// Decode steps between clearing MLX's buffer cache: each step's buffers differ in size
+/// (the caches grow by one position, batches are rebuilt as sequences come and go), so
+/// the cache keeps collecting sizes it will not reuse (mlx-lm clears every 256 or 512).
+const CLEAR_CACHE_EVERY: u64 = 256;
 
 impl Scheduler {
     fn new(
@@ -179,6 +186,7 @@ impl Scheduler {
             model,
             tokenizer,
             prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+            decode_turns: 0,
             config,
             metrics,
             waiting,
@@ -322,6 +330,10 @@ impl Scheduler {
         let state: Vec<Array> = p.caches.iter().flat_map(|c| c.state()).collect();
         eval(&state.iter().collect::<Vec<_>>())?;
         p.done += n;
+        // A chunk's temporaries (attention scores over the whole prompt so far) are the
+        // largest buffers the engine allocates; kept in MLX's cache they would pile up, a
+        // different size per chunk, until the device is full (mlx-lm clears here too).
+        memory::clear_cache()?;
         Ok(())
     }
 
@@ -361,6 +373,12 @@ impl Scheduler {
 
     /// One decode step of every group.
     fn decode(&mut self) {
+        self.decode_turns += 1;
+        if self.decode_turns % CLEAR_CACHE_EVERY == 0 {
+            if let Err(e) = memory::clear_cache() {
+                eprintln!("mlx-serve: engine: {e}");
+            }
+        }
         let pipeline = self.ready.is_empty();
         let tokenizer = self.tokenizer.clone();
         let metrics = self.metrics.clone();
