@@ -39,9 +39,15 @@ CONFIGS = {
     "kv4": ["--kv-bits", "4", "--quantized-kv-start", "0"],
 }
 KV_BITS = {"default": None, "kv8": 8, "kv4": 4}
-# mlx-serve's default prompt-cache budget, given to mlx_lm.server too (its default is
-# unbounded in bytes, 10 entries), so both hold the same at most.
-PROMPT_CACHE_BYTES = 2 << 30
+# Both servers get the same prompt-cache budget (mlx_lm.server's default is unbounded in bytes,
+# 10 entries): mlx-serve's default of 2 GiB, or more where the regression's documents need it
+# (all clients' documents twice over), so that its repeats can hit in either server.
+DEFAULT_PROMPT_CACHE_BYTES = 2 << 30
+
+
+def prompt_cache_bytes(a, roof) -> int:
+    need = 2 * a.clients * (a.long_tokens + 64) * roof["kv_bytes_per_token"]["default"]
+    return max(DEFAULT_PROMPT_CACHE_BYTES, need)
 SERVERS = {"ref": "mlx_lm.server", "ours": "mlx-serve"}
 
 
@@ -145,7 +151,7 @@ def meta(a, backend) -> dict:
                   "quantization": f"{q['bits']}-bit, group {q['group_size']}" if q else "none"},
         "gen_tokens": a.gen_tokens, "contexts": a.contexts, "concurrency": a.concurrency,
         "configs": {c: {"ours": CONFIGS[c], "ref": CONFIGS[c]} for c in a.configs},
-        "harness": {"ref_prompt_cache_bytes": PROMPT_CACHE_BYTES, "warmup_gen_tokens": a.warmup_gen_tokens,
+        "harness": {"warmup_gen_tokens": a.warmup_gen_tokens,
                     "max_wave_tokens": a.max_wave_tokens, "memory_gib": a.memory_gib},
     }
 
@@ -205,7 +211,7 @@ def plan_skip(a, model_ctx, roof, config, context, c) -> str | None:
     if a.max_wave_tokens and c * context > a.max_wave_tokens:
         return f"{c} x {context} prompt tokens is over --max-wave-tokens {a.max_wave_tokens}"
     kv = roof["kv_bytes_per_token"][config] * c * (context + a.gen_tokens)
-    need = (roof["weight_bytes_on_disk"] + kv + PROMPT_CACHE_BYTES) / (1 << 30)
+    need = (roof["weight_bytes_on_disk"] + kv + prompt_cache_bytes(a, roof)) / (1 << 30)
     if need > a.memory_gib:
         return f"needs about {need:.0f} GiB (weights, {c} KV caches, prompt cache) of the {a.memory_gib:.0f} GiB planned"
     return None
@@ -236,6 +242,7 @@ def run_cell(server, tok, a, config, context, c, roof) -> dict:
     reqs = w["requests"]
     bad = [r for r in reqs if not request_ok(r)]
     decode_agg = steady_decode_tps(reqs)
+    t0 = min(r["start"] for r in reqs)
     kv = roof["kv_bytes_per_token"][config]
     cell = dict(base, status="failed" if bad else "ok",
                 prompt_tokens=med([r["prompt_tokens"] for r in reqs]), gen_tokens=a.gen_tokens,
@@ -246,7 +253,10 @@ def run_cell(server, tok, a, config, context, c, roof) -> dict:
                 peak_rss_mib=server.peak_rss_mib(),
                 mlx_peak_mib=mem["peak_bytes"] / (1 << 20) if mem["peak_bytes"] is not None else None,
                 roofline_tps=roofline.roofline_tps(roof["bandwidth_gbs"], roof["weight_bytes_per_token"], kv,
-                                                   context, c, a.gen_tokens))
+                                                   context, c, a.gen_tokens),
+                # Per stream, seconds from the wave's start: sent, first token, last token.
+                streams=[[round(r["start"] - t0, 3), round((r["first"] or r["end"]) - t0, 3),
+                          round((r["last"] or r["end"]) - t0, 3)] for r in reqs])
     if bad:
         r = bad[0]
         cell["reason"] = (f"{len(bad)} of {len(reqs)} requests failed; first: status {r['status']}, "
@@ -380,14 +390,12 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
     need_regression = a.regression and f"{name}/{config}" not in res.regression
     if not todo and not need_regression:
         return
-    flags = CONFIGS[config]
+    flags = CONFIGS[config] + ["--prompt-cache-bytes", str(prompt_cache_bytes(a, roof))]
     if kind == "ours":
         server = Server(name, kind, serving.ours_argv(a.mlx_serve, model, flags),
                         serving.ours_env(a.mlx_serve, a.python), a.out / "logs")
     else:
-        server = Server(name, kind, serving.ref_argv(a.python, model, flags +
-                                                     ["--prompt-cache-bytes", str(PROMPT_CACHE_BYTES)]),
-                        dict(os.environ), a.out / "logs")
+        server = Server(name, kind, serving.ref_argv(a.python, model, flags), dict(os.environ), a.out / "logs")
     check_time(a)
     log(f"{name} {config}: starting ({len(todo)} cells{', regression' if need_regression else ''})")
     server.start()
@@ -468,6 +476,8 @@ def main():
         sys.exit(f"{a.out} holds results of commit {old.get('commit')}, this binary is {m['commit']}: use another --out")
     res.save("meta.json", m)
     roof = roofline_facts(a, res, backend)
+    m["harness"]["prompt_cache_bytes"] = prompt_cache_bytes(a, roof)
+    res.save("meta.json", m)
     log(f"{m['device']}: {roof['bandwidth_gbs']:.1f} GB/s; {roof['weight_bytes_per_token'] / 1e9:.3f} GB of weights per token")
 
     work = Path(tempfile.mkdtemp(prefix="suite-"))
