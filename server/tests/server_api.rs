@@ -484,19 +484,25 @@ fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("hermes, llama3_json, mistral"));
 }
 
+/// /health once no sequence runs (the engine publishes its figures after its turn).
+fn idle_health(s: &TestServer) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let h = s.get("/health").json();
+        if h["engine"]["running"] == 0 {
+            return h;
+        }
+        assert!(Instant::now() < deadline, "the engine did not go idle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn finished_sequences_leave_only_their_prompt_cache_entries_in_memory() {
     let s = TestServer::start(&long_context_model(), &[]);
     let idle = |s: &TestServer| -> (i64, i64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let h = s.get("/health").json();
-            if h["engine"]["running"] == 0 {
-                return (h["memory"]["active_bytes"].as_i64().unwrap(), h["engine"]["prompt_cache_bytes"].as_i64().unwrap());
-            }
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let h = idle_health(s);
+        (h["memory"]["active_bytes"].as_i64().unwrap(), h["engine"]["prompt_cache_bytes"].as_i64().unwrap())
     };
     complete(&s, "warm up the weights", 8);
     let (active0, cached0) = idle(&s);
@@ -518,15 +524,8 @@ fn finished_sequences_leave_only_their_prompt_cache_entries_in_memory() {
 fn sigusr1_resets_the_mlx_peak_memory_that_health_and_metrics_report() {
     let s = TestServer::start(&model(), &[]);
     let idle_memory = |s: &TestServer| -> (i64, i64) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let h = s.get("/health").json();
-            if h["engine"]["running"] == 0 {
-                return (h["memory"]["active_bytes"].as_i64().unwrap(), h["memory"]["peak_bytes"].as_i64().unwrap());
-            }
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let h = idle_health(s);
+        (h["memory"]["active_bytes"].as_i64().unwrap(), h["memory"]["peak_bytes"].as_i64().unwrap())
     };
     complete(&s, "fill the caches with something", 32);
     let (active, peak) = idle_memory(&s);
