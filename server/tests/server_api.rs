@@ -546,3 +546,24 @@ fn sigusr1_resets_the_mlx_peak_memory_that_health_and_metrics_report() {
     let (active2, peak2) = idle_memory(&s);
     assert!(peak2 > active2, "the next generation raises the peak again");
 }
+
+#[test]
+fn a_document_asked_again_and_again_keeps_one_prompt_cache_entry() {
+    let s = TestServer::start(&model(), &[]);
+    let document = "the model token server memory cache layer weight attention value key query stream ".repeat(8);
+    let mut cache_bytes = Vec::new();
+    for question in ["what first?", "what next?", "and then?"] {
+        let body = json!({"messages": [{"role": "system", "content": document}, {"role": "user", "content": question}],
+                          "max_tokens": 8, "ignore_eos": true});
+        assert_eq!(s.post_json("/v1/chat/completions", &body).status, 200);
+        cache_bytes.push(idle_health(&s)["engine"]["prompt_cache_bytes"].as_i64().unwrap());
+    }
+    // Each answer's entry replaces the one its request started from: the cache holds one
+    // document's KV (give or take the question and answer), not one per question.
+    let entry = cache_bytes[0];
+    assert!(entry > 0);
+    for b in &cache_bytes[1..] {
+        assert!((b - entry).abs() < entry / 4, "prompt cache bytes per question: {cache_bytes:?}");
+    }
+    assert_eq!(metric(&s, "mlx_serve_prompt_cache_hits_total"), 2.0);
+}

@@ -278,11 +278,13 @@ impl Scheduler {
                 None
             };
             let cached = hit.as_ref().map(|h| h.cached_tokens).unwrap_or(0);
+            let source = hit.as_ref().map(|h| h.entry);
             if self.config.prompt_cache_bytes > 0 {
                 self.metrics.record_prompt_cache_lookup(cached as u64);
             }
             let caches = hit.map(|h| h.caches).unwrap_or_else(|| self.model.new_caches());
-            let seq = Sequence::new(request, sampler, &self.tokenizer, cached);
+            let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached);
+            seq.cache_source = source;
             self.prefill.push_back(Prefill { seq, caches, done: cached });
         }
     }
@@ -397,7 +399,8 @@ impl Scheduler {
                     for (seq, kv) in ended {
                         if let (Some(kv), true) = (kv, self.config.prompt_cache_bytes > 0) {
                             let tokens = seq.cached_history().to_vec();
-                            let stored = kv.prefix(tokens.len() as i32).and_then(|kv| self.prompt_cache.insert(tokens, kv));
+                            let source = seq.cache_source;
+                            let stored = kv.prefix(tokens.len() as i32).and_then(|kv| self.prompt_cache.insert(tokens, kv, source));
                             if let Err(e) = stored {
                                 eprintln!("mlx-serve: prompt cache: {e}");
                             }

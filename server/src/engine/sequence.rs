@@ -22,6 +22,8 @@ pub struct Sequence {
     pub history: Vec<u32>,
     generated: usize,
     pub cached_tokens: usize,
+    /// The prompt-cache entry this sequence started from: its own entry replaces it.
+    pub cache_source: Option<u64>,
     last_token_at: Option<Instant>,
     /// Set once the sequence has ended (finished, cancelled or failed).
     pub finished: bool,
@@ -50,6 +52,7 @@ impl Sequence {
             history: request.params.prompt.clone(),
             generated: 0,
             cached_tokens,
+            cache_source: None,
             last_token_at: None,
             finished: false,
             sampler,

@@ -6,6 +6,7 @@ use super::{KvCache, KvSnapshot};
 use crate::error::Result;
 
 struct Entry {
+    id: u64,
     tokens: Vec<u32>,
     kv: KvSnapshot,
     nbytes: usize,
@@ -17,6 +18,7 @@ pub struct PromptCache {
     max_bytes: usize,
     bytes: usize,
     clock: u64,
+    next_id: u64,
 }
 
 /// Caches holding a prefix of a prompt.
@@ -24,6 +26,8 @@ pub struct PromptCacheHit {
     pub caches: Vec<Box<dyn KvCache>>,
     /// Prompt tokens already in `caches`.
     pub cached_tokens: usize,
+    /// The entry they came from (see [`PromptCache::insert`]).
+    pub entry: u64,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -32,7 +36,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl PromptCache {
     pub fn new(max_bytes: usize) -> PromptCache {
-        PromptCache { entries: Vec::new(), max_bytes, bytes: 0, clock: 0 }
+        PromptCache { entries: Vec::new(), max_bytes, bytes: 0, clock: 0, next_id: 0 }
     }
 
     pub fn nbytes(&self) -> usize {
@@ -56,14 +60,17 @@ impl PromptCache {
         self.clock += 1;
         entry.last_used = self.clock;
         let kv = entry.kv.prefix(n as i32)?;
-        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n }))
+        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n, entry: entry.id }))
     }
 
-    /// Keeps `kv`, the KV of `tokens`. An entry that is a prefix of `tokens`
-    /// is superseded; if `tokens` is itself a prefix of an entry, nothing new is
-    /// learnt. Least recently used entries go until the new one fits; one larger
-    /// than the whole budget is not kept.
-    pub fn insert(&mut self, tokens: Vec<u32>, kv: KvSnapshot) -> Result<()> {
+    /// Keeps `kv`, the KV of `tokens`. An entry that is a prefix of `tokens` is
+    /// superseded, and so is `source`, the entry the sequence started from: the
+    /// new one holds the prefix it was used for, so a conversation (or a document
+    /// asked one question after another) keeps one entry, not one per turn, as
+    /// in mlx-lm, whose lookup takes the entry out. If `tokens` is itself a
+    /// prefix of an entry, nothing new is learnt. Least recently used entries go
+    /// until the new one fits; one larger than the whole budget is not kept.
+    pub fn insert(&mut self, tokens: Vec<u32>, kv: KvSnapshot, source: Option<u64>) -> Result<()> {
         if tokens.is_empty() || kv.len() as usize != tokens.len() {
             return Ok(());
         }
@@ -78,7 +85,7 @@ impl PromptCache {
         }
         let mut freed = 0;
         self.entries.retain(|e| {
-            let superseded = tokens.starts_with(&e.tokens);
+            let superseded = tokens.starts_with(&e.tokens) || Some(e.id) == source;
             if superseded {
                 freed += e.nbytes;
             }
@@ -94,7 +101,8 @@ impl PromptCache {
         // A copy: the rows may be slices of a batch buffer, which would
         // otherwise stay alive (and uncounted) as long as the entry.
         let kv = kv.detached()?;
-        self.entries.push(Entry { tokens, kv, nbytes, last_used: self.clock });
+        self.next_id += 1;
+        self.entries.push(Entry { id: self.next_id, tokens, kv, nbytes, last_used: self.clock });
         self.bytes += nbytes;
         Ok(())
     }
