@@ -567,3 +567,19 @@ fn a_document_asked_again_and_again_keeps_one_prompt_cache_entry() {
     }
     assert_eq!(metric(&s, "mlx_serve_prompt_cache_hits_total"), 2.0);
 }
+
+#[test]
+fn a_request_sharing_only_the_template_start_does_not_replace_another_documents_entry() {
+    let s = TestServer::start(&model(), &[]);
+    let ask = |document: &str, question: &str| -> u64 {
+        let body = json!({"messages": [{"role": "system", "content": document}, {"role": "user", "content": question}],
+                          "max_tokens": 8, "ignore_eos": true});
+        let r = s.post_json("/v1/chat/completions", &body).json();
+        r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    let a = "alpha model token server memory cache layer weight attention ".repeat(8);
+    let b = "bravo value key query stream expert quantize metal cuda apple ".repeat(8);
+    ask(&a, "what first?");
+    assert!(ask(&b, "what first?") < 10, "b shares only the chat template's first tokens with a");
+    assert!(ask(&a, "what next?") > 100, "a's entry is still there");
+}

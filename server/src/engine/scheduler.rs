@@ -278,7 +278,7 @@ impl Scheduler {
                 None
             };
             let cached = hit.as_ref().map(|h| h.cached_tokens).unwrap_or(0);
-            let source = hit.as_ref().map(|h| h.entry);
+            let source = hit.as_ref().and_then(|h| h.entry);
             if self.config.prompt_cache_bytes > 0 {
                 self.metrics.record_prompt_cache_lookup(cached as u64);
             }

@@ -26,8 +26,9 @@ pub struct PromptCacheHit {
     pub caches: Vec<Box<dyn KvCache>>,
     /// Prompt tokens already in `caches`.
     pub cached_tokens: usize,
-    /// The entry they came from (see [`PromptCache::insert`]).
-    pub entry: u64,
+    /// The entry they came from, when they are most of it (see
+    /// [`PromptCache::insert`]); a hit on a shared template start is not.
+    pub entry: Option<u64>,
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
@@ -60,7 +61,8 @@ impl PromptCache {
         self.clock += 1;
         entry.last_used = self.clock;
         let kv = entry.kv.prefix(n as i32)?;
-        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n, entry: entry.id }))
+        let source = (2 * n >= entry.tokens.len()).then_some(entry.id);
+        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n, entry: source }))
     }
 
     /// Keeps `kv`, the KV of `tokens`. An entry that is a prefix of `tokens` is
