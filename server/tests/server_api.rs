@@ -540,6 +540,7 @@ fn sigusr1_resets_the_mlx_peak_memory_that_health_and_metrics_report() {
         assert!(Instant::now() < deadline, "the peak did not drop to the live memory after SIGUSR1");
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert_eq!(metric(&s, "mlx_serve_mlx_peak_memory_bytes"), active as f64, "/metrics shows the reset too");
     assert_eq!(s.get("/health").status, 200, "the server keeps serving after the signal");
 
     complete(&s, "and generate again to raise it", 32);

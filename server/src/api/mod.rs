@@ -210,7 +210,7 @@ fn context_length(config: &Value) -> Option<usize> {
 /// `kill -USR1 PID` zeroes MLX's peak-memory counter, as writing 5 to /proc/PID/clear_refs does
 /// for the RSS high-water mark, so a benchmark can read the peak of one phase from /health
 /// or /metrics. MLX's reset takes the allocator's lock, so it is safe beside the engine thread.
-async fn reset_peak_memory_on_sigusr1(stats: Arc<EngineStats>) {
+async fn reset_peak_memory_on_sigusr1(stats: Arc<EngineStats>, metrics: Arc<Metrics>) {
     use tokio::signal::unix::{signal, SignalKind};
     let mut usr1 = match signal(SignalKind::user_defined1()) {
         Ok(s) => s,
@@ -219,7 +219,8 @@ async fn reset_peak_memory_on_sigusr1(stats: Arc<EngineStats>) {
     while usr1.recv().await.is_some() {
         match memory::reset_peak_memory().and_then(|()| memory::active_memory()) {
             Ok(active) => {
-                // Until the engine's next turn publishes, /health shows what is live now.
+                // Until the engine's next turn publishes, both show what is live now.
+                metrics.set_mlx_memory(active as i64, active as i64);
                 stats.peak_memory.store(active, Ordering::Relaxed);
                 log::info!("SIGUSR1: MLX peak memory reset");
             }
@@ -290,10 +291,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         created: generation::unix_now(),
     });
     let app_state = state.clone();
-    let stats = state.engine.stats.clone();
+    let (stats, metrics) = (state.engine.stats.clone(), state.metrics.clone());
     let (host, port) = (args.host.clone(), args.port);
     let served = actix_web::rt::System::new().block_on(async move {
-        actix_web::rt::spawn(reset_peak_memory_on_sigusr1(stats));
+        actix_web::rt::spawn(reset_peak_memory_on_sigusr1(stats, metrics));
         let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
             .bind((host.as_str(), port))
             .map_err(|e| Error::InvalidRequest(format!("cannot listen on {host}:{port}: {e}")))?
