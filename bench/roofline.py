@@ -56,6 +56,10 @@ def safetensors_sizes(model_dir: Path) -> dict:
     return sizes
 
 
+def weight_bytes_on_disk(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+
+
 def text_config(config: dict) -> dict:
     return config.get("text_config", config)
 

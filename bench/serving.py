@@ -243,10 +243,14 @@ def request_ok(r) -> bool:
     return r["status"] == 200 and r["completion_tokens"] == r["max_tokens"]
 
 
+def client_for(n_requests, timeout=1800.0):
+    """An async client with a connection for each of `n_requests` concurrent requests."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=httpx.Limits(max_connections=n_requests + 4))
+
+
 async def wave(url, message_lists, max_tokens, timeout=1800.0) -> dict:
     """All requests at once; aggregate tok/s over the wave's wall time."""
-    limits = httpx.Limits(max_connections=len(message_lists) + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+    async with client_for(len(message_lists), timeout) as client:
         reqs = await asyncio.gather(*(stream_request(client, url, m, max_tokens) for m in message_lists))
     wall = max(r["end"] for r in reqs) - min(r["start"] for r in reqs)
     return {"requests": reqs, "wall_s": wall,

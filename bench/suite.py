@@ -90,6 +90,13 @@ def parse_args():
     if unknown:
         ap.error(f"unknown configuration(s) {unknown}; known: {sorted(CONFIGS)}")
     a.servers = [s for s in a.servers.split(",") if s]
+    unknown = [s for s in a.servers if s not in SERVERS]
+    if unknown:
+        ap.error(f"unknown server(s) {unknown}; known: {sorted(SERVERS)}")
+    if not (Path(a.model) / "config.json").is_file():
+        ap.error(f"--model {a.model}: no config.json there (make one with bench/make_model.py)")
+    if not Path(a.mlx_serve).is_file():
+        ap.error(f"--mlx-serve {a.mlx_serve}: no such file (./build.sh builds target/release/mlx-serve)")
     return a
 
 
@@ -137,7 +144,6 @@ def meta(a, backend) -> dict:
     mlx_lm, mlx = serving.python_versions(a.python)
     ours = subprocess.run([a.mlx_serve, "--version"], capture_output=True, text=True,
                           env=serving.ours_env(a.mlx_serve, a.python)).stdout.strip()
-    weight_bytes = sum(f.stat().st_size for f in Path(a.model).glob("*.safetensors"))
     q = json.loads((Path(a.model) / "config.json").read_text()).get("quantization")
     return {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -147,7 +153,8 @@ def meta(a, backend) -> dict:
         "cpu": cpu, "cores": os.cpu_count(), "os": platform.platform(),
         "mlx": mlx, "mlx_lm": mlx_lm, "mlx_serve": ours, "commit": commit_of(a),
         "command": a.command or " ".join(["python", "bench/suite.py"] + sys.argv[1:]),
-        "model": {"name": a.model_name or Path(a.model).name, "path": str(a.model), "weight_bytes": weight_bytes,
+        "model": {"name": a.model_name or Path(a.model).name, "path": str(a.model),
+                  "weight_bytes": roofline.weight_bytes_on_disk(Path(a.model)),
                   "quantization": f"{q['bits']}-bit, group {q['group_size']}" if q else "none"},
         "gen_tokens": a.gen_tokens, "contexts": a.contexts, "concurrency": a.concurrency,
         "configs": {c: {"ours": CONFIGS[c], "ref": CONFIGS[c]} for c in a.configs},
@@ -282,8 +289,7 @@ def regression(server, tok, a, config) -> dict:
         return long, short
 
     async def one_round(rnd):
-        limits = serving.httpx.Limits(max_connections=a.clients + 4)
-        async with serving.httpx.AsyncClient(timeout=serving.httpx.Timeout(1800.0), limits=limits) as http:
+        async with serving.client_for(a.clients) as http:
             return await asyncio.gather(*(client(http, i, rnd) for i in range(a.clients)))
 
     for rnd in range(1, a.rounds + 1):
@@ -443,7 +449,7 @@ def session(kind, config, a, model, tok, res, roof, model_ctx):
         server.stop()
 
 
-def roofline_facts(a, res, backend) -> dict:
+def roofline_facts(a, res) -> dict:
     roof = res.load("roofline.json", None)
     if roof is None:
         log("measuring memory bandwidth")
@@ -452,7 +458,7 @@ def roofline_facts(a, res, backend) -> dict:
         roof = json.loads(out)
     weights, note = roofline.weight_bytes_per_token(Path(a.model))
     roof.update(weight_bytes_per_token=weights, weight_bytes_note=note,
-                weight_bytes_on_disk=sum(f.stat().st_size for f in Path(a.model).glob("*.safetensors")),
+                weight_bytes_on_disk=roofline.weight_bytes_on_disk(Path(a.model)),
                 kv_bytes_per_token={c: roofline.kv_bytes_per_token(Path(a.model), KV_BITS[c]) for c in CONFIGS},
                 quantized_kv_start=0)
     res.save("roofline.json", roof)
@@ -474,8 +480,7 @@ def main():
     old = res.load("meta.json", None)
     if old and old.get("commit") != m["commit"]:
         sys.exit(f"{a.out} holds results of commit {old.get('commit')}, this binary is {m['commit']}: use another --out")
-    res.save("meta.json", m)
-    roof = roofline_facts(a, res, backend)
+    roof = roofline_facts(a, res)
     m["harness"]["prompt_cache_bytes"] = prompt_cache_bytes(a, roof)
     res.save("meta.json", m)
     log(f"{m['device']}: {roof['bandwidth_gbs']:.1f} GB/s; {roof['weight_bytes_per_token'] / 1e9:.3f} GB of weights per token")
