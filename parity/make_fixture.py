@@ -5,10 +5,15 @@ usage: python make_fixture.py SPEC_JSON OUT_DIR
 
 SPEC_JSON: {"config": {...HF config.json fields...}, "dtype": "bfloat16",
             "quantize": null | {"bits": 4, "group_size": 64},
-            "prompt_tokens": 600, "max_tokens": 64, "seed": 0}
+            "prompt_tokens": 600, "max_tokens": 64, "seed": 0,
+            "batch_prompt_tokens": [530, 200, 40],
+            "kv_bits": null | 8, "kv_group_size": 64, "quantized_kv_start": 0}
 Writes OUT_DIR/{config.json, model.safetensors(.index.json), tokenizer files,
 reference.json}. reference.json holds the prompt ids, mlx-lm's greedy tokens and
-the logits of the first generated position (float32, for the tolerance check).
+the logits of the first generated position (float32, for the tolerance check),
+and under "batch" more prompts of other lengths with mlx-lm's greedy tokens for
+each, decoded alone: the engine must give each the same tokens when they share
+a batch.
 """
 
 import json
@@ -59,36 +64,44 @@ def main():
     save_model(out, model)
     save_config(config, out / "config.json")
 
-    # The prompt: a fixed pseudo-random token sequence (no specials).
-    rng = mx.random.key(seed + 1)
-    n = spec.get("prompt_tokens", 600)
-    prompt = mx.random.randint(3, vocab, (n,), key=rng).tolist()
+    # The prompts: fixed pseudo-random token sequences (no specials).
+    def random_prompt(n, key_seed):
+        return mx.random.randint(3, vocab, (n,), key=mx.random.key(key_seed)).tolist()
 
-    kv = spec.get("kv_bits")
-    tokens, first_logits = [], None
-    gen = generate_step(
-        mx.array(prompt),
-        model,
-        max_tokens=spec.get("max_tokens", 64),
-        prefill_step_size=spec.get("prefill_size", 512),
-        kv_bits=kv,
-        kv_group_size=spec.get("kv_group_size", 64),
-        quantized_kv_start=0,
-    )
-    for token, logprobs in gen:
-        if first_logits is None:
-            # JSON has no infinities: non-finite values are written as null.
-            first_logits = [
-                v if math.isfinite(v) else None
-                for v in logprobs.astype(mx.float32).tolist()
-            ]
-        tokens.append(int(token))
+    def greedy(prompt):
+        tokens, first_logits = [], None
+        gen = generate_step(
+            mx.array(prompt),
+            model,
+            max_tokens=spec.get("max_tokens", 64),
+            prefill_step_size=spec.get("prefill_size", 512),
+            kv_bits=spec.get("kv_bits"),
+            kv_group_size=spec.get("kv_group_size", 64),
+            quantized_kv_start=spec.get("quantized_kv_start", 0),
+        )
+        for token, logprobs in gen:
+            if first_logits is None:
+                # JSON has no infinities: non-finite values are written as null.
+                first_logits = [
+                    v if math.isfinite(v) else None
+                    for v in logprobs.astype(mx.float32).tolist()
+                ]
+            tokens.append(int(token))
+        return tokens, first_logits
+
+    prompt = random_prompt(spec.get("prompt_tokens", 600), seed + 1)
+    tokens, first_logits = greedy(prompt)
+    batch = []
+    for i, n in enumerate(spec.get("batch_prompt_tokens", [530, 200, 40])):
+        extra = random_prompt(n, seed + 100 + i)
+        batch.append({"prompt": extra, "tokens": greedy(extra)[0]})
     (out / "reference.json").write_text(
         json.dumps(
             {
                 "prompt": prompt,
                 "tokens": tokens,
                 "first_logprobs": first_logits,
+                "batch": batch,
                 "spec": spec,
             }
         )

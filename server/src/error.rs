@@ -14,9 +14,18 @@ pub enum Error {
     /// Tokenizing or detokenizing failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    /// The request or the command line asked for something impossible.
+    /// The request asked for something impossible (the client's fault: 400).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A command-line flag or setting cannot be used.
+    #[error("{0}")]
+    Config(String),
+    /// The server could not start: binding the port, starting a thread.
+    #[error("{0}")]
+    Startup(String),
+    /// An invariant of the code itself failed: a bug, never the client's fault (500).
+    #[error("internal error: {0}")]
+    Internal(&'static str),
     /// Downloading or resolving a model failed.
     #[error("model {model}: {message}")]
     Hub { model: String, message: String },

@@ -2,16 +2,20 @@
 //! with mlx_lm.generate's statistics.
 
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_rs_safe::memory;
 use serde::Serialize;
 use serde_json::json;
+use tokio::sync::mpsc::unbounded_channel;
 
 use crate::cli::GenerateArgs;
-use crate::engine::{FinishReason, GenerateOptions, Generator, Sampler, SamplingParams, StopMatcher};
-use crate::error::Result;
+use crate::engine::{Engine, EngineConfig, Event, FinishReason, Generation, Request, SamplingParams};
+use crate::error::{Error, Result};
 use crate::hub;
+use crate::kv::KvCompression;
+use crate::metrics::Metrics;
 use crate::models;
 use crate::tokenizer::Tokenizer;
 
@@ -48,15 +52,64 @@ pub fn prompt_tokens(tok: &Tokenizer, args: &GenerateArgs) -> Result<Vec<u32>> {
     }
 }
 
+/// One generation through the engine, as the server runs it: the request
+/// goes in, events come out, one turn at a time.
+struct Run {
+    ids: Vec<u32>,
+    text: String,
+    finish: FinishReason,
+    /// From the start to the first token (or the end).
+    ttft: f64,
+    total: f64,
+}
+
+fn generate_once(engine: &mut Engine, params: Generation, mut on_text: impl FnMut(&str)) -> Result<Run> {
+    let (tx, mut rx) = unbounded_channel();
+    let start = Instant::now();
+    engine.submit(Request { params, arrived: start, events: tx });
+    let mut run = Run { ids: Vec::new(), text: String::new(), finish: FinishReason::Length, ttft: 0.0, total: 0.0 };
+    let mut first = None;
+    loop {
+        engine.step();
+        while let Ok(event) = rx.try_recv() {
+            first.get_or_insert_with(|| start.elapsed());
+            match event {
+                Event::Token { token, text, .. } => {
+                    run.ids.push(token);
+                    on_text(&text);
+                    run.text.push_str(&text);
+                }
+                Event::Done { text, finish_reason, .. } => {
+                    on_text(&text);
+                    run.text.push_str(&text);
+                    run.finish = finish_reason;
+                    run.total = start.elapsed().as_secs_f64();
+                    run.ttft = first.map(|d| d.as_secs_f64()).unwrap_or(run.total);
+                    return Ok(run);
+                }
+                Event::Error(message) => return Err(Error::InvalidRequest(message)),
+            }
+        }
+        if engine.is_idle() {
+            return Err(Error::Internal("the engine finished without ending the generation"));
+        }
+    }
+}
+
 pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     let load = models::LoadOptions {
         quantize: args.quantize.map(|bits| models::quant::QuantParams { bits, group_size: args.quantize_group_size }),
     };
+    let kv_compression =
+        args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?;
     let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
     let (model, _config) = models::load_with(&dir, &load)?;
-    let tok = Tokenizer::load(&dir, None)?;
+    if let Some(c) = kv_compression {
+        c.check_head_dim(model.head_dim())?;
+    }
+    let tok = Arc::new(Tokenizer::load(&dir, None)?);
     let prompt = prompt_tokens(&tok, args)?;
-    let sampler = Sampler::new(SamplingParams {
+    let sampling = SamplingParams {
         temperature: args.temp,
         top_p: args.top_p,
         top_k: args.top_k,
@@ -65,67 +118,49 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         repetition_context_size: args.repetition_context_size,
         seed: args.seed,
         ..Default::default()
-    })?;
-    let opts = GenerateOptions {
-        prefill_size: args.prefill_size,
-        max_tokens: args.max_tokens,
-        kv_bits: args.kv_bits,
-        kv_group_size: args.kv_group_size,
-        quantized_kv_start: args.quantized_kv_start,
     };
-
+    sampling.validate()?;
+    let config = EngineConfig {
+        prefill_size: args.prefill_size.max(1),
+        max_concurrency: 1,
+        max_queue: 1,
+        prompt_cache_bytes: 0,
+        kv_compression,
+    };
+    let mut engine = Engine::new(model, tok, config, Arc::new(Metrics::new()));
+    let params = |sampling: SamplingParams| Generation {
+        prompt: prompt.clone(),
+        sampling,
+        max_tokens: args.max_tokens,
+        stop: Vec::new(),
+        logprobs: None,
+        ignore_eos: args.ignore_eos,
+        keep_special_tokens: false,
+    };
     if args.warmup {
         // The whole generation once: MLX's GPU backends compile kernels per
         // shape as the cache grows, which a fresh process would otherwise pay
         // inside the timed run (a long-running Python process has them already).
-        let mut g = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &opts)?;
-        while g.next_token()?.is_some() {}
+        generate_once(&mut engine, params(SamplingParams { seed: Some(0), ..Default::default() }), |_| {})?;
     }
     memory::reset_peak_memory()?;
-    let start = Instant::now();
-    let mut gen = Generator::new(model.as_ref(), &prompt, sampler, &opts)?;
-    let mut stop = StopMatcher::new(if args.ignore_eos { Default::default() } else { tok.eos_ids().clone() }, vec![]);
-    let mut detok = tok.new_detokenizer();
-    let mut ids = Vec::new();
-    let mut text = String::new();
-    let mut ttft = None;
-    let mut finish = FinishReason::Length;
     let mut out = std::io::stdout();
-    while let Some(step) = gen.next_token()? {
-        ttft.get_or_insert_with(|| start.elapsed());
-        if stop.is_eos(step.token) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        ids.push(step.token);
-        let piece = stop.push(&detok.push(tok.inner(), step.token)?);
-        text.push_str(&piece.emit);
+    let run = generate_once(&mut engine, params(sampling), |text| {
         if !args.json {
-            let _ = out.write_all(piece.emit.as_bytes());
+            let _ = out.write_all(text.as_bytes());
             let _ = out.flush();
         }
-        if piece.stopped {
-            finish = FinishReason::Stop;
-            break;
-        }
-    }
-    let tail = stop.push(&detok.finish(tok.inner())?).emit + &stop.flush();
-    text.push_str(&tail);
-    if !args.json {
-        let _ = out.write_all(tail.as_bytes());
-    }
-    let total = start.elapsed().as_secs_f64();
-    let ttft = ttft.map(|d| d.as_secs_f64()).unwrap_or(total);
-    let decode_time = (total - ttft).max(1e-9);
+    })?;
+    let decode_time = (run.total - run.ttft).max(1e-9);
     Ok(GenerateReport {
         prompt_tokens: prompt.len(),
-        finish_reason: finish.as_str(),
-        prompt_tps: prompt.len() as f64 / ttft.max(1e-9),
+        finish_reason: run.finish.as_str(),
+        prompt_tps: prompt.len() as f64 / run.ttft.max(1e-9),
         // As mlx_lm.generate counts it: tokens generated over the time since the first.
-        generation_tps: ids.len() as f64 / decode_time,
-        ttft_ms: ttft * 1e3,
+        generation_tps: run.ids.len() as f64 / decode_time,
+        ttft_ms: run.ttft * 1e3,
         peak_memory_bytes: memory::peak_memory()?,
-        generated_token_ids: ids,
-        text,
+        generated_token_ids: run.ids,
+        text: run.text,
     })
 }

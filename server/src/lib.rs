@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod engine;
 pub mod error;

@@ -15,7 +15,7 @@ fn fail(e: impl std::fmt::Display) -> ExitCode {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Serve(cli.serve)) {
-        Command::Serve(args) => match mlx_serve::api::serve(args) {
+        Command::Serve(args) => match mlx_serve::app::serve(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(e),
         },

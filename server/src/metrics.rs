@@ -19,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::engine::EngineSnapshot;
+
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -218,30 +220,16 @@ impl Metrics {
         observe_duration(&self.inter_token, seconds);
     }
 
-    /// Current gauges, set by the engine after each step.
-    pub fn set_running(&self, n: i64) {
-        self.running_sequences.set(n);
-    }
-
-    /// Requests waiting for admission.
-    pub fn set_queued(&self, n: i64) {
-        self.queued_requests.set(n);
-    }
-
-    /// Bytes held by the running sequences' KV caches.
-    pub fn set_kv_bytes(&self, n: i64) {
-        self.kv_cache_bytes.set(n);
-    }
-
-    /// Bytes held by the prompt cache.
-    pub fn set_prompt_cache_bytes(&self, n: i64) {
-        self.prompt_cache_bytes.set(n);
-    }
-
-    /// MLX's allocator: bytes live now and the most live at once.
-    pub fn set_mlx_memory(&self, active: i64, peak: i64) {
-        self.mlx_active_bytes.set(active);
-        self.mlx_peak_bytes.set(peak);
+    /// Sets the gauges from the engine's latest snapshot and the queue length,
+    /// the figures /health reports too.
+    pub fn observe_engine(&self, engine: &EngineSnapshot, queued: usize) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.running_sequences.set(gauge(engine.running));
+        self.queued_requests.set(gauge(queued));
+        self.kv_cache_bytes.set(gauge(engine.kv_bytes));
+        self.prompt_cache_bytes.set(gauge(engine.prompt_cache_bytes));
+        self.mlx_active_bytes.set(gauge(engine.active_memory));
+        self.mlx_peak_bytes.set(gauge(engine.peak_memory));
     }
 
     /// A request looked up the prompt cache: reused `cached_tokens` (0 = miss).
@@ -451,16 +439,13 @@ mod tests {
     }
 
     #[test]
-    fn gauges_hold_the_last_value_set() {
+    fn gauges_hold_the_last_engine_snapshot() {
         let m = Metrics::new();
-        m.set_running(3);
-        m.set_queued(9);
-        m.set_kv_bytes(1 << 20);
-        m.set_prompt_cache_bytes(7);
-        m.set_running(1);
-        m.set_queued(0);
+        let first = EngineSnapshot { running: 3, kv_bytes: 1 << 20, prompt_cache_bytes: 7, ..Default::default() };
+        m.observe_engine(&first, 9);
         // Beyond i32: KV caches of large models pass 4 GiB.
-        m.set_kv_bytes(5_000_000_000);
+        let last = EngineSnapshot { running: 1, kv_bytes: 5_000_000_000, prompt_cache_bytes: 7, ..Default::default() };
+        m.observe_engine(&last, 0);
         let text = m.render();
         assert_eq!(
             counter_value(&text, "mlx_serve_running_sequences"),
@@ -507,7 +492,7 @@ mod tests {
     fn counter_value_matches_whole_names_only() {
         let m = Metrics::new();
         m.record_request("/v1/models", 200);
-        m.set_prompt_cache_bytes(42);
+        m.observe_engine(&EngineSnapshot { prompt_cache_bytes: 42, ..Default::default() }, 0);
         let text = m.render();
         let labelled = "mlx_serve_requests_total{endpoint=\"/v1/models\",status=\"200\"}";
         assert_eq!(counter_value(&text, labelled), Some(1.0));

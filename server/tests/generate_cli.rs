@@ -73,5 +73,6 @@ fn bad_arguments_fail_cleanly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("temperature must be >= 0"));
     let out = generate(&["--model", m.to_str().unwrap(), "--kv-bits", "7"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("kv_bits must be one of"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-bits must be one of"));
 }

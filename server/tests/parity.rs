@@ -8,12 +8,118 @@
 
 mod common;
 
-use common::fixture;
-use mlx_serve::engine::{GenerateOptions, Generator, Sampler};
-use mlx_serve::models;
-use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
 
-/// Greedy-decodes the fixture's prompt with our engine and compares with mlx-lm.
+use common::fixture;
+use mlx_serve::engine::{Engine, EngineConfig, Event, Generation, Request, SamplingParams, TokenLogprob};
+use mlx_serve::kv::KvCompression;
+use mlx_serve::metrics::{self, Metrics};
+use mlx_serve::models;
+use mlx_serve::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+/// mlx-lm's greedy tokens for the fixture's prompts.
+struct Reference {
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    /// null marks a non-finite reference value (JSON has no infinities).
+    first_logprobs: Vec<Option<f32>>,
+    /// More prompts (other lengths), each with mlx-lm's tokens decoded alone.
+    batch: Vec<(Vec<u32>, Vec<u32>)>,
+}
+
+fn reference(dir: &Path) -> Reference {
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let ids = |v: &Value| -> Vec<u32> { serde_json::from_value(v.clone()).unwrap() };
+    Reference {
+        prompt: ids(&r["prompt"]),
+        tokens: ids(&r["tokens"]),
+        first_logprobs: serde_json::from_value(r["first_logprobs"].clone()).unwrap(),
+        batch: r["batch"].as_array().unwrap().iter().map(|b| (ids(&b["prompt"]), ids(&b["tokens"]))).collect(),
+    }
+}
+
+/// The engine the server runs, in process, over the model in `model_dir`,
+/// with the fixture's prefill size and KV settings.
+fn engine(tokenizer_dir: &Path, model_dir: &Path, spec: &Value, load: &models::LoadOptions) -> (Engine, Arc<Metrics>) {
+    let (model, _) = models::load_with(model_dir, load).unwrap();
+    let tokenizer = Arc::new(Tokenizer::load(tokenizer_dir, None).unwrap());
+    let kv_compression = spec["kv_bits"].as_i64().map(|bits| {
+        let group = spec["kv_group_size"].as_i64().unwrap_or(64) as i32;
+        KvCompression::affine(bits as i32, group, spec["quantized_kv_start"].as_i64().unwrap_or(0) as i32).unwrap()
+    });
+    let config = EngineConfig {
+        prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
+        max_concurrency: 8,
+        max_queue: 16,
+        prompt_cache_bytes: 0,
+        kv_compression,
+    };
+    let metrics = Arc::new(Metrics::new());
+    (Engine::new(model, tokenizer, config, metrics.clone()), metrics)
+}
+
+/// What one request produced.
+#[derive(Default)]
+struct Output {
+    tokens: Vec<u32>,
+    first: Option<TokenLogprob>,
+    done: bool,
+}
+
+/// Greedy requests for `prompts`, each submitted at its turn in `arrivals`,
+/// run until all are done. With `logprobs`, each token comes with the whole
+/// distribution.
+fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize], logprobs: Option<usize>) -> Vec<Output> {
+    let mut streams: Vec<Option<UnboundedReceiver<Event>>> = prompts.iter().map(|_| None).collect();
+    let mut outputs: Vec<Output> = prompts.iter().map(|_| Output::default()).collect();
+    for turn in 0..10_000 {
+        for (i, (&(prompt, max_tokens), &at)) in prompts.iter().zip(arrivals).enumerate() {
+            if at == turn {
+                let (tx, rx) = unbounded_channel();
+                let params = Generation {
+                    prompt: prompt.to_vec(),
+                    sampling: SamplingParams { seed: Some(0), ..Default::default() },
+                    max_tokens,
+                    stop: Vec::new(),
+                    logprobs,
+                    ignore_eos: true,
+                    keep_special_tokens: false,
+                };
+                engine.submit(Request { params, arrived: Instant::now(), events: tx });
+                streams[i] = Some(rx);
+            }
+        }
+        engine.step();
+        for (rx, out) in streams.iter_mut().zip(outputs.iter_mut()) {
+            while let Some(event) = rx.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                match event {
+                    Event::Token { token, logprob, .. } => {
+                        if out.first.is_none() {
+                            out.first = logprob;
+                        }
+                        out.tokens.push(token);
+                    }
+                    Event::Done { .. } => out.done = true,
+                    Event::Error(e) => panic!("the engine failed: {e}"),
+                }
+            }
+        }
+        if arrivals.iter().all(|&a| a <= turn) && outputs.iter().all(|o| o.done) {
+            assert!(engine.is_idle(), "every request ended but the engine is not idle");
+            return outputs;
+        }
+    }
+    panic!("the requests did not finish in 10000 turns");
+}
+
+/// Greedy-decodes the fixture's prompt with the engine, alone and in a batch
+/// of four prompts of different lengths arriving at different turns, and
+/// compares every sequence with mlx-lm's tokens for it.
 fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
     let dir = fixture(name, &spec);
     check_parity_of(name, &dir, &dir, &spec, &models::LoadOptions::default(), logprob_tol);
@@ -23,58 +129,54 @@ fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
 /// reference of fixture `reference_dir`.
 fn check_parity_of(
     name: &str,
-    reference_dir: &std::path::Path,
-    model_dir: &std::path::Path,
+    reference_dir: &Path,
+    model_dir: &Path,
     spec: &Value,
     load: &models::LoadOptions,
     logprob_tol: f32,
 ) {
-    let dir = reference_dir;
-    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
-    let expected: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
-    // null marks a non-finite reference value (JSON has no infinities).
-    let expected_lp: Vec<Option<f32>> = serde_json::from_value(reference["first_logprobs"].clone()).unwrap();
-
-    let (model, _) = models::load_with(model_dir, load).unwrap();
-    let opts = GenerateOptions {
-        prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
-        max_tokens: expected.len(),
-        kv_bits: spec["kv_bits"].as_i64().map(|b| b as i32),
-        kv_group_size: spec["kv_group_size"].as_i64().unwrap_or(64) as i32,
-        // The fixture quantizes from the first token on (quantized_kv_start=0).
-        quantized_kv_start: 0,
-    };
-    assert!(prompt.len() > opts.prefill_size, "the prompt must span several prefill chunks");
-    let mut gen = Generator::new(model.as_ref(), &prompt, Sampler::greedy(), &opts).unwrap();
-    let mut got = Vec::new();
-    let mut first_lp = None;
-    while let Some(step) = gen.next_token().unwrap() {
-        if first_lp.is_none() {
-            let lp = mlx_rs_safe::ops::astype(&step.logprobs, mlx_rs_safe::Dtype::Float32).unwrap();
-            first_lp = Some(lp.to_vec::<f32>().unwrap());
-        }
-        got.push(step.token);
-    }
-    assert!(expected.len() >= 64);
-    assert_eq!(got, expected, "{name}: greedy tokens differ from mlx-lm");
+    let r = reference(reference_dir);
+    let prefill = spec["prefill_size"].as_u64().unwrap_or(512) as usize;
+    assert!(r.prompt.len() > prefill, "the prompt must span several prefill chunks");
+    assert!(r.tokens.len() >= 64);
     // A reference that repeats one token would hide most mistakes.
-    let distinct: std::collections::BTreeSet<_> = expected.iter().collect();
+    let distinct: BTreeSet<_> = r.tokens.iter().collect();
     assert!(distinct.len() >= 8, "{name}: the fixture's greedy output is degenerate ({} distinct tokens)", distinct.len());
 
-    let lp = first_lp.unwrap();
-    assert_eq!(lp.len(), expected_lp.len());
+    let (mut alone, _) = engine(reference_dir, model_dir, spec, load);
+    let vocab = r.first_logprobs.len();
+    let out = drive(&mut alone, &[(&r.prompt, r.tokens.len())], &[0], Some(vocab));
+    assert_eq!(out[0].tokens, r.tokens, "{name}: greedy tokens differ from mlx-lm");
+    let first = out[0].first.as_ref().expect("log-probabilities were asked for");
+    let mut lp = vec![f32::NEG_INFINITY; vocab];
+    for &(token, logprob) in &first.top {
+        lp[token as usize] = logprob;
+    }
     let max_diff = lp
         .iter()
-        .zip(&expected_lp)
+        .zip(&r.first_logprobs)
         .map(|(a, b)| match b {
             Some(b) => (a - b).abs(),
             None if !a.is_finite() => 0.0,
             None => f32::INFINITY,
         })
         .fold(0.0f32, f32::max);
-    eprintln!("{name}: {} tokens identical, first-step logprob max diff {max_diff}", got.len());
+    eprintln!("{name}: {} tokens identical, first-step logprob max diff {max_diff}", out[0].tokens.len());
     assert!(max_diff <= logprob_tol, "{name}: first-step logprobs differ by {max_diff} > {logprob_tol}");
+
+    let (mut batched, metrics) = engine(reference_dir, model_dir, spec, load);
+    let mut prompts: Vec<(&[u32], usize)> = vec![(&r.prompt, r.tokens.len())];
+    prompts.extend(r.batch.iter().map(|(p, t)| (p.as_slice(), t.len())));
+    let outs = drive(&mut batched, &prompts, &[0, 2, 3, 6], None);
+    let expected = std::iter::once(&r.tokens).chain(r.batch.iter().map(|(_, t)| t));
+    for (i, (out, want)) in outs.iter().zip(expected).enumerate() {
+        assert_eq!(&out.tokens, want, "{name}: sequence {i} of the batch differs from mlx-lm's tokens for it alone");
+    }
+    let text = metrics.render();
+    let rows = metrics::counter_value(&text, "mlx_serve_decode_rows_total").unwrap();
+    let steps = metrics::counter_value(&text, "mlx_serve_decode_steps_total").unwrap();
+    assert!(rows / steps > 2.0, "{name}: mean batch size {} — the sequences did not share the batch", rows / steps);
+    eprintln!("{name}: 4 batched sequences identical to mlx-lm, mean batch size {:.2}", rows / steps);
 }
 
 fn base_llama() -> Value {
@@ -233,6 +335,16 @@ fn llama_with_8bit_kv_cache_matches_mlx_lm() {
     check_parity("llama_bf16_kv8", llama_kv8(), TOL);
 }
 
+// --kv-bits 8 from the 560th token on: the 600-token prompt is quantized during
+// its prefill, the 530-token one in the middle of decoding, the short ones
+// never — so the batch holds quantized and plain rows in one model call.
+#[test]
+fn llama_with_8bit_kv_from_token_560_batches_quantized_and_plain_rows() {
+    let mut sp = llama_kv8();
+    sp["quantized_kv_start"] = json!(560);
+    check_parity("llama_bf16_kv8_from560", sp, TOL);
+}
+
 #[test]
 fn qwen3_with_4bit_kv_cache_matches_mlx_lm() {
     let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
@@ -304,7 +416,7 @@ fn quantizing_at_load_matches_mlx_lm_quantize_model() {
 /// The server's batched path against mlx-lm: the fixture's prompt, sent three
 /// times at once beside two other prompts (so rows of different lengths share
 /// the batch), decodes to mlx-lm's greedy text in every copy.
-fn check_server_parity(name: &str, spec: Value, batched: bool, flags: &[&str]) {
+fn check_server_parity(name: &str, spec: Value, flags: &[&str]) {
     let dir = fixture(name, &spec);
     let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
@@ -339,35 +451,31 @@ fn check_server_parity(name: &str, spec: Value, batched: bool, flags: &[&str]) {
         assert_eq!(texts[i], expected_text, "{name}: request {i} through the server differs from mlx-lm");
     }
     let m = server.metrics();
-    let rows = mlx_serve::metrics::counter_value(&m, "mlx_serve_decode_rows_total").unwrap();
-    let steps = mlx_serve::metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
-    if batched {
-        assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
-    } else {
-        assert_eq!(rows, steps, "{name}: caches that cannot be batched decode one sequence per step");
-    }
+    let rows = metrics::counter_value(&m, "mlx_serve_decode_rows_total").unwrap();
+    let steps = metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
+    assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
 }
 
 #[test]
 fn llama_bf16_through_the_batching_server_matches_mlx_lm() {
-    check_server_parity("llama_bf16", spec(base_llama(), "bfloat16", None), true, &[]);
+    check_server_parity("llama_bf16", spec(base_llama(), "bfloat16", None), &[]);
 }
 
 #[test]
 fn qwen3_moe_4bit_through_the_batching_server_matches_mlx_lm() {
     let mut c = qwen3_moe();
     c["mlp_only_layers"] = json!([0]);
-    check_server_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), true, &[]);
+    check_server_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), &[]);
 }
 
 #[test]
 fn gemma3_with_sliding_windows_through_the_server_matches_mlx_lm() {
-    // Rotating caches are not batched: these sequences decode interleaved.
-    check_server_parity("gemma3_bf16", spec(gemma3(), "bfloat16", None), false, &[]);
+    // Rotating caches batch like the others.
+    check_server_parity("gemma3_bf16", spec(gemma3(), "bfloat16", None), &[]);
 }
 
 #[test]
 fn llama_with_8bit_kv_cache_through_the_server_matches_mlx_lm() {
     let flags = ["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"];
-    check_server_parity("llama_bf16_kv8", llama_kv8(), false, &flags);
+    check_server_parity("llama_bf16_kv8", llama_kv8(), &flags);
 }

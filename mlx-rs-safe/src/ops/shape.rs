@@ -205,6 +205,22 @@ pub fn slice(a: &Array, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<
     })
 }
 
+/// `a[..., start:stop, ...]` along one `axis` (negative counts from the end),
+/// every other axis whole.
+pub fn slice_axis(a: &Array, axis: i32, start: i32, stop: i32) -> Result<Array> {
+    let shape = a.shape();
+    let nd = shape.len() as i32;
+    let ax = if axis < 0 { axis + nd } else { axis };
+    if !(0..nd).contains(&ax) {
+        return Err(Error::InvalidArgument(format!("slice_axis: axis {axis} of a {nd}-d array")));
+    }
+    let mut begin = vec![0; shape.len()];
+    let mut end = shape;
+    begin[ax as usize] = start;
+    end[ax as usize] = stop;
+    slice(a, &begin, &end, &vec![1; begin.len()])
+}
+
 /// A copy of `src` with `src[start:stop:strides]` replaced by `update` (broadcast).
 pub fn slice_update(
     src: &Array,

@@ -314,7 +314,7 @@ impl ChunkWriter for ChatStream {
 /// one the chat template shows.
 pub fn tool_format(flag: Option<&str>, tokenizer: &Tokenizer) -> crate::error::Result<Option<ToolCallFormat>> {
     match flag {
-        Some(name) => ToolCallFormat::from_name(name).map(Some).map_err(crate::error::Error::InvalidRequest),
+        Some(name) => ToolCallFormat::from_name(name).map(Some).map_err(crate::error::Error::Config),
         None => Ok(tokenizer.chat_template_source().and_then(ToolCallFormat::detect)),
     }
 }

@@ -1,15 +1,19 @@
-//! Generation: prefill, decode steps, sampling, stopping.
+//! Generation: the engine loop, prefill, the decode batch, sampling, stopping.
 
-pub mod generate;
-pub mod group;
-pub mod request;
-pub mod sampler;
-pub mod scheduler;
-pub mod sequence;
-pub mod stop;
+mod batch;
+mod core;
+mod handle;
+mod policy;
+mod request;
+mod sampler;
+mod sequence;
+mod stats;
+mod stop;
 
-pub use generate::{GenerateOptions, Generator, StepOutput};
-pub use sampler::{Sampler, SamplingParams};
+pub use self::core::{Engine, EngineConfig};
+pub use handle::{EngineHandle, SubmitError};
+pub use policy::Policy;
 pub use request::{Event, Generation, Request, TokenLogprob, Usage};
-pub use scheduler::{EngineConfig, EngineHandle, EngineStats, SubmitError};
+pub use sampler::{Sampler, SamplingParams};
+pub use stats::{EngineSnapshot, EngineStats};
 pub use stop::{FinishReason, StopMatcher};

@@ -1,4 +1,7 @@
-//! Attention masks, as mlx-lm builds them.
+//! Attention masks, as mlx-lm builds them, and a per-step memo so the layers
+//! of one forward pass that share a cache layout build their mask once.
+
+use std::cell::RefCell;
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
@@ -11,28 +14,97 @@ pub enum AttentionMask {
     None,
     /// Keys at or before each query's position (aligned to the end).
     Causal,
-    /// A boolean keep-mask [queries, keys].
+    /// A boolean keep-mask broadcastable to [B, heads, queries, keys].
     Array(Array),
 }
 
 impl AttentionMask {
-    /// Without a cache: causal for several tokens, nothing for one.
+    /// Without padding: causal for several tokens, nothing for one.
     pub fn for_len(n: i32) -> AttentionMask {
-        if n > 1 { AttentionMask::Causal } else { AttentionMask::None }
+        if n > 1 {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::None
+        }
     }
+}
+
+/// `arange(start, stop)` as int32.
+fn range(start: i32, stop: i32) -> Result<Array> {
+    Ok(ops::arange(start as f64, stop as f64, 1.0, Dtype::Int32)?)
 }
 
 /// mlx-lm's `create_causal_mask(N, offset, window_size)`: query i (at position
 /// offset + i) keeps key j when j ≤ offset + i and, with a window, j > offset + i - window.
 pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
-    let rinds = ops::arange(0.0, (offset + n) as f64, 1.0, Dtype::Int32)?;
-    let linds = if offset != 0 { ops::arange(offset as f64, (offset + n) as f64, 1.0, Dtype::Int32)? } else { rinds.clone() };
-    let linds = ops::expand_dims(&linds, &[1])?;
-    let rinds = ops::expand_dims(&rinds, &[0])?;
-    let mut mask = ops::greater_equal(&linds, &rinds)?;
+    let keys = ops::expand_dims(&range(0, offset + n)?, &[0])?;
+    let queries = ops::expand_dims(&range(offset, offset + n)?, &[1])?;
+    let mut mask = ops::greater_equal(&queries, &keys)?;
     if let Some(w) = window {
-        let within = ops::less(&linds, &ops::add(&rinds, &Array::scalar(w))?)?;
+        let within = ops::less(&queries, &ops::add(&keys, &Array::scalar(w))?)?;
         mask = ops::logical_and(&mask, &within)?;
     }
     Ok(mask)
+}
+
+/// `causal_mask(n, offset, window)` where row b's keys before `first_key[b]`
+/// are padding: [B, 1, n, offset + n] (mlx-lm's `left_padding` argument).
+/// Without padding or window this is [`AttentionMask::for_len`].
+pub fn padded_causal_mask(n: i32, offset: i32, window: Option<i32>, first_key: &[i32]) -> Result<AttentionMask> {
+    if first_key.iter().all(|&p| p <= 0) {
+        return Ok(match window {
+            None => AttentionMask::for_len(n),
+            Some(w) => AttentionMask::Array(causal_mask(n, offset, Some(w))?),
+        });
+    }
+    let causal = causal_mask(n, offset, window)?;
+    let keys = range(0, offset + n)?;
+    let first = Array::from_slice(first_key, &[first_key.len() as i32, 1, 1, 1])?;
+    Ok(AttentionMask::Array(ops::logical_and(&causal, &ops::greater_equal(&keys, &first)?)?))
+}
+
+/// One token per row attending to keys whose positions are `key_pos` (any
+/// order: a rotating buffer's slots), keeping those at or after `first_key[b]`:
+/// [B, 1, 1, keys]; None when every key is kept.
+pub fn slot_mask(key_pos: &[i32], first_key: &[i32]) -> Result<AttentionMask> {
+    let oldest = key_pos.iter().copied().min().unwrap_or(0);
+    if first_key.iter().all(|&p| p <= oldest) {
+        return Ok(AttentionMask::None);
+    }
+    let keys = Array::from_slice(key_pos, &[key_pos.len() as i32])?;
+    let first = Array::from_slice(first_key, &[first_key.len() as i32, 1, 1, 1])?;
+    Ok(AttentionMask::Array(ops::greater_equal(&keys, &first)?))
+}
+
+/// What a mask depends on: the store kind's tag and the numbers that fix its
+/// layout (write position, padding, new tokens, window).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaskKey {
+    pub kind: &'static str,
+    pub layout: Vec<i32>,
+}
+
+/// Masks built during one forward pass. Every layer of a model holds the same
+/// rows in the same layout (a batch's rows joined and advanced together), so
+/// the layers of one kind share one mask instead of building it again.
+#[derive(Default)]
+pub struct MaskMemo {
+    entries: RefCell<Vec<(MaskKey, AttentionMask)>>,
+}
+
+impl MaskMemo {
+    /// The mask for `key`, built with `make` the first time it is asked for.
+    pub fn get(&self, key: MaskKey, make: impl FnOnce() -> Result<AttentionMask>) -> Result<AttentionMask> {
+        if let Some((_, m)) = self.entries.borrow().iter().find(|(k, _)| *k == key) {
+            return Ok(m.clone());
+        }
+        let mask = make()?;
+        self.entries.borrow_mut().push((key, mask.clone()));
+        Ok(mask)
+    }
+
+    /// Forgets the masks of the previous pass.
+    pub fn clear(&self) {
+        self.entries.borrow_mut().clear();
+    }
 }

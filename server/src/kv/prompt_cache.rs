@@ -2,7 +2,7 @@
 //! starting with the same tokens (the next turn of a chat, a shared system
 //! prompt) skips prefilling them. Bounded by bytes, least recently used first out.
 
-use super::{KvCache, KvSnapshot};
+use super::{KvSnapshot, ModelCache};
 use crate::error::Result;
 
 struct Entry {
@@ -23,7 +23,7 @@ pub struct PromptCache {
 
 /// Caches holding a prefix of a prompt.
 pub struct PromptCacheHit {
-    pub caches: Vec<Box<dyn KvCache>>,
+    pub cache: ModelCache,
     /// Prompt tokens already in `caches`.
     pub cached_tokens: usize,
     /// The entry they came from, when they are most of it (see
@@ -44,15 +44,17 @@ impl PromptCache {
         self.bytes
     }
 
-    /// Caches for the longest cached prefix of `prompt`. At most all but the
-    /// last prompt token come from the cache: the model must still run on at
-    /// least one token to produce the next token's logits.
+    /// A cache holding the longest cached prefix of `prompt`. At most all but
+    /// the last prompt token come from the cache: the model must still run on
+    /// at least one token to produce the next token's logits. An entry whose
+    /// cache cannot be cut at any length (a rotating window that moved on)
+    /// offers only the prefixes it can restore.
     pub fn lookup(&mut self, prompt: &[u32]) -> Result<Option<PromptCacheHit>> {
         let limit = prompt.len().saturating_sub(1);
         let best = self
             .entries
             .iter_mut()
-            .map(|e| (common_prefix(&e.tokens, prompt).min(limit), e))
+            .map(|e| (e.kv.servable(common_prefix(&e.tokens, prompt).min(limit) as i32) as usize, e))
             .max_by_key(|(n, e)| (*n, e.last_used));
         let Some((n, entry)) = best else { return Ok(None) };
         if n == 0 {
@@ -62,7 +64,7 @@ impl PromptCache {
         entry.last_used = self.clock;
         let kv = entry.kv.prefix(n as i32)?;
         let source = (2 * n >= entry.tokens.len()).then_some(entry.id);
-        Ok(Some(PromptCacheHit { caches: kv.into_caches(), cached_tokens: n, entry: source }))
+        Ok(Some(PromptCacheHit { cache: ModelCache::restore(&kv)?, cached_tokens: n, entry: source }))
     }
 
     /// Keeps `kv`, the KV of `tokens`. An entry that is a prefix of `tokens` is

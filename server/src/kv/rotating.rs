@@ -1,49 +1,71 @@
 //! The rotating cache of sliding-window layers: at most `max_size` positions
 //! (more while a multi-token chunk is processed, so every token sees a full
-//! window), written round-robin during decoding — mlx-lm's RotatingKVCache.
+//! window), written round-robin when decoding — mlx-lm's RotatingKVCache, and
+//! for several rows its BatchRotatingKVCache idea: one shared write slot, each
+//! row left-padded.
+//!
+//! Positions are counted in "virtual" units shared by all rows: `total` have
+//! been written, row b's tokens are those at or after `first[b]`. Which slot
+//! holds which position follows from `total`, `idx` and the buffer length, so
+//! a mask is needed only while some row's padding is still in the window.
 
 use mlx_rs_safe::{ops, Array};
 
-use super::{causal_mask, AttentionMask, KvCache, KvView};
-use crate::error::Result;
+use super::mask::{padded_causal_mask, slot_mask, MaskKey, MaskMemo};
+use super::padded::STEP;
+use super::sdpa;
+use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use crate::error::{Error, Result};
 
-const STEP: i32 = 256;
-
-pub struct RotatingKvCache {
+pub struct RotatingStore {
+    /// [B, kv_heads, len, head_dim]; None before the first write.
     keys: Option<Array>,
     values: Option<Array>,
-    offset: i32,
     max_size: i32,
-    /// Write position in the buffers.
+    /// Virtual positions written (padding included): mlx-lm's `offset` of one row.
+    total: i32,
+    /// Next slot to write: mlx-lm's `_idx`.
     idx: i32,
+    /// Per row: the virtual position of its first token.
+    first: Vec<i32>,
+    /// Per row: tokens seen (rotary positions), which may exceed what is kept.
+    offsets: Vec<i32>,
 }
 
-/// `v[..., from:to, :]` of a [B, H, S, D] array.
 fn range(v: &Array, from: i32, to: i32) -> Result<Array> {
-    let s = v.shape();
-    Ok(ops::slice(v, &[0, 0, from, 0], &[s[0], s[1], to, s[3]], &[1, 1, 1, 1])?)
+    Ok(ops::slice_axis(v, 2, from, to)?)
 }
 
-impl RotatingKvCache {
-    pub fn new(max_size: i32) -> RotatingKvCache {
-        RotatingKvCache { keys: None, values: None, offset: 0, max_size, idx: 0 }
+impl RotatingStore {
+    pub fn empty(rows: usize, max_size: i32) -> RotatingStore {
+        RotatingStore { keys: None, values: None, max_size, total: 0, idx: 0, first: vec![0; rows], offsets: vec![0; rows] }
     }
 
-    /// Drops the oldest `trim` positions (keep = 0), appending `append`.
-    fn trim(trim: i32, v: &Array, append: Option<&Array>) -> Result<Array> {
-        let len = v.shape()[2];
-        let mut parts = Vec::new();
-        let kept;
-        if trim > 0 {
-            kept = range(v, trim, len)?;
-            parts.push(&kept);
-        } else {
-            parts.push(v);
+    /// Rows in temporal order ([1, H, kept, D] keys and values each), right-aligned.
+    pub fn from_rows(rows: &[KvRow], max_size: i32) -> Result<RotatingStore> {
+        let kept: Vec<i32> = rows.iter().map(|r| r.columns.first().map(|k| k.shape()[2]).unwrap_or(0)).collect();
+        let longest = kept.iter().copied().max().unwrap_or(0);
+        let mut store = RotatingStore::empty(rows.len(), max_size);
+        store.offsets = rows.iter().map(|r| r.offset).collect();
+        store.first = kept.iter().map(|k| longest - k).collect();
+        let Some(like) = rows.iter().find(|r| r.columns.len() == 2) else { return Ok(store) };
+        let b = rows.len() as i32;
+        let mut bufs = Vec::with_capacity(2);
+        for (i, col) in like.columns.iter().enumerate() {
+            let s = col.shape();
+            let mut buf = ops::zeros(&[b, s[1], longest, s[3]], col.dtype())?;
+            for (r, (row, first)) in rows.iter().zip(&store.first).enumerate() {
+                let Some(c) = row.columns.get(i) else { continue };
+                let r = r as i32;
+                buf = ops::slice_update(&buf, c, &[r, 0, *first, 0], &[r + 1, s[1], longest, s[3]], &[1, 1, 1, 1])?;
+            }
+            bufs.push(buf);
         }
-        if let Some(a) = append {
-            parts.push(a);
-        }
-        Ok(ops::concatenate(&parts, 2)?)
+        store.values = bufs.pop();
+        store.keys = bufs.pop();
+        store.total = longest;
+        store.idx = longest;
+        Ok(store)
     }
 
     /// The buffer in temporal order, unused tail sliced off.
@@ -51,64 +73,62 @@ impl RotatingKvCache {
         let len = v.shape()[2];
         if self.idx == len {
             Ok(v.clone())
-        } else if self.idx < self.offset {
+        } else if self.idx < self.total {
             Ok(ops::concatenate(&[&range(v, self.idx, len)?, &range(v, 0, self.idx)?], 2)?)
         } else {
             range(v, 0, self.idx)
         }
     }
 
+    /// Several new positions: the kept window in temporal order, its oldest
+    /// dropped beyond `max_size - 1`, the new ones appended.
     fn update_concat(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        match (self.keys.take(), self.values.take()) {
+        let (k, v) = match (self.keys.take(), self.values.take()) {
             (Some(k), Some(v)) => {
-                let k = self.temporal_order(&k)?;
-                let v = self.temporal_order(&v)?;
-                self.idx = k.shape()[2];
-                let trim = self.idx - self.max_size + 1;
-                self.keys = Some(Self::trim(trim, &k, Some(keys))?);
-                self.values = Some(Self::trim(trim, &v, Some(values))?);
+                let (k, v) = (self.temporal_order(&k)?, self.temporal_order(&v)?);
+                let held = k.shape()[2];
+                let drop = (held - self.max_size + 1).max(0);
+                (
+                    ops::concatenate(&[&range(&k, drop, held)?, keys], 2)?,
+                    ops::concatenate(&[&range(&v, drop, held)?, values], 2)?,
+                )
             }
-            _ => {
-                self.keys = Some(keys.clone());
-                self.values = Some(values.clone());
-            }
-        }
-        self.offset += keys.shape()[2];
-        // Set just above.
-        let k = self.keys.clone().expect("set above");
-        let v = self.values.clone().expect("set above");
+            _ => (keys.clone(), values.clone()),
+        };
+        self.total += keys.shape()[2];
         self.idx = k.shape()[2];
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
         Ok((k, v))
     }
 
+    /// One new position: the buffer grows up to `max_size`, then wraps.
     fn update_in_place(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
         let ks = keys.shape();
-        let (b, h, s, kd) = (ks[0], ks[1], ks[2], ks[3]);
-        let prev = self.offset;
-        let len = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
-        if self.keys.is_none() || (prev >= len && len < self.max_size) {
-            let new_size = STEP.min(self.max_size - prev);
-            let new_k = ops::zeros(&[b, h, new_size, kd], keys.dtype())?;
-            let new_v = ops::zeros(&[b, h, new_size, values.dim(-1)?], values.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    self.keys = Some(ops::concatenate(&[&k, &new_k], 2)?);
-                    self.values = Some(ops::concatenate(&[&v, &new_v], 2)?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
+        let s = ks[2];
+        let prev = self.total;
+        let mut k = self.keys.take();
+        let mut v = self.values.take();
+        let len = k.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
+        if k.is_none() || (prev >= len && len < self.max_size) {
+            let grow = STEP.min(self.max_size - prev);
+            let new_k = ops::zeros(&[ks[0], ks[1], grow, ks[3]], keys.dtype())?;
+            let new_v = ops::zeros(&[ks[0], ks[1], grow, values.dim(-1)?], values.dtype())?;
+            k = Some(match k {
+                Some(k) => ops::concatenate(&[&k, &new_k], 2)?,
+                None => new_k,
+            });
+            v = Some(match v {
+                Some(v) => ops::concatenate(&[&v, &new_v], 2)?,
+                None => new_v,
+            });
             self.idx = prev;
         }
-        // Allocated above when absent.
-        let mut k = self.keys.take().expect("allocated above");
-        let mut v = self.values.take().expect("allocated above");
-        let trim = k.shape()[2] - self.max_size;
-        if trim > 0 {
-            k = Self::trim(trim, &k, None)?;
-            v = Self::trim(trim, &v, None)?;
+        let (mut k, mut v) = k.zip(v).ok_or(Error::Internal("rotating cache buffers"))?;
+        let len = k.shape()[2];
+        if len > self.max_size {
+            k = range(&k, len - self.max_size, len)?;
+            v = range(&v, len - self.max_size, len)?;
             self.idx = self.max_size;
         }
         if self.idx == self.max_size {
@@ -120,10 +140,10 @@ impl RotatingKvCache {
         };
         k = at(&k, keys, self.idx)?;
         v = at(&v, values, self.idx)?;
-        self.offset += s;
+        self.total += s;
         self.idx += s;
-        let out = if self.offset < k.shape()[2] {
-            (range(&k, 0, self.offset)?, range(&v, 0, self.offset)?)
+        let out = if self.total < k.shape()[2] {
+            (range(&k, 0, self.total)?, range(&v, 0, self.total)?)
         } else {
             (k.clone(), v.clone())
         };
@@ -131,42 +151,86 @@ impl RotatingKvCache {
         self.values = Some(v);
         Ok(out)
     }
+
+    /// The virtual position each slot of a `len`-slot view holds after a write.
+    fn slot_positions(&self, len: i32) -> Vec<i32> {
+        let buf = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
+        (0..len).map(|s| self.total - self.idx + s - if s >= self.idx { buf } else { 0 }).collect()
+    }
 }
 
-impl KvCache for RotatingKvCache {
-    fn offset(&self) -> i32 {
-        self.offset
+impl KvStore for RotatingStore {
+    fn kind(&self) -> KvKind {
+        KvKind::Rotating { max_size: self.max_size }
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn rows(&self) -> usize {
+        self.first.len()
     }
 
-    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<KvView> {
-        let (keys, values) = if keys.shape()[2] == 1 {
-            self.update_in_place(keys, values)?
-        } else {
-            self.update_concat(keys, values)?
-        };
-        Ok(KvView::Dense { keys, values })
+    fn offsets(&self) -> Vec<i32> {
+        self.offsets.clone()
     }
 
-    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<AttentionMask> {
-        let window = window.unwrap_or(self.max_size);
-        if n > 1 {
-            let offset = (self.max_size - 1).min(self.offset);
-            return Ok(if offset + n > window {
-                AttentionMask::Array(causal_mask(n, offset, Some(window))?)
-            } else {
-                AttentionMask::Causal
-            });
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+        let n = queries.shape()[2];
+        for o in self.offsets.iter_mut() {
+            *o += n;
         }
-        // One token: the window equals the cache size here, so nothing is masked.
-        Ok(AttentionMask::None)
+        if n > 1 {
+            // As mlx-lm: the kept window (at most max_size - 1) plus the new
+            // tokens, causal, windowed only where the window is shorter.
+            let window = args.window.unwrap_or(self.max_size);
+            let offset = (self.max_size - 1).min(self.total);
+            let window = (offset + n > window).then_some(window);
+            let first_key: Vec<i32> = self.first.iter().map(|f| f - (self.total - offset)).collect();
+            let mut layout = vec![offset, n, window.unwrap_or(-1)];
+            layout.extend(&first_key);
+            let mask = masks.get(MaskKey { kind: "rotating-chunk", layout }, || padded_causal_mask(n, offset, window, &first_key))?;
+            let (k, v) = self.update_concat(keys, values)?;
+            return sdpa::dense(queries, &k, &v, args.scale, &mask);
+        }
+        let (k, v) = self.update_in_place(keys, values)?;
+        let len = k.shape()[2];
+        let mut layout = vec![self.total, self.idx, len, self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0)];
+        layout.extend(&self.first);
+        let mask = masks.get(MaskKey { kind: "rotating-step", layout }, || slot_mask(&self.slot_positions(len), &self.first))?;
+        sdpa::dense(queries, &k, &v, args.scale, &mask)
+    }
+
+    fn row(&self, b: usize) -> Result<KvRow> {
+        let offset = *self.offsets.get(b).ok_or(Error::Internal("a cache row out of range"))?;
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(KvRow { kind: self.kind(), offset, columns: Vec::new() });
+        };
+        let (k, v) = (self.temporal_order(k)?, self.temporal_order(v)?);
+        let held = k.shape()[2];
+        let from = (self.first[b] - (self.total - held)).max(0);
+        let cut = |a: &Array| -> Result<Array> {
+            let s = a.shape();
+            let b = b as i32;
+            Ok(ops::slice(a, &[b, 0, from, 0], &[b + 1, s[1], held, s[3]], &[1, 1, 1, 1])?)
+        };
+        Ok(KvRow { kind: self.kind(), offset, columns: vec![cut(&k)?, cut(&v)?] })
+    }
+
+    /// Possible only while nothing has left the window (mlx-lm's `is_trimmable`).
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        if self.idx != self.total {
+            return Err(Error::Internal("a sliding-window cache that has dropped positions cannot be trimmed"));
+        }
+        let shortest = self.first.iter().map(|f| self.total - f).min().unwrap_or(0);
+        let n = n.clamp(0, shortest);
+        self.total -= n;
+        self.idx -= n;
+        for o in self.offsets.iter_mut() {
+            *o -= n;
+        }
+        Ok(n)
     }
 
     /// Sliding-window layers stay unquantized (mlx-lm cannot quantize them at all).
-    fn to_quantized(&self, _group_size: i32, _bits: i32) -> Result<Option<Box<dyn KvCache>>> {
+    fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         Ok(None)
     }
 
@@ -177,4 +241,33 @@ impl KvCache for RotatingKvCache {
     fn nbytes(&self) -> usize {
         self.keys.iter().chain(self.values.iter()).map(Array::nbytes).sum()
     }
+}
+
+/// The longest prefix of at most `n` tokens a rotating row can restore: all of
+/// it, or a shorter one while the `max_size - 1` positions before it are kept.
+pub fn servable(row: &KvRow, n: i32, max_size: i32) -> i32 {
+    let kept = row.columns.first().map(|k| k.shape()[2]).unwrap_or(0);
+    let start = row.offset - kept;
+    if n >= row.offset {
+        row.offset
+    } else if start == 0 || n >= start + max_size - 1 {
+        n.max(0)
+    } else {
+        0
+    }
+}
+
+/// The row as it was after `n` tokens (`n` from [`servable`]).
+pub fn prefix(row: &KvRow, n: i32, max_size: i32) -> Result<KvRow> {
+    if n >= row.offset {
+        return Ok(row.clone());
+    }
+    let kept = row.columns.first().map(|k| k.shape()[2]).unwrap_or(0);
+    let start = row.offset - kept;
+    let from = if start == 0 { 0 } else { n - (max_size - 1) - start };
+    if from < 0 {
+        return Err(Error::Internal("a rotating cache prefix beyond its window"));
+    }
+    let columns = row.columns.iter().map(|c| range(c, from, n - start)).collect::<Result<_>>()?;
+    Ok(KvRow { kind: row.kind, offset: n, columns })
 }

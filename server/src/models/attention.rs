@@ -2,15 +2,14 @@
 //! per-head q/k RMS norm (Qwen3), and a KV cache — the attention of mlx-lm's
 //! llama/qwen2/qwen3 files, op for op.
 
-use mlx_rs_safe::fast::{self, SdpaMask};
-use mlx_rs_safe::{ops, quantized, Array, Dtype};
+use mlx_rs_safe::{ops, Array};
 
 use super::layers::{Linear, RmsNorm};
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
-use crate::error::Result;
-use crate::kv::{AttentionMask, KvCache, KvView};
+use crate::error::{Error, Result};
+use crate::kv::{AttendArgs, LayerCache, MaskMemo};
 
 /// The shape and options of one attention block.
 #[derive(Debug, Clone)]
@@ -96,8 +95,9 @@ impl Attention {
         })
     }
 
-    /// `x`: [B, L, hidden] → [B, L, hidden].
-    pub fn forward(&self, x: &Array, mask: &AttentionMask, cache: &mut dyn KvCache) -> Result<Array> {
+    /// `x`: [B, L, hidden] → [B, L, hidden]. `window` limits how far back a
+    /// token attends (sliding-window layers).
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache, masks: &MaskMemo, window: Option<i32>) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));
@@ -121,7 +121,7 @@ impl Attention {
                 let mut parts = ops::split_sections(&qkv.forward(x)?, &[q_pos, k_end], -1)?.into_iter();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(q), Some(k), Some(v)) => (q, k, v),
-                    _ => return Err(crate::error::Error::InvalidRequest("internal: qkv split".into())),
+                    _ => return Err(Error::Internal("the fused qkv projection did not split in three")),
                 }
             }
         };
@@ -132,82 +132,12 @@ impl Attention {
         let positions = cache.positions()?;
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
-        let out = match cache.update_and_fetch(&k, &v)? {
-            KvView::Dense { keys, values } => {
-                let sdpa_mask = match mask {
-                    AttentionMask::None => SdpaMask::None,
-                    AttentionMask::Causal => SdpaMask::Causal,
-                    AttentionMask::Array(m) => SdpaMask::Array(m),
-                };
-                fast::scaled_dot_product_attention(&q, &keys, &values, self.scale, sdpa_mask, None)?
-            }
-            KvView::Quantized { keys, values, group_size, bits } => {
-                quantized_attention(&q, &keys, &values, self.scale, mask, group_size, bits)?
-            }
-        };
+        let out = cache.attend(&q, &k, &v, &AttendArgs { scale: self.scale, window }, masks)?;
         let out = ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
-}
 
-/// The most negative finite value of a float dtype (numpy's finfo.min).
-fn finfo_min(dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::Float16 => -65504.0,
-        // bf16's largest finite value, 0x7F7F, exactly representable in f32.
-        Dtype::Bfloat16 => -3.389_531_4e38,
-        _ => f32::MIN,
+    pub fn head_dim(&self) -> i32 {
+        self.spec.head_dim
     }
-}
-
-/// A scalar of `dtype`, as MLX treats a Python scalar next to an array.
-fn scalar_like(v: f32, dtype: Dtype) -> Result<Array> {
-    Ok(ops::astype(&Array::scalar(v), dtype)?)
-}
-
-/// Attention over an affine-quantized cache: mlx-lm's
-/// `quantized_scaled_dot_product_attention`, op for op (scaled queries, grouped
-/// heads folded into a repeat axis, quantized matmuls, precise softmax).
-fn quantized_attention(
-    q: &Array,
-    keys: &[Array; 3],
-    values: &[Array; 3],
-    scale: f32,
-    mask: &AttentionMask,
-    group_size: i32,
-    bits: i32,
-) -> Result<Array> {
-    let qs = q.shape();
-    let (b, n_q, l, d) = (qs[0], qs[1], qs[2], qs[3]);
-    let n_kv = keys[0].dim(-3)?;
-    let repeats = n_q / n_kv;
-    let mut q = ops::multiply(q, &scalar_like(scale, q.dtype())?)?;
-    let expand = |parts: &[Array; 3]| -> Result<Vec<Array>> {
-        parts
-            .iter()
-            .map(|x| if repeats > 1 { Ok(ops::expand_dims(x, &[-3])?) } else { Ok(x.clone()) })
-            .collect()
-    };
-    let (k, v) = (expand(keys)?, expand(values)?);
-    if repeats > 1 {
-        q = ops::reshape(&q, &[b, n_kv, repeats, l, d])?;
-    }
-    let mut scores = quantized::quantized_matmul(&q, &k[0], &k[1], Some(&k[2]), true, group_size, bits)?;
-    let keep = match mask {
-        AttentionMask::None => None,
-        AttentionMask::Causal => {
-            let ss = scores.shape();
-            let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-            let qi = ops::arange((kl - ql) as f64, kl as f64, 1.0, Dtype::Int32)?;
-            let ki = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32)?;
-            Some(ops::greater_equal(&ops::expand_dims(&qi, &[1])?, &ops::expand_dims(&ki, &[0])?)?)
-        }
-        AttentionMask::Array(m) => Some(m.clone()),
-    };
-    if let Some(keep) = keep {
-        scores = ops::where_(&keep, &scores, &scalar_like(finfo_min(scores.dtype()), scores.dtype())?)?;
-    }
-    let scores = ops::softmax(&scores, &[-1], true)?;
-    let out = quantized::quantized_matmul(&scores, &v[0], &v[1], Some(&v[2]), false, group_size, bits)?;
-    Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, d])? } else { out })
 }

@@ -15,7 +15,7 @@ use super::rope::Rope;
 use super::weights::Weights;
 use super::LanguageModel;
 use crate::error::Result;
-use crate::kv::{AttentionMask, KvCache, StandardKvCache};
+use crate::kv::{KvKind, ModelCache};
 
 #[derive(Debug, Clone)]
 pub struct DenseSpec {
@@ -116,14 +116,11 @@ impl DenseDecoder {
 }
 
 impl LanguageModel for DenseDecoder {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
-        let mask = match caches.first() {
-            Some(c) => c.make_mask(tokens.shape()[1], None)?,
-            None => AttentionMask::None,
-        };
+        let (caches, masks) = cache.for_forward();
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, &mask, cache.as_mut())?;
+            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
             let hh = ops::add(&h, &r)?;
             let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
             h = ops::add(&hh, &r)?;
@@ -135,7 +132,11 @@ impl LanguageModel for DenseDecoder {
         }
     }
 
-    fn new_caches(&self) -> Vec<Box<dyn KvCache>> {
-        self.layers.iter().map(|_| Box::new(StandardKvCache::new()) as Box<dyn KvCache>).collect()
+    fn cache_kinds(&self) -> Vec<KvKind> {
+        vec![KvKind::Dense; self.layers.len()]
+    }
+
+    fn head_dim(&self) -> i32 {
+        self.layers.first().map(|l| l.attn.head_dim()).unwrap_or(0)
     }
 }

@@ -14,7 +14,7 @@ use super::rope::Rope;
 use super::weights::Weights;
 use super::LanguageModel;
 use crate::error::Result;
-use crate::kv::{AttentionMask, KvCache, RotatingKvCache, StandardKvCache};
+use crate::kv::{KvKind, ModelCache};
 
 #[derive(Debug, Deserialize)]
 pub struct Gemma3TextConfig {
@@ -147,25 +147,15 @@ impl Gemma3Text {
 }
 
 impl LanguageModel for Gemma3Text {
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
         // sqrt(hidden) rounded to bfloat16, then cast to the activations' dtype.
         let scale = ops::astype(&ops::astype(&Array::scalar((self.cfg.hidden_size as f32).sqrt()), Dtype::Bfloat16)?, h.dtype())?;
         h = ops::multiply(&h, &scale)?;
-        let l = tokens.shape()[1];
-        let pattern = self.cfg.sliding_window_pattern;
-        let global_mask = match caches.get((pattern - 1) as usize) {
-            Some(c) => c.make_mask(l, None)?,
-            None => AttentionMask::for_len(l),
-        };
-        let sliding_mask = if pattern > 1 {
-            caches[0].make_mask(l, Some(self.cfg.sliding_window))?
-        } else {
-            AttentionMask::None
-        };
+        let (caches, masks) = cache.for_forward();
         for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            let mask = if self.cfg.is_global(i as i32) { &global_mask } else { &sliding_mask };
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, mask, cache.as_mut())?;
+            let window = (!self.cfg.is_global(i as i32)).then_some(self.cfg.sliding_window);
+            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, window)?;
             let hh = clip_residual(&h, &layer.post_attn_norm.forward(&r)?)?;
             let r = layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?;
             h = clip_residual(&hh, &layer.post_ffn_norm.forward(&r)?)?;
@@ -177,15 +167,13 @@ impl LanguageModel for Gemma3Text {
         }
     }
 
-    fn new_caches(&self) -> Vec<Box<dyn KvCache>> {
+    fn cache_kinds(&self) -> Vec<KvKind> {
         (0..self.cfg.num_hidden_layers)
-            .map(|i| -> Box<dyn KvCache> {
-                if self.cfg.is_global(i) {
-                    Box::new(StandardKvCache::new())
-                } else {
-                    Box::new(RotatingKvCache::new(self.cfg.sliding_window))
-                }
-            })
+            .map(|i| if self.cfg.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.cfg.sliding_window } })
             .collect()
+    }
+
+    fn head_dim(&self) -> i32 {
+        self.cfg.head_dim
     }
 }

@@ -27,16 +27,19 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvKind, ModelCache};
 use quant::QuantConfig;
 use weights::Weights;
 
-/// A causal language model: token ids in, logits out, state in KV caches.
+/// A causal language model: token ids in, logits out, state in a KV cache.
 pub trait LanguageModel: Send {
-    /// `tokens`: [B, L] int32 → logits [B, L, vocab]. Appends to `caches`.
-    fn forward(&self, tokens: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array>;
-    /// One empty cache per layer.
-    fn new_caches(&self) -> Vec<Box<dyn KvCache>>;
+    /// `tokens`: [B, L] int32 → logits [B, L, vocab], for the B sequences of
+    /// `cache`, whose keys and values it appends.
+    fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array>;
+    /// Each layer's cache kind (dense, or a rotating window).
+    fn cache_kinds(&self) -> Vec<KvKind>;
+    /// The attention head dimension (what a KV quantization group must divide).
+    fn head_dim(&self) -> i32;
 }
 
 /// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).

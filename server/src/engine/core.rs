@@ -1,0 +1,360 @@
+//! The engine: owns the model and every MLX array, and generates for the
+//! requests submitted to it with continuous batching. It is driven one turn at
+//! a time with [`Engine::step`] — by the engine thread for the server, directly
+//! by `mlx-serve generate` and by the tests — so every path runs the same
+//! prefill, sampling and pipelining. Each turn:
+//! 1. admits waiting requests while slots are free (prompt-cache lookup),
+//! 2. runs one decode step of the batch (every decoding sequence in one model
+//!    call), handing tokens to their sequences,
+//! 3. moves sequences whose prefill finished into the batch (and then ends
+//!    the turn, so their first step is not delayed by another prompt), or
+//! 4. prefills up to `prefill_size` prompt tokens of the admitted requests
+//!    (several short prompts, or one chunk of a long one).
+//!
+//! So a long prompt never stalls the running sequences for more than a chunk,
+//! and a burst of short requests joins the batch together.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use mlx_rs_safe::{eval, memory, Array};
+
+use super::batch::{DecodeBatch, Joining};
+use super::policy::Policy;
+use super::request::{Event, Request};
+use super::sampler::Sampler;
+use super::sequence::Sequence;
+use super::stats::EngineSnapshot;
+use crate::error::Result;
+use crate::kv::{KvCompression, ModelCache, PromptCache};
+use crate::metrics::Metrics;
+use crate::models::LanguageModel;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Prompt tokens per prefill chunk.
+    pub prefill_size: usize,
+    /// Sequences generating (or prefilling) at once.
+    pub max_concurrency: usize,
+    /// Requests waiting for a slot before new ones are refused.
+    pub max_queue: usize,
+    /// Bytes of KV the prompt cache keeps (0 = off).
+    pub prompt_cache_bytes: usize,
+    /// How sequences' caches are compressed as they grow (`--kv-bits`).
+    pub kv_compression: Option<KvCompression>,
+}
+
+/// A request whose prompt is being prefilled, chunk by chunk.
+struct Prefill {
+    seq: Sequence,
+    cache: ModelCache,
+    /// Prompt tokens already in `cache`.
+    done: usize,
+}
+
+impl Prefill {
+    /// Prompt tokens still to prefill: all but the last, which is the first
+    /// decode step's input (as in mlx-lm).
+    fn remaining(&self) -> usize {
+        self.seq.request.params.prompt.len().saturating_sub(self.done + 1)
+    }
+}
+
+pub struct Engine {
+    model: Box<dyn LanguageModel>,
+    tokenizer: Arc<Tokenizer>,
+    config: EngineConfig,
+    policy: Policy,
+    metrics: Arc<Metrics>,
+    /// Requests submitted and not yet admitted (shared with the thread's handle,
+    /// which bounds the queue with it).
+    waiting: Arc<AtomicUsize>,
+    queue: VecDeque<Request>,
+    /// Admitted requests being prefilled, oldest first.
+    prefill: VecDeque<Prefill>,
+    /// Prefilled sequences about to join the batch.
+    ready: Vec<Joining>,
+    batch: Option<DecodeBatch>,
+    prompt_cache: PromptCache,
+    /// Decode turns run, to clear MLX's buffer cache every CLEAR_CACHE_EVERY of them.
+    decode_turns: u64,
+}
+
+/// Decode steps between clearing MLX's buffer cache: each step's buffers differ in size
+/// (the caches grow by one position, batches are rebuilt as sequences come and go), so
+/// the cache keeps collecting sizes it will not reuse (mlx-lm clears every 256 or 512).
+const CLEAR_CACHE_EVERY: u64 = 256;
+
+/// `tokens` as a [1, L] int32 model input.
+fn token_row(tokens: &[u32]) -> Result<Array> {
+    let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+    Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
+}
+
+impl Engine {
+    pub fn new(model: Box<dyn LanguageModel>, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Engine {
+        Engine::with_queue_counter(model, tokenizer, config, metrics, Arc::new(AtomicUsize::new(0)))
+    }
+
+    /// An engine whose waiting requests are also counted in `waiting`.
+    pub(super) fn with_queue_counter(
+        model: Box<dyn LanguageModel>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        waiting: Arc<AtomicUsize>,
+    ) -> Engine {
+        Engine {
+            model,
+            tokenizer,
+            policy: Policy { max_concurrency: config.max_concurrency.max(1), prefill_size: config.prefill_size.max(1) },
+            prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+            config,
+            metrics,
+            waiting,
+            queue: VecDeque::new(),
+            prefill: VecDeque::new(),
+            ready: Vec::new(),
+            batch: None,
+            decode_turns: 0,
+        }
+    }
+
+    /// Queues a request; its events arrive on `request.events` as turns run.
+    pub fn submit(&mut self, request: Request) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.enqueue(request);
+    }
+
+    /// Queues a request already counted in the waiting counter.
+    pub(super) fn enqueue(&mut self, request: Request) {
+        self.queue.push_back(request);
+    }
+
+    /// Sequences decoding, prefilling or about to join.
+    fn running(&self) -> usize {
+        self.batch.as_ref().map(|b| b.seqs.len()).unwrap_or(0) + self.ready.len() + self.prefill.len()
+    }
+
+    /// Nothing queued or running: a turn would do nothing.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.running() == 0
+    }
+
+    /// One turn (see the module doc).
+    pub fn step(&mut self) {
+        self.admit();
+        self.decode();
+        if !self.ready.is_empty() {
+            // No prefill this turn: the sequences joining now get their first
+            // token at the next step, not after another prompt's chunk.
+            self.place_ready();
+            return;
+        }
+        self.prefill_chunk();
+    }
+
+    /// Starts prefilling waiting requests while slots are free.
+    fn admit(&mut self) {
+        let admissions = self.policy.admissions(self.running(), self.queue.len());
+        for _ in 0..admissions {
+            let Some(request) = self.queue.pop_front() else { return };
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            if request.events.is_closed() {
+                self.metrics.record_cancelled();
+                continue;
+            }
+            if request.params.prompt.is_empty() {
+                let _ = request.events.send(Event::Error("the prompt is empty".into()));
+                continue;
+            }
+            self.metrics.add_prompt_tokens(request.params.prompt.len() as u64);
+            let sampler = match Sampler::new(request.params.sampling.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = request.events.send(Event::Error(e.to_string()));
+                    continue;
+                }
+            };
+            let hit = match self.lookup_prompt_cache(&request.params.prompt) {
+                Ok(hit) => hit,
+                Err(e) => {
+                    let _ = request.events.send(Event::Error(e.to_string()));
+                    continue;
+                }
+            };
+            let (cache, cached, source) = match hit {
+                Some(h) => (h.cache, h.cached_tokens, h.entry),
+                None => (ModelCache::new(&self.model.cache_kinds()), 0, None),
+            };
+            let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached);
+            seq.cache_source = source;
+            self.prefill.push_back(Prefill { seq, cache, done: cached });
+        }
+    }
+
+    fn lookup_prompt_cache(&mut self, prompt: &[u32]) -> Result<Option<crate::kv::PromptCacheHit>> {
+        if self.config.prompt_cache_bytes == 0 {
+            return Ok(None);
+        }
+        let hit = self.prompt_cache.lookup(prompt)?;
+        self.metrics.record_prompt_cache_lookup(hit.as_ref().map(|h| h.cached_tokens as u64).unwrap_or(0));
+        Ok(hit)
+    }
+
+    /// Prefills this turn's share of the admitted prompts (the policy's plan),
+    /// oldest first. Prompts whose prefill is done become ready to join.
+    fn prefill_chunk(&mut self) {
+        let before = self.prefill.len();
+        self.prefill.retain(|p| p.seq.is_connected());
+        for _ in self.prefill.len()..before {
+            self.metrics.record_cancelled();
+        }
+        let remaining: Vec<usize> = self.prefill.iter().map(Prefill::remaining).collect();
+        let plan = self.policy.prefill(&remaining);
+        let mut kept = VecDeque::with_capacity(self.prefill.len());
+        for (i, mut p) in std::mem::take(&mut self.prefill).into_iter().enumerate() {
+            if let Some(&n) = plan.get(i) {
+                if n > 0 {
+                    if let Err(e) = self.prefill_tokens(&mut p, n) {
+                        p.seq.fail(&e.to_string());
+                        continue;
+                    }
+                }
+            }
+            // Admission refused empty prompts, so there is a last token.
+            if let (0, Some(&next)) = (p.remaining(), p.seq.request.params.prompt.last()) {
+                self.ready.push(Joining { seq: p.seq, cache: p.cache, next });
+            } else {
+                kept.push_back(p);
+            }
+        }
+        self.prefill = kept;
+    }
+
+    /// Runs the model over the next `n` prompt tokens of `p`.
+    fn prefill_tokens(&self, p: &mut Prefill, n: usize) -> Result<()> {
+        let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
+        self.model.forward(&chunk, &mut p.cache)?;
+        p.cache.compress(self.config.kv_compression.as_ref())?;
+        eval(&p.cache.state().iter().collect::<Vec<_>>())?;
+        p.done += n;
+        // A chunk's temporaries (attention scores over the whole prompt so far) are the
+        // largest buffers the engine allocates; kept in MLX's cache they would pile up, a
+        // different size per chunk, until the device is full (mlx-lm clears here too).
+        memory::clear_cache()?;
+        Ok(())
+    }
+
+    /// Prefilled sequences join the batch.
+    fn place_ready(&mut self) {
+        let mut joining = std::mem::take(&mut self.ready).into_iter();
+        let result = match self.batch.as_mut() {
+            Some(batch) => batch.join(joining.collect()),
+            None => match joining.next() {
+                Some(first) => DecodeBatch::new(first).and_then(|mut b| {
+                    let rest: Vec<Joining> = joining.collect();
+                    let joined = if rest.is_empty() { Ok(()) } else { b.join(rest) };
+                    self.batch = Some(b);
+                    joined
+                }),
+                None => Ok(()),
+            },
+        };
+        if let Err(e) = result {
+            // The batch's arrays are in an unknown state: end its sequences.
+            log::error!("engine: joining the batch failed: {e}");
+            if let Some(mut b) = self.batch.take() {
+                b.fail_all(&e.to_string());
+            }
+        }
+    }
+
+    /// One decode step of the batch.
+    fn decode(&mut self) {
+        let Some(batch) = self.batch.as_mut() else { return };
+        self.decode_turns += 1;
+        if self.decode_turns.is_multiple_of(CLEAR_CACHE_EVERY) {
+            if let Err(e) = memory::clear_cache() {
+                log::warn!("engine: {e}");
+            }
+        }
+        let pipeline = self.ready.is_empty();
+        let tokenizer = self.tokenizer.clone();
+        let metrics = self.metrics.clone();
+        metrics.record_decode_step(batch.seqs.len() as u64);
+        let result = batch.step(self.model.as_ref(), self.config.kv_compression.as_ref(), pipeline, |seq, token, logprobs| {
+            if !seq.is_connected() {
+                metrics.record_cancelled();
+                seq.finished = true;
+                return Ok(true);
+            }
+            seq.accept(token, logprobs, &tokenizer, &metrics)
+        });
+        match result {
+            Ok(ended) => {
+                for (seq, kv) in ended {
+                    self.keep_in_prompt_cache(&seq, kv);
+                }
+            }
+            Err(e) => {
+                log::error!("engine: decode step failed: {e}");
+                batch.fail_all(&e.to_string());
+            }
+        }
+        if self.batch.as_ref().is_some_and(DecodeBatch::is_empty) {
+            self.batch = None;
+        }
+    }
+
+    /// Stores a finished sequence's KV for later requests sharing its tokens.
+    fn keep_in_prompt_cache(&mut self, seq: &Sequence, kv: crate::kv::KvSnapshot) {
+        if self.config.prompt_cache_bytes == 0 {
+            return;
+        }
+        // The cache may hold one position more than the tokens it was fed
+        // (a step queued ahead); keep exactly the fed tokens' KV.
+        let tokens = seq.cached_history().to_vec();
+        let n = tokens.len() as i32;
+        if kv.servable(n) != n {
+            return;
+        }
+        let stored = kv.prefix(n).and_then(|kv| self.prompt_cache.insert(tokens, kv, seq.cache_source));
+        if let Err(e) = stored {
+            log::warn!("prompt cache: {e}");
+        }
+    }
+
+    /// Ends every queued and running request with `message`.
+    pub fn abandon_all(&mut self, message: &str) {
+        for r in self.queue.drain(..) {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            let _ = r.events.send(Event::Error(message.to_string()));
+        }
+        for mut p in self.prefill.drain(..) {
+            p.seq.fail(message);
+        }
+        for mut j in self.ready.drain(..) {
+            j.seq.fail(message);
+        }
+        if let Some(mut b) = self.batch.take() {
+            b.fail_all(message);
+        }
+    }
+
+    /// What the engine holds now, and MLX's memory.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let active = memory::active_memory().unwrap_or(0);
+        EngineSnapshot {
+            running: self.running(),
+            kv_bytes: self.batch.as_ref().map(DecodeBatch::kv_bytes).unwrap_or(0),
+            prompt_cache_bytes: self.prompt_cache.nbytes(),
+            active_memory: active,
+            // After a reset MLX reads 0 until the next allocation; the peak is never below what is live.
+            peak_memory: memory::peak_memory().unwrap_or(0).max(active),
+            cache_memory: memory::cache_memory().unwrap_or(0),
+        }
+    }
+}

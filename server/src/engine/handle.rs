@@ -1,0 +1,153 @@
+//! The engine thread: the server's [`Engine`] runs on a thread of its own and
+//! takes commands over a channel, so HTTP handlers never wait on MLX and every
+//! MLX call happens on that one thread.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use mlx_rs_safe::memory;
+
+use super::core::{Engine, EngineConfig};
+use super::request::Request;
+use super::stats::EngineStats;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::models::LanguageModel;
+use crate::tokenizer::Tokenizer;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// `max_queue` requests are already waiting.
+    QueueFull,
+    /// The engine thread has stopped.
+    Stopped,
+}
+
+enum Command {
+    Generate(Box<Request>),
+    /// Zero MLX's peak-memory counter (SIGUSR1), so a benchmark reads one phase's peak.
+    ResetPeakMemory,
+    Shutdown,
+}
+
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    /// Requests submitted and not yet admitted.
+    waiting: Arc<AtomicUsize>,
+    max_queue: usize,
+    pub stats: Arc<EngineStats>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+type ModelLoader = Box<dyn FnOnce() -> Result<Box<dyn LanguageModel>> + Send>;
+
+impl EngineHandle {
+    /// Starts the engine thread, which loads the model with `load`; returns
+    /// once the model is loaded (or failed to load).
+    pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Result<EngineHandle> {
+        let (tx, rx) = mpsc::channel();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let stats = Arc::new(EngineStats::default());
+        let max_queue = config.max_queue;
+        let (w, s) = (waiting.clone(), stats.clone());
+        let thread = std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || {
+                let model = match load() {
+                    Ok(m) => {
+                        let _ = ready_tx.send(Ok(()));
+                        m
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                run(Engine::with_queue_counter(model, tokenizer, config, metrics, w), &s, rx);
+            })
+            .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(EngineHandle { tx, waiting, max_queue, stats, thread: Mutex::new(Some(thread)) }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
+        }
+    }
+
+    /// Queues a request; its events arrive on `request.events`.
+    pub fn submit(&self, request: Request) -> std::result::Result<(), SubmitError> {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(SubmitError::QueueFull);
+        }
+        self.tx.send(Command::Generate(Box::new(request))).map_err(|_| {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::Stopped
+        })
+    }
+
+    /// Asks the engine to zero MLX's peak-memory counter; the next stats show it.
+    pub fn reset_peak_memory(&self) -> std::result::Result<(), SubmitError> {
+        self.tx.send(Command::ResetPeakMemory).map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Stops the engine: what is still queued or running ends with an error.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+        let thread = self.thread.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Takes one command; false when the engine must stop.
+fn take(engine: &mut Engine, stats: &EngineStats, command: Command) -> bool {
+    match command {
+        Command::Generate(r) => engine.enqueue(*r),
+        Command::ResetPeakMemory => {
+            match memory::reset_peak_memory() {
+                Ok(()) => log::info!("SIGUSR1: MLX peak memory reset"),
+                Err(e) => log::warn!("cannot reset MLX peak memory: {e}"),
+            }
+            stats.publish(engine.snapshot());
+        }
+        Command::Shutdown => return false,
+    }
+    true
+}
+
+/// The thread's loop: turns while there is work, blocking on the channel only
+/// when there is none.
+fn run(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>) {
+    stats.publish(engine.snapshot());
+    'serve: loop {
+        if engine.is_idle() {
+            let Ok(c) = rx.recv() else { break };
+            if !take(&mut engine, stats, c) {
+                break;
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(c) => {
+                    if !take(&mut engine, stats, c) {
+                        break 'serve;
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => break 'serve,
+            }
+        }
+        engine.step();
+        stats.publish(engine.snapshot());
+    }
+    engine.abandon_all("the server is shutting down");
+}

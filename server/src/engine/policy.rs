@@ -1,0 +1,86 @@
+//! Scheduling decisions as plain host logic over counts: how many waiting
+//! requests start, and how much prompt each turn prefills. No MLX here, so
+//! the rules are tested on their own.
+
+/// The engine's scheduling limits.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Sequences generating or prefilling at once.
+    pub max_concurrency: usize,
+    /// Prompt tokens per prefill chunk, and per turn.
+    pub prefill_size: usize,
+}
+
+impl Policy {
+    /// How many of `queued` requests start now, with `running` sequences
+    /// (decoding, prefilling or about to join) already taking slots.
+    pub fn admissions(&self, running: usize, queued: usize) -> usize {
+        self.max_concurrency.saturating_sub(running).min(queued)
+    }
+
+    /// How many tokens this turn prefills of each admitted prompt, oldest
+    /// first, given the tokens each still has to go: whole prompts while they
+    /// fit the turn's budget of `prefill_size` tokens, and at most one chunk of
+    /// `prefill_size` each, so a long prompt never stalls the decoding
+    /// sequences for more than a chunk. A prompt is always cut at multiples of
+    /// `prefill_size` from its start, whatever else runs, so its KV is computed
+    /// in the same chunks as mlx-lm's (the chunking changes float rounding). A
+    /// prompt with nothing left (one token) takes nothing from the budget.
+    pub fn prefill(&self, remaining: &[usize]) -> Vec<usize> {
+        let chunk = self.prefill_size.max(1);
+        let mut budget = chunk;
+        let mut plan = Vec::new();
+        for &left in remaining {
+            if budget == 0 {
+                break;
+            }
+            let n = left.min(chunk);
+            plan.push(n);
+            budget = budget.saturating_sub(n);
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Policy;
+
+    fn policy() -> Policy {
+        Policy { max_concurrency: 4, prefill_size: 512 }
+    }
+
+    #[test]
+    fn admission_fills_free_slots_only() {
+        let p = policy();
+        assert_eq!(p.admissions(0, 10), 4);
+        assert_eq!(p.admissions(3, 10), 1);
+        assert_eq!(p.admissions(4, 10), 0);
+        assert_eq!(p.admissions(6, 10), 0);
+        assert_eq!(p.admissions(1, 2), 2);
+    }
+
+    #[test]
+    fn short_prompts_share_one_turn_up_to_the_budget() {
+        assert_eq!(policy().prefill(&[100, 200, 150, 300]), vec![100, 200, 150, 300]);
+        assert_eq!(policy().prefill(&[100, 200, 150, 300, 9]), vec![100, 200, 150, 300]);
+    }
+
+    #[test]
+    fn a_long_prompt_advances_one_chunk_per_turn() {
+        assert_eq!(policy().prefill(&[2000, 10]), vec![512]);
+        assert_eq!(policy().prefill(&[300, 2000, 10]), vec![300, 512]);
+    }
+
+    #[test]
+    fn one_token_prompts_cost_nothing_and_never_block() {
+        assert_eq!(policy().prefill(&[0, 0, 600]), vec![0, 0, 512]);
+        assert_eq!(policy().prefill(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_zero_chunk_size_still_makes_progress() {
+        let p = Policy { max_concurrency: 1, prefill_size: 0 };
+        assert_eq!(p.prefill(&[5, 5]), vec![1]);
+    }
+}

@@ -1,0 +1,78 @@
+//! The affine-quantized cache (`--kv-bits`): keys and values stored as MLX
+//! quantized triples (packed uint32, scales, biases), read by quantized
+//! matmuls — mlx-lm's QuantizedKVCache, here for a batch of rows.
+
+use mlx_rs_safe::{quantized, Array};
+
+use super::mask::MaskMemo;
+use super::padded::PaddedRows;
+use super::sdpa;
+use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use crate::error::Result;
+
+pub struct AffineStore {
+    /// Columns: keys (packed, scales, biases), then values (packed, scales, biases).
+    rows: PaddedRows,
+    group_size: i32,
+    bits: i32,
+}
+
+impl AffineStore {
+    pub fn empty(rows: usize, group_size: i32, bits: i32) -> AffineStore {
+        AffineStore { rows: PaddedRows::empty(rows), group_size, bits }
+    }
+
+    /// A store over quantized columns already laid out.
+    pub fn over(rows: PaddedRows, group_size: i32, bits: i32) -> AffineStore {
+        AffineStore { rows, group_size, bits }
+    }
+
+    pub fn from_rows(rows: &[KvRow], group_size: i32, bits: i32) -> Result<AffineStore> {
+        let columns: Vec<Vec<Array>> = rows.iter().map(|r| r.columns.clone()).collect();
+        Ok(AffineStore { rows: PaddedRows::from_rows(&columns)?, group_size, bits })
+    }
+}
+
+impl KvStore for AffineStore {
+    fn kind(&self) -> KvKind {
+        KvKind::Affine { group_size: self.group_size, bits: self.bits }
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.rows()
+    }
+
+    fn offsets(&self) -> Vec<i32> {
+        self.rows.offsets()
+    }
+
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+        let n = queries.shape()[2];
+        let rows = &self.rows;
+        let mask = masks.get(rows.mask_key("affine", n, args.window), || rows.mask(n, args.window))?;
+        let (kq, ks, kb) = quantized::quantize(keys, self.group_size, self.bits)?;
+        let (vq, vs, vb) = quantized::quantize(values, self.group_size, self.bits)?;
+        let c = self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
+        sdpa::quantized(queries, &c[..3], &c[3..], args.scale, &mask, self.group_size, self.bits)
+    }
+
+    fn row(&self, b: usize) -> Result<KvRow> {
+        Ok(KvRow { kind: self.kind(), offset: self.rows.offsets()[b], columns: self.rows.row(b)? })
+    }
+
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        Ok(self.rows.trim(n))
+    }
+
+    fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
+        Ok(None)
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.rows.arrays()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.rows.nbytes()
+    }
+}

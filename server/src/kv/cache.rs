@@ -1,0 +1,96 @@
+//! A model's cache for one sequence or a batch of them: one [`LayerCache`]
+//! per layer, all holding the same rows in the same order. The engine
+//! prefills a sequence in a cache of its own, then moves it into the decode
+//! batch's cache; rows leave as [`KvSnapshot`]s for the prompt cache.
+
+use mlx_rs_safe::Array;
+
+use super::compression::KvCompression;
+use super::layer::LayerCache;
+use super::mask::MaskMemo;
+use super::snapshot::KvSnapshot;
+use super::store::KvKind;
+use crate::error::{Error, Result};
+
+pub struct ModelCache {
+    layers: Vec<LayerCache>,
+    masks: MaskMemo,
+}
+
+impl ModelCache {
+    /// One sequence without tokens; `kinds` gives each layer's cache kind.
+    pub fn new(kinds: &[KvKind]) -> ModelCache {
+        ModelCache { layers: kinds.iter().map(LayerCache::new).collect(), masks: MaskMemo::default() }
+    }
+
+    /// One sequence holding a snapshot's tokens, ready to extend.
+    pub fn restore(snapshot: &KvSnapshot) -> Result<ModelCache> {
+        let layers = snapshot
+            .layers
+            .iter()
+            .map(|row| LayerCache::from_rows(std::slice::from_ref(row)))
+            .collect::<Result<_>>()?;
+        Ok(ModelCache { layers, masks: MaskMemo::default() })
+    }
+
+    /// Sequences held.
+    pub fn rows(&self) -> usize {
+        self.layers.first().map(LayerCache::rows).unwrap_or(0)
+    }
+
+    /// Tokens each sequence has seen.
+    pub fn offsets(&self) -> Vec<i32> {
+        self.layers.first().map(LayerCache::offsets).unwrap_or_default()
+    }
+
+    /// The layers for one forward pass, with a fresh mask memo they share.
+    pub fn for_forward(&mut self) -> (&mut [LayerCache], &MaskMemo) {
+        self.masks.clear();
+        (&mut self.layers, &self.masks)
+    }
+
+    /// Appends `other`'s sequences after these.
+    pub fn extend(&mut self, other: ModelCache) -> Result<()> {
+        if other.layers.len() != self.layers.len() {
+            return Err(Error::Internal("caches of different layer counts"));
+        }
+        for (l, o) in self.layers.iter_mut().zip(other.layers) {
+            l.extend(o)?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the sequences `keep`, in that order.
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        self.layers.iter_mut().try_for_each(|l| l.filter(keep))
+    }
+
+    /// Sequence `b`'s KV in every layer.
+    pub fn snapshot(&self, b: usize) -> Result<KvSnapshot> {
+        Ok(KvSnapshot { layers: self.layers.iter().map(|l| l.row(b)).collect::<Result<_>>()? })
+    }
+
+    /// Applies the compression policy to every sequence that has reached it.
+    pub fn compress(&mut self, policy: Option<&KvCompression>) -> Result<()> {
+        let Some(policy) = policy else { return Ok(()) };
+        self.layers.iter_mut().try_for_each(|l| l.compress(|kind, tokens| policy.target(kind, tokens)))
+    }
+
+    /// Drops the newest `n` positions of every sequence; returns how many went.
+    pub fn trim(&mut self, n: i32) -> Result<i32> {
+        let mut dropped = n;
+        for l in self.layers.iter_mut() {
+            dropped = dropped.min(l.trim(n)?);
+        }
+        Ok(dropped)
+    }
+
+    /// The arrays holding the cache, to evaluate after a prefill chunk.
+    pub fn state(&self) -> Vec<Array> {
+        self.layers.iter().flat_map(LayerCache::state).collect()
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+}

@@ -1,0 +1,76 @@
+//! The dense cache: keys and values as the model computed them, every position
+//! kept (mlx-lm's KVCache, and BatchKVCache for several rows).
+
+use mlx_rs_safe::{quantized, Array};
+
+use super::affine::AffineStore;
+use super::mask::MaskMemo;
+use super::padded::PaddedRows;
+use super::sdpa;
+use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use crate::error::Result;
+
+pub struct DenseStore {
+    /// Columns: keys, values.
+    rows: PaddedRows,
+}
+
+impl DenseStore {
+    pub fn empty(rows: usize) -> DenseStore {
+        DenseStore { rows: PaddedRows::empty(rows) }
+    }
+
+    pub fn from_rows(rows: &[KvRow]) -> Result<DenseStore> {
+        let columns: Vec<Vec<Array>> = rows.iter().map(|r| r.columns.clone()).collect();
+        Ok(DenseStore { rows: PaddedRows::from_rows(&columns)? })
+    }
+}
+
+impl KvStore for DenseStore {
+    fn kind(&self) -> KvKind {
+        KvKind::Dense
+    }
+
+    fn rows(&self) -> usize {
+        self.rows.rows()
+    }
+
+    fn offsets(&self) -> Vec<i32> {
+        self.rows.offsets()
+    }
+
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+        let n = queries.shape()[2];
+        let rows = &self.rows;
+        let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;
+        let kv = self.rows.append(&[keys.clone(), values.clone()])?;
+        sdpa::dense(queries, &kv[0], &kv[1], args.scale, &mask)
+    }
+
+    fn row(&self, b: usize) -> Result<KvRow> {
+        Ok(KvRow { kind: KvKind::Dense, offset: self.rows.offsets()[b], columns: self.rows.row(b)? })
+    }
+
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        Ok(self.rows.trim(n))
+    }
+
+    /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.
+    fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
+        let KvKind::Affine { group_size, bits } = *target else { return Ok(None) };
+        let mut columns = Vec::with_capacity(6);
+        for c in self.rows.buffers() {
+            let (q, s, b) = quantized::quantize(c, group_size, bits)?;
+            columns.extend([q, s, b]);
+        }
+        Ok(Some(Box::new(AffineStore::over(self.rows.with_buffers(columns), group_size, bits))))
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.rows.arrays()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.rows.nbytes()
+    }
+}

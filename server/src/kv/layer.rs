@@ -1,0 +1,191 @@
+//! One layer's cache for a batch of sequences: the rows, held by one store per
+//! cache kind. Rows of different kinds (a sequence whose cache was quantized
+//! next to one not yet quantized) decode in the same model call: the layer's
+//! projections run over the whole batch, and attention runs once per kind over
+//! that kind's rows.
+
+use mlx_rs_safe::{ops, Array};
+
+use super::mask::MaskMemo;
+use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::Positions;
+use crate::error::{Error, Result};
+
+pub struct LayerCache {
+    parts: Vec<Box<dyn KvStore>>,
+    /// Batch row b lives in `parts[place[b].0]` as its row `place[b].1`.
+    place: Vec<(usize, usize)>,
+}
+
+impl LayerCache {
+    /// One sequence without tokens, in a store of `kind`.
+    pub fn new(kind: &KvKind) -> LayerCache {
+        LayerCache { parts: vec![kind.empty_store(1)], place: vec![(0, 0)] }
+    }
+
+    /// These rows, in this order, each in the store of its kind.
+    pub fn from_rows(rows: &[KvRow]) -> Result<LayerCache> {
+        let mut kinds: Vec<KvKind> = Vec::new();
+        let mut place = Vec::with_capacity(rows.len());
+        let mut members: Vec<Vec<KvRow>> = Vec::new();
+        for row in rows {
+            let part = match kinds.iter().position(|k| *k == row.kind) {
+                Some(p) => p,
+                None => {
+                    kinds.push(row.kind);
+                    members.push(Vec::new());
+                    kinds.len() - 1
+                }
+            };
+            place.push((part, members[part].len()));
+            members[part].push(row.clone());
+        }
+        let parts = kinds.iter().zip(&members).map(|(k, m)| k.store(m)).collect::<Result<_>>()?;
+        Ok(LayerCache { parts, place })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.place.len()
+    }
+
+    /// Tokens each row has seen, in batch order.
+    pub fn offsets(&self) -> Vec<i32> {
+        let per_part: Vec<Vec<i32>> = self.parts.iter().map(|p| p.offsets()).collect();
+        self.place.iter().map(|&(p, r)| per_part[p][r]).collect()
+    }
+
+    /// Where each row's next tokens sit, for rotary embeddings: one scalar when
+    /// every row is at the same position (always for one sequence).
+    pub fn positions(&self) -> Result<Positions> {
+        let offsets = self.offsets();
+        match offsets.first() {
+            Some(&o) if offsets.iter().all(|&x| x == o) => Ok(Positions::Scalar(o)),
+            _ => Ok(Positions::PerRow(Array::from_slice(&offsets, &[offsets.len() as i32])?)),
+        }
+    }
+
+    /// Appends the new keys and values ([B, kv_heads, L, D]) and attends
+    /// `queries` ([B, heads, L, D]) to each row's cache.
+    pub fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+        if self.parts.len() == 1 {
+            return self.parts[0].attend(queries, keys, values, args, masks);
+        }
+        let mut outs = Vec::with_capacity(self.parts.len());
+        let mut order = Vec::with_capacity(self.rows());
+        for (p, store) in self.parts.iter_mut().enumerate() {
+            let rows: Vec<i32> = (0..store.rows())
+                .map(|r| self.place.iter().position(|&x| x == (p, r)).map(|b| b as i32))
+                .collect::<Option<_>>()
+                .ok_or(Error::Internal("a cache part row without a batch row"))?;
+            let idx = Array::from_slice(&rows, &[rows.len() as i32])?;
+            let take = |a: &Array| -> Result<Array> { Ok(ops::take(a, &idx, 0)?) };
+            outs.push(store.attend(&take(queries)?, &take(keys)?, &take(values)?, args, masks)?);
+            order.extend(rows);
+        }
+        // `order[i]` is the batch row of output row i: invert it.
+        let mut inverse = vec![0i32; order.len()];
+        for (i, &b) in order.iter().enumerate() {
+            inverse[b as usize] = i as i32;
+        }
+        let joined = ops::concatenate(&outs.iter().collect::<Vec<_>>(), 0)?;
+        Ok(ops::take(&joined, &Array::from_slice(&inverse, &[inverse.len() as i32])?, 0)?)
+    }
+
+    /// Row `b`.
+    pub fn row(&self, b: usize) -> Result<KvRow> {
+        let &(p, r) = self.place.get(b).ok_or(Error::Internal("a cache row out of range"))?;
+        self.parts[p].row(r)
+    }
+
+    fn all_rows(&self) -> Result<Vec<KvRow>> {
+        (0..self.rows()).map(|b| self.row(b)).collect()
+    }
+
+    /// Adds `other`'s rows after these (one copy of the layer's KV, as mlx-lm's
+    /// `extend`; none when this layer holds no rows yet).
+    pub fn extend(&mut self, other: LayerCache) -> Result<()> {
+        if self.rows() == 0 {
+            *self = other;
+            return Ok(());
+        }
+        let mut rows = self.all_rows()?;
+        rows.extend(other.all_rows()?);
+        *self = LayerCache::from_rows(&rows)?;
+        Ok(())
+    }
+
+    /// Keeps the rows `keep` (batch rows, in the order given).
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.len() == self.rows() && keep.iter().enumerate().all(|(i, &b)| i == b) {
+            return Ok(());
+        }
+        let rows = keep.iter().map(|&b| self.row(b)).collect::<Result<Vec<_>>>()?;
+        *self = LayerCache::from_rows(&rows)?;
+        Ok(())
+    }
+
+    /// Converts each row for which `target` (given the row's kind and tokens)
+    /// names another kind — the compression hook: with `--kv-bits`, dense rows
+    /// become affine once they hold `quantized_kv_start` tokens.
+    pub fn compress(&mut self, target: impl Fn(&KvKind, i32) -> Option<KvKind>) -> Result<()> {
+        let offsets = self.offsets();
+        let targets: Vec<Option<KvKind>> =
+            self.place.iter().zip(&offsets).map(|(&(p, _), &o)| target(&self.parts[p].kind(), o)).collect();
+        let Some(first) = targets.first().copied().flatten() else {
+            if targets.iter().all(Option::is_none) {
+                return Ok(());
+            }
+            return self.compress_rows(&targets);
+        };
+        if self.parts.len() == 1 && targets.iter().all(|t| *t == Some(first)) {
+            // Every row at once (always so for one sequence): the store converts
+            // its buffers, as mlx-lm converts a cache.
+            if let Some(c) = self.parts[0].compress(&first)? {
+                self.parts[0] = c;
+            }
+            return Ok(());
+        }
+        self.compress_rows(&targets)
+    }
+
+    /// Converts rows one by one (each through a one-row store) and regroups.
+    fn compress_rows(&mut self, targets: &[Option<KvKind>]) -> Result<()> {
+        let mut changed = false;
+        let mut rows = Vec::with_capacity(self.rows());
+        for (b, to) in targets.iter().enumerate() {
+            let row = self.row(b)?;
+            let converted = match to {
+                Some(to) => row.kind.store(std::slice::from_ref(&row))?.compress(to)?,
+                None => None,
+            };
+            rows.push(match converted {
+                Some(c) => {
+                    changed = true;
+                    c.row(0)?
+                }
+                None => row,
+            });
+        }
+        if changed {
+            *self = LayerCache::from_rows(&rows)?;
+        }
+        Ok(())
+    }
+
+    /// Drops the newest `n` positions of every row.
+    pub fn trim(&mut self, n: i32) -> Result<i32> {
+        let mut dropped = n;
+        for p in self.parts.iter_mut() {
+            dropped = dropped.min(p.trim(n)?);
+        }
+        Ok(dropped)
+    }
+
+    pub fn state(&self) -> Vec<Array> {
+        self.parts.iter().flat_map(|p| p.state()).collect()
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.parts.iter().map(|p| p.nbytes()).sum()
+    }
+}

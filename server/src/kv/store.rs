@@ -1,0 +1,127 @@
+//! The interface every cache kind implements, and the kinds there are.
+//!
+//! A store holds one layer's keys and values for a batch of sequences (rows)
+//! in its own format and reads them in its own attention: dense arrays and
+//! MLX's fused attention, affine-quantized triples and quantized matmuls, a
+//! rotating window. Everything outside a store sees only what this trait says:
+//! rows go in and out as [`KvRow`]s, attention goes through [`KvStore::attend`].
+//! A new kind is a new store file and one arm in [`KvKind`].
+
+use mlx_rs_safe::Array;
+
+use super::affine::AffineStore;
+use super::dense::DenseStore;
+use super::mask::MaskMemo;
+use super::rotating::RotatingStore;
+use crate::error::Result;
+
+/// A kind of cache and its parameters: two stores of equal kinds can hold
+/// their rows together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvKind {
+    /// Keys and values as computed, every position kept (mlx-lm's KVCache).
+    Dense,
+    /// Affine-quantized keys and values (`--kv-bits`; mlx-lm's QuantizedKVCache).
+    Affine { group_size: i32, bits: i32 },
+    /// The last `max_size` positions of a sliding-window layer (RotatingKVCache).
+    Rotating { max_size: i32 },
+}
+
+/// One sequence's keys and values in one layer, in its kind's format: what a
+/// store gives out when a row leaves a batch (for the prompt cache or another
+/// batch) and takes in when one joins.
+#[derive(Clone)]
+pub struct KvRow {
+    pub kind: KvKind,
+    /// Tokens the sequence has seen (a rotating row keeps fewer).
+    pub offset: i32,
+    /// The kind's arrays, [1, kv_heads, positions, X] each; none before the first token.
+    pub columns: Vec<Array>,
+}
+
+/// Attention settings of one layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttendArgs {
+    pub scale: f32,
+    /// A sliding-window layer attends to this many positions at most.
+    pub window: Option<i32>,
+}
+
+pub trait KvStore: Send {
+    fn kind(&self) -> KvKind;
+    /// Sequences held.
+    fn rows(&self) -> usize;
+    /// Tokens each row has seen: the position of its next token.
+    fn offsets(&self) -> Vec<i32>;
+    /// Appends `keys`/`values` ([B, kv_heads, L, head_dim], rows in this
+    /// store's order) and returns attention of `queries` ([B, heads, L,
+    /// head_dim]) over every row's cached positions and the new ones.
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array>;
+    /// Row `b` as a [`KvRow`] of this store's kind.
+    fn row(&self, b: usize) -> Result<KvRow>;
+    /// Drops the newest `n` positions of every row; returns how many went.
+    fn trim(&mut self, n: i32) -> Result<i32>;
+    /// These rows converted to `target` (the compression hook: a dense store
+    /// becomes affine today), or None when this kind does not convert to it.
+    fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>>;
+    /// The arrays holding the cache, to evaluate.
+    fn state(&self) -> Vec<Array>;
+    /// Bytes held.
+    fn nbytes(&self) -> usize;
+}
+
+impl KvKind {
+    /// A store of this kind holding `rows` (all of this kind), left-padded to
+    /// the longest.
+    pub fn store(&self, rows: &[KvRow]) -> Result<Box<dyn KvStore>> {
+        Ok(match *self {
+            KvKind::Dense => Box::new(DenseStore::from_rows(rows)?),
+            KvKind::Affine { group_size, bits } => Box::new(AffineStore::from_rows(rows, group_size, bits)?),
+            KvKind::Rotating { max_size } => Box::new(RotatingStore::from_rows(rows, max_size)?),
+        })
+    }
+
+    /// A store of this kind for `rows` sequences without tokens.
+    pub fn empty_store(&self, rows: usize) -> Box<dyn KvStore> {
+        match *self {
+            KvKind::Dense => Box::new(DenseStore::empty(rows)),
+            KvKind::Affine { group_size, bits } => Box::new(AffineStore::empty(rows, group_size, bits)),
+            KvKind::Rotating { max_size } => Box::new(RotatingStore::empty(rows, max_size)),
+        }
+    }
+}
+
+impl KvRow {
+    /// The longest prefix of at most `n` tokens this row can restore: any
+    /// length for kinds that keep every position; a rotating row, only where
+    /// the window before that length is still held.
+    pub fn servable(&self, n: i32) -> i32 {
+        match self.kind {
+            KvKind::Rotating { max_size } => super::rotating::servable(self, n, max_size),
+            KvKind::Dense | KvKind::Affine { .. } => n.min(self.offset),
+        }
+    }
+
+    /// The first `n` tokens (`n` must be [`Self::servable`]).
+    pub fn prefix(&self, n: i32) -> Result<KvRow> {
+        match self.kind {
+            KvKind::Rotating { max_size } => super::rotating::prefix(self, n, max_size),
+            // Positions are tokens: the first n of every column (quantization
+            // groups run along the last axis, so a prefix of codes is the
+            // quantized prefix).
+            KvKind::Dense | KvKind::Affine { .. } => Ok(KvRow {
+                kind: self.kind,
+                offset: n,
+                columns: self
+                    .columns
+                    .iter()
+                    .map(|c| Ok(mlx_rs_safe::ops::slice_axis(c, 2, 0, n)?))
+                    .collect::<Result<_>>()?,
+            }),
+        }
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.columns.iter().map(Array::nbytes).sum()
+    }
+}

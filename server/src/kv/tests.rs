@@ -1,0 +1,230 @@
+//! Every cache kind against itself: a row decoded inside a batch (joining,
+//! leaving, beside rows of other lengths) attends exactly as it does alone;
+//! trimming and restoring a row continue as if nothing happened.
+
+use mlx_rs_safe::{ops, random, Array, Dtype};
+
+use super::{AttendArgs, KvCompression, KvKind, LayerCache, MaskMemo};
+
+const Q_HEADS: i32 = 4;
+const KV_HEADS: i32 = 2;
+const DIM: i32 = 32;
+
+fn kinds() -> [KvKind; 3] {
+    [KvKind::Dense, KvKind::Affine { group_size: 32, bits: 8 }, KvKind::Rotating { max_size: 8 }]
+}
+
+/// A row's queries, keys and values at every position: [1, H, len, D] each.
+struct Row {
+    q: Array,
+    k: Array,
+    v: Array,
+}
+
+fn normal(shape: &[i32], seed: u64) -> Array {
+    random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
+}
+
+fn row(len: i32, seed: u64) -> Row {
+    Row {
+        q: normal(&[1, Q_HEADS, len, DIM], seed),
+        k: normal(&[1, KV_HEADS, len, DIM], seed + 1),
+        v: normal(&[1, KV_HEADS, len, DIM], seed + 2),
+    }
+}
+
+fn at(a: &Array, from: i32, to: i32) -> Array {
+    ops::slice_axis(a, 2, from, to).unwrap()
+}
+
+fn args() -> AttendArgs {
+    AttendArgs { scale: (DIM as f32).powf(-0.5), window: None }
+}
+
+/// Attends row `r`'s positions `from..to` (one chunk) in `cache`.
+fn feed(cache: &mut LayerCache, r: &Row, from: i32, to: i32) -> Array {
+    cache.attend(&at(&r.q, from, to), &at(&r.k, from, to), &at(&r.v, from, to), &args(), &MaskMemo::default()).unwrap()
+}
+
+/// One decode step of a batch: row i of the batch feeds `rows[i]` at `pos[i]`.
+fn step(cache: &mut LayerCache, rows: &[&Row], pos: &[i32]) -> Vec<Array> {
+    let pick = |f: fn(&Row) -> &Array| -> Array {
+        let parts: Vec<Array> = rows.iter().zip(pos).map(|(r, &p)| at(f(r), p, p + 1)).collect();
+        ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0).unwrap()
+    };
+    let out = cache.attend(&pick(|r| &r.q), &pick(|r| &r.k), &pick(|r| &r.v), &args(), &MaskMemo::default()).unwrap();
+    (0..rows.len() as i32).map(|b| ops::slice_axis(&out, 0, b, b + 1).unwrap()).collect()
+}
+
+fn values(a: &Array) -> Vec<f32> {
+    ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
+}
+
+fn assert_close(a: &Array, b: &Array, what: &str) {
+    let (a, b) = (values(a), values(b));
+    assert_eq!(a.len(), b.len(), "{what}: sizes differ");
+    let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(diff < 1e-4, "{what}: differs by {diff}");
+}
+
+/// Row `r` alone: `prefill` positions in one chunk, then one position per
+/// step up to `len`; the output of each decode step, by position.
+fn alone(kind: &KvKind, r: &Row, prefill: i32, len: i32) -> Vec<Option<Array>> {
+    let mut cache = LayerCache::new(kind);
+    feed(&mut cache, r, 0, prefill);
+    let mut out = vec![None; len as usize];
+    for p in prefill..len {
+        out[p as usize] = Some(step(&mut cache, &[r], &[p]).remove(0));
+    }
+    out
+}
+
+/// A batch's rows: their data, the next position of each, and their alone outputs.
+struct Member<'a> {
+    row: &'a Row,
+    next: i32,
+    want: Vec<Option<Array>>,
+}
+
+fn decode(cache: &mut LayerCache, members: &mut [Member], steps: usize, kind: &KvKind) {
+    for _ in 0..steps {
+        let rows: Vec<&Row> = members.iter().map(|m| m.row).collect();
+        let pos: Vec<i32> = members.iter().map(|m| m.next).collect();
+        assert_eq!(cache.offsets(), pos, "{kind:?}: each row's offset is its own length");
+        for (m, got) in members.iter_mut().zip(step(cache, &rows, &pos)) {
+            let want = m.want[m.next as usize].as_ref().unwrap();
+            assert_close(&got, want, &format!("{kind:?}: a batched row at position {}", m.next));
+            m.next += 1;
+        }
+    }
+}
+
+fn prefilled(kind: &KvKind, r: &Row, n: i32) -> LayerCache {
+    let mut c = LayerCache::new(kind);
+    feed(&mut c, r, 0, n);
+    c
+}
+
+#[test]
+fn rows_joining_and_leaving_a_batch_attend_as_they_do_alone() {
+    for kind in kinds() {
+        let (a, b, c) = (row(40, 10), row(40, 20), row(40, 30));
+        let (pa, pb, pc) = (5, 11, 3);
+        let mut members =
+            vec![Member { row: &a, next: pa, want: alone(&kind, &a, pa, 40) }];
+        let mut batch = prefilled(&kind, &a, pa);
+        decode(&mut batch, &mut members, 4, &kind);
+        batch.extend(prefilled(&kind, &b, pb)).unwrap();
+        members.push(Member { row: &b, next: pb, want: alone(&kind, &b, pb, 40) });
+        decode(&mut batch, &mut members, 3, &kind);
+        batch.extend(prefilled(&kind, &c, pc)).unwrap();
+        members.push(Member { row: &c, next: pc, want: alone(&kind, &c, pc, 40) });
+        decode(&mut batch, &mut members, 6, &kind);
+        // The middle row leaves; the others go on past the rotating window.
+        batch.filter(&[0, 2]).unwrap();
+        members.remove(1);
+        decode(&mut batch, &mut members, 12, &kind);
+        batch.filter(&[1]).unwrap();
+        members.remove(0);
+        decode(&mut batch, &mut members, 3, &kind);
+    }
+}
+
+#[test]
+fn a_restored_row_continues_as_the_original() {
+    for kind in kinds() {
+        let (a, b) = (row(30, 40), row(30, 50));
+        let mut batch = prefilled(&kind, &a, 6);
+        batch.extend(prefilled(&kind, &b, 9)).unwrap();
+        let mut pos = [6, 9];
+        for _ in 0..12 {
+            step(&mut batch, &[&a, &b], &pos);
+            pos = [pos[0] + 1, pos[1] + 1];
+        }
+        let saved = batch.row(1).unwrap();
+        assert_eq!(saved.offset, 21);
+        let mut restored = LayerCache::from_rows(&[saved]).unwrap();
+        for _ in 0..5 {
+            let want = step(&mut batch, &[&a, &b], &pos).remove(1);
+            let got = step(&mut restored, &[&b], &[pos[1]]).remove(0);
+            assert_close(&got, &want, &format!("{kind:?}: the restored row"));
+            pos = [pos[0] + 1, pos[1] + 1];
+        }
+    }
+}
+
+#[test]
+fn trimmed_positions_are_forgotten_and_can_be_written_again() {
+    for kind in kinds() {
+        let (a, b) = (row(12, 60), row(12, 70));
+        let mut batch = prefilled(&kind, &a, 3);
+        batch.extend(prefilled(&kind, &b, 5)).unwrap();
+        let first = step(&mut batch, &[&a, &b], &[3, 5]);
+        step(&mut batch, &[&a, &b], &[4, 6]);
+        assert_eq!(batch.trim(2).unwrap(), 2);
+        assert_eq!(batch.offsets(), vec![3, 5]);
+        let again = step(&mut batch, &[&a, &b], &[3, 5]);
+        for (g, w) in again.iter().zip(&first) {
+            assert_close(g, w, &format!("{kind:?}: after trim"));
+        }
+    }
+}
+
+#[test]
+fn a_rotating_cache_that_dropped_positions_refuses_to_trim() {
+    let a = row(20, 80);
+    let mut cache = prefilled(&KvKind::Rotating { max_size: 8 }, &a, 3);
+    for p in 3..12 {
+        step(&mut cache, &[&a], &[p]);
+    }
+    assert!(cache.trim(1).is_err());
+}
+
+#[test]
+fn rows_crossing_the_quantization_start_at_different_steps_match_each_row_alone() {
+    let policy = KvCompression::affine(8, 32, 10).unwrap();
+    let target = |k: &KvKind, n: i32| policy.target(k, n);
+    let (a, b) = (row(24, 90), row(24, 100));
+    // Alone: each row converted after the step that took it to 10 tokens.
+    let alone_with_policy = |r: &Row, prefill: i32| -> Vec<Option<Array>> {
+        let mut c = prefilled(&KvKind::Dense, r, prefill);
+        c.compress(target).unwrap();
+        let mut out = vec![None; 24];
+        for p in prefill..24 {
+            out[p as usize] = Some(step(&mut c, &[r], &[p]).remove(0));
+            c.compress(target).unwrap();
+        }
+        out
+    };
+    let mut members = vec![
+        Member { row: &a, next: 4, want: alone_with_policy(&a, 4) },
+        Member { row: &b, next: 8, want: alone_with_policy(&b, 8) },
+    ];
+    let mut batch = prefilled(&KvKind::Dense, &a, 4);
+    batch.extend(prefilled(&KvKind::Dense, &b, 8)).unwrap();
+    for _ in 0..14 {
+        decode(&mut batch, &mut members, 1, &KvKind::Dense);
+        batch.compress(target).unwrap();
+    }
+    assert_eq!(batch.row(0).unwrap().kind, KvKind::Affine { group_size: 32, bits: 8 });
+}
+
+#[test]
+fn a_rotating_row_restores_only_prefixes_whose_window_it_still_holds() {
+    let kind = KvKind::Rotating { max_size: 8 };
+    let a = row(20, 110);
+    let mut cache = prefilled(&kind, &a, 4);
+    for p in 4..15 {
+        step(&mut cache, &[&a], &[p]);
+    }
+    let saved = cache.row(0).unwrap();
+    assert_eq!((saved.offset, saved.columns[0].shape()[2]), (15, 8));
+    // Holds positions 7..15: 15 itself, and 14 (whose 7-position window 7..14 is kept).
+    assert_eq!(saved.servable(20), 15);
+    assert_eq!(saved.servable(14), 14);
+    assert_eq!(saved.servable(13), 0);
+    let cut = saved.prefix(14).unwrap();
+    assert_eq!((cut.offset, cut.columns[0].shape()[2]), (14, 7));
+    let dense = prefilled(&KvKind::Dense, &a, 15).row(0).unwrap();
+    assert_eq!(dense.servable(9), 9);
+}
