@@ -14,9 +14,9 @@ pub enum Error {
     /// Tokenizing or detokenizing failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    /// The request asked for something impossible (the client's fault: 400).
-    #[error("{0}")]
-    InvalidRequest(String),
+    /// One field of the request has a value that cannot be used (400 naming it).
+    #[error("{message}")]
+    InvalidParam { param: &'static str, message: String },
     /// A command-line flag or setting cannot be used.
     #[error("{0}")]
     Config(String),
@@ -26,6 +26,9 @@ pub enum Error {
     /// An invariant of the code itself failed: a bug, never the client's fault (500).
     #[error("internal error: {0}")]
     Internal(&'static str),
+    /// The engine failed while generating (an MLX error in a step).
+    #[error("generation failed: {0}")]
+    Engine(String),
     /// Downloading or resolving a model failed.
     #[error("model {model}: {message}")]
     Hub { model: String, message: String },

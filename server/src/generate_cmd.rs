@@ -38,7 +38,7 @@ pub fn prompt_tokens(tok: &Tokenizer, args: &GenerateArgs) -> Result<Vec<u32>> {
         prompt.clear();
         std::io::stdin()
             .read_line(&mut prompt)
-            .map_err(|e| crate::error::Error::InvalidRequest(format!("reading the prompt from stdin: {e}")))?;
+            .map_err(|e| Error::Config(format!("reading the prompt from stdin: {e}")))?;
     }
     if !args.ignore_chat_template && tok.has_chat_template() {
         let mut messages = Vec::new();
@@ -87,7 +87,7 @@ fn generate_once(engine: &mut Engine, params: Generation, mut on_text: impl FnMu
                     run.ttft = first.map(|d| d.as_secs_f64()).unwrap_or(run.total);
                     return Ok(run);
                 }
-                Event::Error(message) => return Err(Error::InvalidRequest(message)),
+                Event::Error(message) => return Err(Error::Engine(message)),
             }
         }
         if engine.is_idle() {

@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::generation::{self, error_chunk, off_the_event_loop, token_text, usage_json, ChunkWriter};
+use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_request};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
@@ -18,97 +19,12 @@ use crate::tokenizer::Tokenizer;
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
-    messages: Vec<Value>,
+    messages: Vec<ChatMessage>,
     tools: Option<Vec<Value>>,
     tool_choice: Option<Value>,
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<i64>,
-}
-
-const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
-
-/// A message's content as the template expects it: a string (text parts
-/// joined), or null for an assistant turn that only calls tools.
-fn content_text(i: usize, role: &str, content: Option<&Value>, has_tool_calls: bool) -> Result<Value, ApiError> {
-    let param = format!("messages[{i}].content");
-    match content {
-        Some(Value::String(s)) => Ok(Value::String(s.clone())),
-        None | Some(Value::Null) if role == "assistant" && has_tool_calls => Ok(Value::Null),
-        None | Some(Value::Null) => Err(ApiError::bad_param(&param, format!("{param} is missing"))),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for (j, part) in parts.iter().enumerate() {
-                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
-                    (Some("text"), Some(t)) => text.push_str(t),
-                    (Some(kind), _) if kind != "text" => {
-                        return Err(ApiError::bad_param(
-                            &format!("{param}[{j}].type"),
-                            format!("content parts of type {kind:?} are not supported: this server serves text models"),
-                        ))
-                    }
-                    _ => {
-                        return Err(ApiError::bad_param(
-                            &format!("{param}[{j}]"),
-                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
-                        ))
-                    }
-                }
-            }
-            Ok(Value::String(text))
-        }
-        Some(_) => Err(ApiError::bad_param(&param, format!("{param} must be a string or an array of content parts"))),
-    }
-}
-
-/// Tool calls of an assistant message, with `arguments` JSON text turned into
-/// objects: HF templates serialise them with `tojson` themselves.
-fn template_tool_calls(calls: &Value) -> Value {
-    let mut calls = calls.clone();
-    for call in calls.as_array_mut().into_iter().flatten() {
-        if let Some(f) = call.get_mut("function").and_then(Value::as_object_mut) {
-            if let Some(parsed) = f.get("arguments").and_then(Value::as_str).and_then(|s| serde_json::from_str::<Value>(s).ok()) {
-                f.insert("arguments".into(), parsed);
-            }
-        }
-    }
-    calls
-}
-
-/// Validates the messages and rewrites them into what chat templates read.
-fn template_messages(messages: &[Value]) -> Result<Value, ApiError> {
-    if messages.is_empty() {
-        return Err(ApiError::bad_param("messages", "messages must contain at least one message"));
-    }
-    let mut out = Vec::with_capacity(messages.len());
-    for (i, m) in messages.iter().enumerate() {
-        let obj = m
-            .as_object()
-            .ok_or_else(|| ApiError::bad_param(&format!("messages[{i}]"), format!("messages[{i}] must be an object")))?;
-        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::bad_param(&format!("messages[{i}].role"), format!("messages[{i}].role must be a string"))
-        })?;
-        if !ROLES.contains(&role) {
-            return Err(ApiError::bad_param(
-                &format!("messages[{i}].role"),
-                format!("messages[{i}].role {role:?} is not one of {}", ROLES.join(", ")),
-            ));
-        }
-        let tool_calls = obj.get("tool_calls").filter(|v| !v.is_null());
-        let mut msg = Map::new();
-        msg.insert("role".into(), Value::String(role.into()));
-        msg.insert("content".into(), content_text(i, role, obj.get("content"), tool_calls.is_some())?);
-        if let Some(calls) = tool_calls {
-            msg.insert("tool_calls".into(), template_tool_calls(calls));
-        }
-        for key in ["name", "tool_call_id"] {
-            if let Some(v) = obj.get(key) {
-                msg.insert(key.into(), v.clone());
-            }
-        }
-        out.push(Value::Object(msg));
-    }
-    Ok(Value::Array(out))
 }
 
 /// The tools passed to the template, unless tool_choice is "none".
@@ -397,21 +313,5 @@ mod tests {
         let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), "no calls here".into(), "length");
         assert_eq!((msg["content"].as_str(), finish), (Some("no calls here"), "length"));
         assert!(msg.get("tool_calls").is_none());
-    }
-
-    #[test]
-    fn messages_are_validated_and_tool_call_arguments_become_objects() {
-        let msgs = json!([
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
-            {"role": "tool", "content": "42", "tool_call_id": "c1"}
-        ]);
-        let out = template_messages(msgs.as_array().unwrap()).unwrap();
-        assert_eq!(out[0]["content"], "ab");
-        assert!(out[1]["content"].is_null());
-        assert_eq!(out[1]["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
-        assert_eq!(out[2]["tool_call_id"], "c1");
-        let bad = json!([{"role": "user", "content": 5}]);
-        assert_eq!(template_messages(bad.as_array().unwrap()).unwrap_err().status.as_u16(), 400);
     }
 }

@@ -95,13 +95,15 @@ impl ResponseError for ApiError {
     }
 }
 
-/// Engine and model errors met while preparing a request: template and
-/// tokenizer failures come from the request's content (400).
+/// Errors met while preparing a request: the request's content (its fields,
+/// template and tokenizer failures) is the client's fault (400); anything
+/// else — an invariant, MLX, a model file — is the server's (500).
 impl From<crate::error::Error> for ApiError {
     fn from(e: crate::error::Error) -> ApiError {
         use crate::error::Error;
         match e {
-            Error::Template(_) | Error::Tokenizer(_) | Error::InvalidRequest(_) => ApiError::bad_request(e.to_string()),
+            Error::InvalidParam { param, message } => ApiError::bad_param(param, message),
+            Error::Template(_) | Error::Tokenizer(_) => ApiError::bad_request(e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -6,6 +6,7 @@ pub use chat::tool_format;
 mod completions;
 pub mod error;
 pub(crate) mod generation;
+mod messages;
 mod params;
 
 use std::path::PathBuf;

@@ -51,6 +51,10 @@ pub fn fields<T: DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiErr
         match (path.as_str(), missing) {
             (".", Some(field)) => ApiError::bad_param(field, format!("`{field}` is required")),
             (".", None) => ApiError::bad_request(format!("invalid request: {message}")),
+            (_, Some(field)) => {
+                let param = format!("{path}.{field}");
+                ApiError::bad_param(&param, format!("`{param}` is required"))
+            }
             _ => ApiError::bad_param(&path, format!("invalid value for `{path}`: {message}")),
         }
     })
@@ -149,11 +153,7 @@ impl CommonParams {
             }
             p.logit_bias.insert(id, *bias);
         }
-        p.validate().map_err(|e| {
-            let message = e.to_string();
-            let field = message.split_whitespace().next().unwrap_or("").to_string();
-            ApiError::bad_param(&field, message)
-        })?;
+        p.validate()?;
         Ok(p)
     }
 

@@ -50,25 +50,25 @@ impl Default for SamplingParams {
 impl SamplingParams {
     /// Rejects values no sampler can use, naming the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidRequest(m));
+        let bad = |param: &'static str, message: String| Err(Error::InvalidParam { param, message });
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!("temperature must be >= 0, got {}", self.temperature));
+            return bad("temperature", format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));
         }
         if self.top_k < 0 {
-            return bad(format!("top_k must be >= 0, got {}", self.top_k));
+            return bad("top_k", format!("top_k must be >= 0, got {}", self.top_k));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad(format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+            return bad("repetition_penalty", format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
         }
         for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
             if !(-2.0..=2.0).contains(&v) {
-                return bad(format!("{name} must be in [-2, 2], got {v}"));
+                return bad(name, format!("{name} must be in [-2, 2], got {v}"));
             }
         }
         Ok(())

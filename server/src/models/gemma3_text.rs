@@ -4,9 +4,10 @@
 
 use mlx_rs_safe::{ops, Array, Dtype};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::attention::{Attention, AttentionSpec, QkNorm};
+use super::config::{ConfigFile, RopeScaling};
+use super::decoder::RopeSpec;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::{Activation, Mlp};
 use super::quant::QuantConfig;
@@ -44,7 +45,6 @@ pub struct Gemma3TextConfig {
     pub sliding_window: i32,
     #[serde(default = "d_pattern")]
     pub sliding_window_pattern: i32,
-    pub rope_scaling: Option<Value>,
 }
 
 // mlx-lm's defaults (Gemma 3 1B).
@@ -98,17 +98,19 @@ fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
 }
 
 impl Gemma3Text {
-    pub fn load(cfg: Gemma3TextConfig, mut w: Weights, quant: &QuantConfig) -> Result<Gemma3Text> {
+    pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig) -> Result<Gemma3Text> {
+        let cfg: Gemma3TextConfig = config.parse()?;
+        let rope_scaling = RopeScaling::read(config, "rope_scaling", (cfg.head_dim / 2) as usize, None)?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let norm = |w: &mut Weights, p: &str, dim: i32| RmsNorm::load_plus_one(w, p, dim, eps);
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let rope = if cfg.is_global(i) {
-                Rope::new(cfg.head_dim, cfg.rope_theta, false, cfg.rope_scaling.as_ref())?
+            let rope = Rope::new(&if cfg.is_global(i) {
+                RopeSpec { theta: cfg.rope_theta, traditional: false, scaling: rope_scaling.clone(), dims: cfg.head_dim }
             } else {
-                Rope::new(cfg.head_dim, cfg.rope_local_base_freq, false, None)?
-            };
+                RopeSpec { theta: cfg.rope_local_base_freq, traditional: false, scaling: RopeScaling::Default, dims: cfg.head_dim }
+            })?;
             let spec = AttentionSpec {
                 n_heads: cfg.num_attention_heads,
                 n_kv_heads: cfg.num_key_value_heads,

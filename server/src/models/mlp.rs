@@ -76,7 +76,7 @@ fn call_compiled(f: &'static std::thread::LocalKey<Option<Compiled>>, graph: fn(
         // Compilation unavailable: the same graph, unfused.
         None => graph(&[gate.clone(), x.clone()]),
     })?;
-    out.into_iter().next().ok_or_else(|| crate::error::Error::InvalidRequest("internal: activation output".into()))
+    out.into_iter().next().ok_or_else(|| crate::error::Error::Internal("the activation kernel returned no output"))
 }
 
 /// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, compiled.
@@ -124,7 +124,7 @@ impl Mlp {
                 let mut halves = ops::split(&gu.forward(x)?, 2, -1)?.into_iter();
                 match (halves.next(), halves.next()) {
                     (Some(g), Some(u)) => (g, u),
-                    _ => return Err(crate::error::Error::InvalidRequest("internal: gate_up split".into())),
+                    _ => return Err(crate::error::Error::Internal("the fused gate_up projection did not split in two")),
                 }
             }
         };

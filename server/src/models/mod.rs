@@ -2,7 +2,8 @@
 //! config.json's `model_type` to a loaded model.
 
 mod attention;
-mod dense;
+mod config;
+mod decoder;
 mod gemma3_text;
 mod layers;
 mod llama;
@@ -23,11 +24,12 @@ pub mod weights;
 use std::path::Path;
 
 use mlx_rs_safe::Array;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::kv::{KvKind, ModelCache};
+use crate::kv::{KvKind, ModelCache, AFFINE_BITS, AFFINE_GROUP_SIZES};
+use config::ConfigFile;
+use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
 
@@ -42,11 +44,31 @@ pub trait LanguageModel: Send {
     fn head_dim(&self) -> i32;
 }
 
-/// `model_type`s this build can load (mistral maps to llama, as in mlx-lm).
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gemma3_text", "phi3"];
+/// How each `model_type` loads: the shared decoder from its config's spec, or
+/// an architecture of its own.
+type Loader = fn(&ConfigFile, Weights, &QuantConfig) -> Result<Box<dyn LanguageModel>>;
 
-fn parse<T: DeserializeOwned>(config: &Value, path: &Path) -> Result<T> {
-    serde_json::from_value(config.clone()).map_err(|e| Error::model_file(path, format!("invalid config: {e}")))
+fn decoder(spec: DecoderSpec, w: Weights, quant: &QuantConfig) -> Result<Box<dyn LanguageModel>> {
+    Ok(Box::new(Decoder::load(&spec, w, quant)?))
+}
+
+/// `model_type` → loader (mistral is llama, as in mlx-lm).
+const REGISTRY: &[(&str, Loader)] = &[
+    ("llama", |c, w, q| decoder(llama::spec(c)?, w, q)),
+    ("mistral", |c, w, q| decoder(llama::spec(c)?, w, q)),
+    ("qwen2", |c, w, q| decoder(qwen2::spec(c)?, w, q)),
+    ("qwen3", |c, w, q| decoder(qwen3::spec(c)?, w, q)),
+    ("qwen3_moe", |c, w, q| decoder(qwen3_moe::spec(c)?, w, q)),
+    ("qwen2_moe", |c, w, q| decoder(qwen2_moe::spec(c)?, w, q)),
+    ("mixtral", |c, w, q| decoder(mixtral::spec(c)?, w, q)),
+    ("olmoe", |c, w, q| decoder(olmoe::spec(c)?, w, q)),
+    ("phi3", |c, w, q| decoder(phi3::spec(c)?, w, q)),
+    ("gemma3_text", |c, w, q| Ok(Box::new(gemma3_text::Gemma3Text::load(c, w, q)?))),
+];
+
+/// `model_type`s this build can load.
+pub fn supported() -> Vec<&'static str> {
+    REGISTRY.iter().map(|(name, _)| *name).collect()
 }
 
 /// How to load a model.
@@ -76,13 +98,13 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
     let mut weights = Weights::load(dir)?;
     if let Some(q) = opts.quantize {
         if quant.is_quantized() {
-            return Err(Error::InvalidRequest(format!(
+            return Err(Error::Config(format!(
                 "{} is already quantized; --quantize applies to float models",
                 dir.display()
             )));
         }
-        if ![2, 3, 4, 5, 6, 8].contains(&q.bits) || ![32, 64, 128].contains(&q.group_size) {
-            return Err(Error::InvalidRequest(format!(
+        if !AFFINE_BITS.contains(&q.bits) || !AFFINE_GROUP_SIZES.contains(&q.group_size) {
+            return Err(Error::Config(format!(
                 "--quantize needs bits in 2, 3, 4, 5, 6, 8 and a group size of 32, 64 or 128 (got {} bits, group {})",
                 q.bits, q.group_size
             )));
@@ -90,49 +112,9 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
         weights.quantize_in_place(q.group_size, q.bits)?;
         quant = QuantConfig::uniform(q);
     }
-    let model: Box<dyn LanguageModel> = match model_type {
-        "llama" | "mistral" => {
-            let c: llama::LlamaConfig = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "qwen2" => {
-            let c: qwen2::Qwen2Config = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "qwen3" => {
-            let c: qwen3::Qwen3Config = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec()?, weights, &quant)?)
-        }
-        "qwen3_moe" => {
-            let c: qwen3_moe::Qwen3MoeConfig = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "qwen2_moe" => {
-            let c: qwen2_moe::Qwen2MoeConfig = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "mixtral" => {
-            let c: mixtral::MixtralConfig = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "olmoe" => {
-            let c: olmoe::OlmoeConfig = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec(), weights, &quant)?)
-        }
-        "gemma3_text" => {
-            let c: gemma3_text::Gemma3TextConfig = parse(&config, &config_path)?;
-            Box::new(gemma3_text::Gemma3Text::load(c, weights, &quant)?)
-        }
-        "phi3" => {
-            let c: phi3::Phi3Config = parse(&config, &config_path)?;
-            Box::new(dense::DenseDecoder::load(&c.spec()?, weights, &quant)?)
-        }
-        other => {
-            return Err(Error::model_file(
-                &config_path,
-                format!("model_type {other:?} is not supported; supported: {}", SUPPORTED.join(", ")),
-            ))
-        }
-    };
+    let load = REGISTRY.iter().find(|(name, _)| *name == model_type).map(|(_, load)| load).ok_or_else(|| {
+        Error::model_file(&config_path, format!("model_type {model_type:?} is not supported; supported: {}", supported().join(", ")))
+    })?;
+    let model = load(&ConfigFile { value: &config, path: &config_path }, weights, &quant)?;
     Ok((model, config))
 }

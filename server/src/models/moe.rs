@@ -38,6 +38,8 @@ pub struct MoeSpec {
     pub hf_expert_names: [(&'static str, &'static str); 3],
     /// Route a [tokens, dim] view of the input (OLMoE), not [B, L, dim].
     pub flatten_tokens: bool,
+    /// The MoE module's name under each layer ("mlp"; Mixtral: "block_sparse_moe").
+    pub module: &'static str,
 }
 
 pub const HF_GLU_NAMES: [(&str, &str); 3] = [("gate_proj", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj")];

@@ -2,85 +2,37 @@
 //! projections, and a sparse MoE on every layer, routed over a flat token view.
 
 use serde::Deserialize;
-use serde_json::Value;
 
-use super::attention::{AttentionSpec, QkNorm};
-use super::dense::DenseSpec;
+use super::attention::QkNorm;
+use super::config::{ConfigFile, DecoderConfig, Defaults};
+use super::decoder::DecoderSpec;
 use super::moe::{MoeSpec, Router, HF_GLU_NAMES};
+use crate::error::Result;
 
 #[derive(Debug, Deserialize)]
-pub struct OlmoeConfig {
-    pub hidden_size: i32,
-    pub num_hidden_layers: i32,
-    pub intermediate_size: i32,
-    pub num_attention_heads: i32,
-    pub rms_norm_eps: f32,
-    pub vocab_size: i32,
-    pub num_experts: i32,
-    pub num_experts_per_tok: i32,
+struct MoeFields {
+    num_experts: i32,
+    num_experts_per_tok: i32,
     #[serde(default)]
-    pub norm_topk_prob: bool,
-    pub head_dim: Option<i32>,
-    pub num_key_value_heads: Option<i32>,
-    #[serde(default)]
-    pub attention_bias: bool,
-    #[serde(default)]
-    pub mlp_bias: bool,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f32,
-    #[serde(default)]
-    pub rope_traditional: bool,
-    pub rope_scaling: Option<Value>,
-    #[serde(default = "yes")]
-    pub tie_word_embeddings: bool,
+    norm_topk_prob: bool,
 }
 
-fn default_theta() -> f32 {
-    10000.0
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl OlmoeConfig {
-    pub fn spec(&self) -> DenseSpec {
-        DenseSpec {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            num_layers: self.num_hidden_layers,
-            intermediate_size: self.intermediate_size,
-            attention: AttentionSpec {
-                n_heads: self.num_attention_heads,
-                n_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
-                head_dim: self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads),
-                qkv_bias: self.attention_bias,
-                o_bias: self.attention_bias,
-                qk_norm: QkNorm::Full(self.rms_norm_eps),
-                scale: None,
-                fused_qkv: false,
-            },
-            mlp_bias: self.mlp_bias,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            rope_traditional: self.rope_traditional,
-            rope_scaling: self.rope_scaling.clone(),
-            rope_dims: None,
-            su_rope_positions: None,
-            fused_gate_up: false,
-            tie_word_embeddings: self.tie_word_embeddings,
-            moe: Some(MoeSpec {
-                num_experts: self.num_experts,
-                top_k: self.num_experts_per_tok,
-                expert_hidden: self.intermediate_size,
-                norm_topk_prob: self.norm_topk_prob,
-                router: Router::SoftmaxTopKFirst,
-                shared_expert_hidden: None,
-                hf_expert_names: HF_GLU_NAMES,
-                flatten_tokens: true,
-            }),
-            moe_layers: vec![true; self.num_hidden_layers as usize],
-            moe_module: "mlp",
-        }
-    }
+pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
+    let base: DecoderConfig = config.parse()?;
+    let mut spec = base.spec(config, Defaults { rope_theta: Some(10_000.0), tie_word_embeddings: Some(true) })?;
+    let m: MoeFields = config.parse()?;
+    spec.attention.qk_norm = QkNorm::Full(base.rms_norm_eps);
+    spec.moe_layers = vec![true; spec.num_layers as usize];
+    spec.moe = Some(MoeSpec {
+        num_experts: m.num_experts,
+        top_k: m.num_experts_per_tok,
+        expert_hidden: spec.intermediate_size,
+        norm_topk_prob: m.norm_topk_prob,
+        router: Router::SoftmaxTopKFirst,
+        shared_expert_hidden: None,
+        hf_expert_names: HF_GLU_NAMES,
+        flatten_tokens: true,
+        module: "mlp",
+    });
+    Ok(spec)
 }

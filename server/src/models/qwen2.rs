@@ -1,66 +1,24 @@
-//! Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections.
+//! Qwen2 / Qwen2.5: Llama with biases on the q/k/v projections (not the output).
 
-use serde::Deserialize;
-use serde_json::Value;
+use super::config::{ConfigFile, DecoderConfig, Defaults};
+use super::decoder::DecoderSpec;
+use crate::error::Result;
 
-use super::attention::{AttentionSpec, QkNorm};
-use super::dense::DenseSpec;
+/// mlx-lm's defaults for Qwen2.
+pub const DEFAULTS: Defaults = Defaults { rope_theta: Some(1_000_000.0), tie_word_embeddings: Some(true) };
 
-#[derive(Debug, Deserialize)]
-pub struct Qwen2Config {
-    pub hidden_size: i32,
-    pub num_hidden_layers: i32,
-    pub intermediate_size: i32,
-    pub num_attention_heads: i32,
-    pub rms_norm_eps: f32,
-    pub vocab_size: i32,
-    pub num_key_value_heads: i32,
-    #[serde(default = "default_theta")]
-    pub rope_theta: f32,
-    #[serde(default)]
-    pub rope_traditional: bool,
-    pub rope_scaling: Option<Value>,
-    #[serde(default = "yes")]
-    pub tie_word_embeddings: bool,
+/// The Qwen2 decoder with the given defaults (Qwen2-MoE's differ).
+pub fn spec_with(config: &ConfigFile, defaults: Defaults) -> Result<DecoderSpec> {
+    let mut base: DecoderConfig = config.parse()?;
+    // mlx-lm's Qwen2 always derives the head size.
+    base.head_dim = None;
+    let mut spec = base.spec(config, defaults)?;
+    spec.attention.qkv_bias = true;
+    spec.attention.o_bias = false;
+    spec.mlp_bias = false;
+    Ok(spec)
 }
 
-fn default_theta() -> f32 {
-    1_000_000.0
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl Qwen2Config {
-    pub fn spec(&self) -> DenseSpec {
-        DenseSpec {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            num_layers: self.num_hidden_layers,
-            intermediate_size: self.intermediate_size,
-            attention: AttentionSpec {
-                n_heads: self.num_attention_heads,
-                n_kv_heads: self.num_key_value_heads,
-                head_dim: self.hidden_size / self.num_attention_heads,
-                qkv_bias: true,
-                o_bias: false,
-                qk_norm: QkNorm::None,
-                scale: None,
-                fused_qkv: false,
-            },
-            mlp_bias: false,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: self.rope_theta,
-            rope_traditional: self.rope_traditional,
-            rope_scaling: self.rope_scaling.clone(),
-            rope_dims: None,
-            su_rope_positions: None,
-            fused_gate_up: false,
-            tie_word_embeddings: self.tie_word_embeddings,
-            moe: None,
-            moe_layers: Vec::new(),
-            moe_module: "mlp",
-        }
-    }
+pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
+    spec_with(config, DEFAULTS)
 }

@@ -1,66 +1,39 @@
 //! Qwen3: Llama with an explicit head_dim and per-head RMS norms on queries and
-//! keys; rope settings may sit under `rope_parameters` (transformers ≥ 5).
+//! keys, no biases; rope settings may sit under `rope_parameters` (transformers ≥ 5).
 
 use serde::Deserialize;
-use serde_json::Value;
 
-use super::attention::{AttentionSpec, QkNorm};
-use super::dense::DenseSpec;
-use crate::error::{Error, Result};
+use super::attention::QkNorm;
+use super::config::{ConfigFile, DecoderConfig, Defaults, RopeScaling};
+use super::decoder::DecoderSpec;
+use crate::error::Result;
 
 #[derive(Debug, Deserialize)]
-pub struct Qwen3Config {
-    pub hidden_size: i32,
-    pub num_hidden_layers: i32,
-    pub intermediate_size: i32,
-    pub num_attention_heads: i32,
-    pub rms_norm_eps: f32,
-    pub vocab_size: i32,
-    pub num_key_value_heads: i32,
-    pub head_dim: i32,
-    pub tie_word_embeddings: bool,
-    pub rope_theta: Option<f32>,
-    pub rope_scaling: Option<Value>,
-    pub rope_parameters: Option<Value>,
+struct Qwen3Fields {
+    head_dim: i32,
+    rope_parameters: Option<RopeParameters>,
 }
 
-impl Qwen3Config {
-    pub fn spec(&self) -> Result<DenseSpec> {
-        let params = self.rope_parameters.as_ref();
-        let theta = self
-            .rope_theta
-            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64).map(|v| v as f32))
-            .ok_or_else(|| Error::ModelFile {
-                file: "config.json".into(),
-                message: "rope_theta is missing from the model config".into(),
-            })?;
-        Ok(DenseSpec {
-            vocab_size: self.vocab_size,
-            hidden_size: self.hidden_size,
-            num_layers: self.num_hidden_layers,
-            intermediate_size: self.intermediate_size,
-            attention: AttentionSpec {
-                n_heads: self.num_attention_heads,
-                n_kv_heads: self.num_key_value_heads,
-                head_dim: self.head_dim,
-                qkv_bias: false,
-                o_bias: false,
-                qk_norm: QkNorm::PerHead(self.rms_norm_eps),
-                scale: None,
-                fused_qkv: false,
-            },
-            mlp_bias: false,
-            rms_norm_eps: self.rms_norm_eps,
-            rope_theta: theta,
-            rope_traditional: false,
-            rope_scaling: self.rope_scaling.clone().or_else(|| self.rope_parameters.clone()),
-            rope_dims: None,
-            su_rope_positions: None,
-            fused_gate_up: false,
-            tie_word_embeddings: self.tie_word_embeddings,
-            moe: None,
-            moe_layers: Vec::new(),
-            moe_module: "mlp",
-        })
-    }
+#[derive(Debug, Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f32>,
+}
+
+pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
+    let mut base: DecoderConfig = config.parse()?;
+    let fields: Qwen3Fields = config.parse()?;
+    base.head_dim = Some(fields.head_dim);
+    base.rope_theta = base.rope_theta.or(fields.rope_parameters.and_then(|p| p.rope_theta));
+    let half = (fields.head_dim / 2) as usize;
+    let scaling = match config.value.get("rope_scaling") {
+        Some(v) if !v.is_null() => RopeScaling::read(config, "rope_scaling", half, None)?,
+        _ => RopeScaling::read(config, "rope_parameters", half, None)?,
+    };
+    let mut spec = base.spec_with_rope(config, Defaults { rope_theta: None, tie_word_embeddings: None }, fields.head_dim, scaling)?;
+    spec.attention.qkv_bias = false;
+    spec.attention.o_bias = false;
+    spec.attention.qk_norm = QkNorm::PerHead(base.rms_norm_eps);
+    spec.mlp_bias = false;
+    spec.rope.traditional = false;
+    Ok(spec)
 }

@@ -67,11 +67,6 @@ impl Weights {
         Ok(Weights { tensors, origin })
     }
 
-    /// An in-memory set of tensors (tests, or weights produced at load time).
-    pub fn from_map(tensors: HashMap<String, Array>) -> Weights {
-        Weights { tensors, origin: HashMap::new() }
-    }
-
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
@@ -82,11 +77,6 @@ impl Weights {
             file: "weights".into(),
             message: format!("missing tensor {name}"),
         })
-    }
-
-    /// Removes tensor `name` if present.
-    pub fn take_opt(&mut self, name: &str) -> Option<Array> {
-        self.tensors.remove(name)
     }
 
     /// Removes tensor `name`, checking its shape.
@@ -104,18 +94,6 @@ impl Weights {
     /// Drops every tensor whose name matches `unused` (e.g. rotary buffers).
     pub fn discard(&mut self, unused: impl Fn(&str) -> bool) {
         self.tensors.retain(|k, _| !unused(k));
-    }
-
-    /// Renames tensors (weight-name sanitising).
-    pub fn rename(&mut self, f: impl Fn(&str) -> Option<String>) {
-        let names: Vec<String> = self.tensors.keys().cloned().collect();
-        for old in names {
-            if let Some(new) = f(&old) {
-                if let Some(a) = self.tensors.remove(&old) {
-                    self.tensors.insert(new, a);
-                }
-            }
-        }
     }
 
     pub fn insert(&mut self, name: String, a: Array) {

@@ -61,8 +61,4 @@ impl StreamingDetokenizer {
             String::new()
         })
     }
-
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
 }

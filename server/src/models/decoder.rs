@@ -1,12 +1,13 @@
-//! The dense decoder-only transformer that llama, mistral, qwen2 and qwen3 share:
-//! embedding → N × (norm → attention → residual → norm → MLP → residual) → norm
-//! → output head (tied to the embedding or separate). Architectures differ only
-//! in the `DenseSpec` their config maps to.
+//! The decoder-only transformer most architectures share: embedding → N ×
+//! (norm → attention → residual → norm → feed-forward → residual) → norm →
+//! output head (tied to the embedding or separate). The feed-forward of a layer
+//! is a dense MLP or a sparse mixture of experts. Architectures differ only in
+//! the [`DecoderSpec`] their config maps to.
 
 use mlx_rs_safe::{ops, Array};
-use serde_json::Value;
 
 use super::attention::{Attention, AttentionSpec};
+use super::config::RopeScaling;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
 use super::moe::{MoeSpec, SparseMoe};
@@ -17,8 +18,18 @@ use super::LanguageModel;
 use crate::error::Result;
 use crate::kv::{KvKind, ModelCache};
 
+/// Rotary embeddings of a layer.
 #[derive(Debug, Clone)]
-pub struct DenseSpec {
+pub struct RopeSpec {
+    pub theta: f32,
+    pub traditional: bool,
+    pub scaling: RopeScaling,
+    /// Rotated features per head (fewer than head_dim with partial rotary).
+    pub dims: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderSpec {
     pub vocab_size: i32,
     pub hidden_size: i32,
     pub num_layers: i32,
@@ -26,13 +37,7 @@ pub struct DenseSpec {
     pub attention: AttentionSpec,
     pub mlp_bias: bool,
     pub rms_norm_eps: f32,
-    pub rope_theta: f32,
-    pub rope_traditional: bool,
-    pub rope_scaling: Option<Value>,
-    /// Rotated features per head (partial rotary); None = all of head_dim.
-    pub rope_dims: Option<i32>,
-    /// Phi-3 "su"/"longrope" scaling: (max_position_embeddings, original_max_position_embeddings).
-    pub su_rope_positions: Option<(i32, i32)>,
+    pub rope: RopeSpec,
     /// One fused gate_up projection in the MLP (Phi-3).
     pub fused_gate_up: bool,
     pub tie_word_embeddings: bool,
@@ -40,8 +45,6 @@ pub struct DenseSpec {
     pub moe: Option<MoeSpec>,
     /// Per layer: MoE (true) or dense MLP. Missing entries are dense.
     pub moe_layers: Vec<bool>,
-    /// The MoE module's name under each layer ("mlp", Mixtral: "block_sparse_moe").
-    pub moe_module: &'static str,
 }
 
 /// A layer's feed-forward: one dense MLP or a mixture of experts.
@@ -66,15 +69,15 @@ struct Block {
     mlp: FeedForward,
 }
 
-pub struct DenseDecoder {
+pub struct Decoder {
     embed: Embedding,
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
 }
 
-impl DenseDecoder {
-    pub fn load(spec: &DenseSpec, mut w: Weights, quant: &QuantConfig) -> Result<DenseDecoder> {
+impl Decoder {
+    pub fn load(spec: &DecoderSpec, mut w: Weights, quant: &QuantConfig) -> Result<Decoder> {
         // Weights mlx-lm's sanitize drops: precomputed rotary tables, and the
         // output head when it is tied to the embedding.
         w.discard(|k| k.contains("self_attn.rotary_emb.inv_freq"));
@@ -86,25 +89,21 @@ impl DenseDecoder {
         let mut layers = Vec::with_capacity(spec.num_layers as usize);
         for i in 0..spec.num_layers {
             let p = format!("model.layers.{i}");
-            let dims = spec.rope_dims.unwrap_or(spec.attention.head_dim);
-            let rope = match (spec.su_rope_positions, spec.rope_scaling.as_ref()) {
-                (Some((max_pos, orig)), Some(scaling)) => Rope::su_scaled(dims, spec.rope_theta, max_pos, orig, scaling)?,
-                _ => Rope::new(dims, spec.rope_theta, spec.rope_traditional, spec.rope_scaling.as_ref())?,
-            };
+            let rope = Rope::new(&spec.rope)?;
             layers.push(Block {
                 input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
                 attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), rope, quant)?,
                 post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
                 mlp: match &spec.moe {
                     Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
-                        FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.{}", spec.moe_module), h, moe.clone(), quant)?)
+                        FeedForward::Moe(SparseMoe::load(&mut w, &format!("{p}.{}", moe.module), h, moe.clone(), quant)?)
                     }
                     _ if spec.fused_gate_up => FeedForward::Dense(Mlp::load_fused(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, quant)?),
                     _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
                 },
             });
         }
-        let model = DenseDecoder {
+        let model = Decoder {
             embed: Embedding::load(&mut w, "model.embed_tokens", v, h, quant)?,
             norm: RmsNorm::load(&mut w, "model.norm", h, eps)?,
             lm_head: if spec.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, v, false, quant)?) },
@@ -115,7 +114,7 @@ impl DenseDecoder {
     }
 }
 
-impl LanguageModel for DenseDecoder {
+impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
         let (caches, masks) = cache.for_forward();
