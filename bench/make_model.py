@@ -45,6 +45,18 @@ SHAPES = {
                      "rms_norm_eps": 1e-5, "vocab_size": 128256, "rope_theta": 500000.0,
                      "rope_scaling": dict(LLAMA3_ROPE, factor=8.0), "tie_word_embeddings": False,
                      "max_position_embeddings": 131072},
+    # google/gemma-3-1b-it: five sliding-window layers (512 positions) to one global layer.
+    "gemma-3-1b": {"model_type": "gemma3_text", "hidden_size": 1152, "num_hidden_layers": 26,
+                   "intermediate_size": 6912, "num_attention_heads": 4, "num_key_value_heads": 1,
+                   "head_dim": 256, "rms_norm_eps": 1e-6, "vocab_size": 262144, "rope_theta": 1000000.0,
+                   "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 256, "sliding_window": 512,
+                   "sliding_window_pattern": 6, "max_position_embeddings": 32768},
+    # No published checkpoint: Gemma 3's layer pattern at llama-tiny's size, for CPU runs.
+    "gemma3-tiny": {"model_type": "gemma3_text", "hidden_size": 256, "num_hidden_layers": 6,
+                    "intermediate_size": 768, "num_attention_heads": 4, "num_key_value_heads": 1,
+                    "head_dim": 64, "rms_norm_eps": 1e-6, "vocab_size": 8192, "rope_theta": 1000000.0,
+                    "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 64, "sliding_window": 256,
+                    "sliding_window_pattern": 3, "max_position_embeddings": 32768},
 }
 
 

@@ -239,6 +239,21 @@ async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
             "cached_tokens": ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")}
 
 
+def steady_decode_tps(reqs) -> float | None:
+    """Aggregate decode tok/s while every stream is decoding: tokens that arrived between the
+    last stream's first token and the first stream's last token, over that window. Outside
+    it some streams are still prefilling or already done, which is not what the roofline
+    (all c streams decoding) describes. None when the streams never all decoded at once."""
+    if not reqs or any(not r["times"] for r in reqs):
+        return None
+    start, end = max(r["times"][0] for r in reqs), min(r["times"][-1] for r in reqs)
+    if end <= start:
+        return None
+    # Tokens after `start` up to `end`: the chunk at `start` only opens the window.
+    n = sum(sum(1 for t in r["times"] if start < t <= end) for r in reqs)
+    return n / (end - start) if n >= 2 * len(reqs) else None
+
+
 def request_ok(r) -> bool:
     return r["status"] == 200 and r["completion_tokens"] == r["max_tokens"]
 

@@ -29,7 +29,7 @@ from tokenizers import Tokenizer
 
 import roofline
 import serving
-from serving import Server, chat, log, make_text, request_ok, run_wave
+from serving import Server, chat, log, make_text, request_ok, run_wave, steady_decode_tps
 
 # Both servers take these flags; quantized-kv-start 0 makes the KV quantization apply at every
 # prompt length (by default both start it at 5000 tokens).
@@ -222,21 +222,6 @@ def plan_skip(a, model_ctx, roof, config, context, c) -> str | None:
     if need > a.memory_gib:
         return f"needs about {need:.0f} GiB (weights, {c} KV caches, prompt cache) of the {a.memory_gib:.0f} GiB planned"
     return None
-
-
-def steady_decode_tps(reqs) -> float | None:
-    """Aggregate decode tok/s while every stream is decoding: tokens that arrived between the
-    last stream's first token and the first stream's last token, over that window. Outside
-    it some streams are still prefilling or already done, which is not what the roofline
-    (all c streams decoding) describes. None when the streams never all decoded at once."""
-    if not reqs or any(not r["times"] for r in reqs):
-        return None
-    start, end = max(r["times"][0] for r in reqs), min(r["times"][-1] for r in reqs)
-    if end <= start:
-        return None
-    # Tokens after `start` up to `end`: the chunk at `start` only opens the window.
-    n = sum(sum(1 for t in r["times"] if start < t <= end) for r in reqs)
-    return n / (end - start) if n >= 2 * len(reqs) else None
 
 
 def run_cell(server, tok, a, config, context, c, roof) -> dict:

@@ -49,8 +49,8 @@ pub struct ServeArgs {
     /// Prompt tokens per prefill step.
     #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", default_value_t = 512)]
     pub prefill_size: usize,
-    /// Quantize the KV cache to this many bits (4 or 8); such sequences decode
-    /// one by one, interleaved, rather than in one batch.
+    /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8), once a
+    /// sequence holds --quantized-kv-start tokens.
     #[arg(long, env = "MLX_SERVE_KV_BITS")]
     pub kv_bits: Option<i32>,
     #[arg(long, env = "MLX_SERVE_KV_GROUP_SIZE", default_value_t = 64)]

@@ -46,6 +46,16 @@ fn reference(dir: &Path) -> Reference {
 /// The engine the server runs, in process, over the model in `model_dir`,
 /// with the fixture's prefill size and KV settings.
 fn engine(tokenizer_dir: &Path, model_dir: &Path, spec: &Value, load: &models::LoadOptions) -> (Engine, Arc<Metrics>) {
+    engine_with_prompt_cache(tokenizer_dir, model_dir, spec, load, 0)
+}
+
+fn engine_with_prompt_cache(
+    tokenizer_dir: &Path,
+    model_dir: &Path,
+    spec: &Value,
+    load: &models::LoadOptions,
+    prompt_cache_bytes: usize,
+) -> (Engine, Arc<Metrics>) {
     let (model, _) = models::load_with(model_dir, load).unwrap();
     let tokenizer = Arc::new(Tokenizer::load(tokenizer_dir, None).unwrap());
     let kv_compression = spec["kv_bits"].as_i64().map(|bits| {
@@ -56,7 +66,7 @@ fn engine(tokenizer_dir: &Path, model_dir: &Path, spec: &Value, load: &models::L
         prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
         max_concurrency: 8,
         max_queue: 16,
-        prompt_cache_bytes: 0,
+        prompt_cache_bytes,
         kv_compression,
     };
     let metrics = Arc::new(Metrics::new());
@@ -376,6 +386,30 @@ fn gemma3_bf16_with_sliding_window_shorter_than_the_prompt_matches_mlx_lm() {
 #[test]
 fn gemma3_4bit_greedy_matches_mlx_lm() {
     check_parity("gemma3_q4", spec(gemma3(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
+// The next turn of a conversation (prompt + answer + more) restores every layer
+// from the prompt cache, the sliding-window layers from the windows they hold,
+// and decodes what a fresh engine decodes for the whole prompt.
+#[test]
+fn gemma3_sliding_windows_come_back_from_the_prompt_cache_for_the_next_turn() {
+    let sp = spec(gemma3(), "bfloat16", None);
+    let dir = fixture("gemma3_bf16", &sp);
+    let r = reference(&dir);
+    let load = models::LoadOptions::default();
+    let (mut cached, metrics) = engine_with_prompt_cache(&dir, &dir, &sp, &load, 1 << 30);
+    let first = drive(&mut cached, &[(&r.prompt, r.tokens.len())], &[0], None);
+    assert_eq!(first[0].tokens, r.tokens);
+    let mut next_turn = r.prompt.clone();
+    next_turn.extend(&r.tokens[..r.tokens.len() - 1]);
+    next_turn.extend(&r.batch[2].0[..20]);
+    let reused = drive(&mut cached, &[(&next_turn, 32)], &[0], None);
+    let text = metrics.render();
+    let hit = metrics::counter_value(&text, "mlx_serve_prompt_cache_tokens_total").unwrap();
+    assert_eq!(hit as usize, r.prompt.len() + r.tokens.len() - 1, "the whole first turn comes from the prompt cache");
+    let (mut fresh, _) = engine(&dir, &dir, &sp, &load);
+    let whole = drive(&mut fresh, &[(&next_turn, 32)], &[0], None);
+    assert_eq!(reused[0].tokens, whole[0].tokens, "a restored sliding-window cache decodes differently");
 }
 
 fn phi3(rope_scaling: Value, partial: f64) -> Value {
