@@ -9,7 +9,8 @@
 #        Gemma-3-1B bf16 (sliding windows of 512) at 512/4096 x 1/8; 128 generated
 #   AFTER_BIN defaults to target/release/mlx-serve, else .device/bin/mlx-serve
 # env: PY (Python with MLX and mlx-lm; default vendor/pyref/bin/python, else python3),
-#      MODELS (default /tmp/bench-models), OUT (default bench/results/ab), REPEATS (default 2)
+#      MODELS (default /tmp/bench-models), OUT (default bench/results/ab), REPEATS (default 2),
+#      ONLY (run only these preset models, space-separated names, e.g. "gemma-3-1b-bf16")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:?usage: bash bench/ab.sh cpu|gpu BEFORE_BIN [AFTER_BIN]}
@@ -40,6 +41,7 @@ esac
 status=0
 for job in "${jobs[@]}"; do
   IFS='|' read -r name shape mflags aflags <<<"$job"
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then continue; fi
   dir=$MODELS/$name
   if [ ! -f "$dir/config.json" ]; then
     echo "== make $name"
