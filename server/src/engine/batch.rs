@@ -126,6 +126,9 @@ impl DecodeBatch {
             self.queue_step(model, compression)?;
         }
         let ids = step.tokens.to_vec::<u32>()?;
+        if ids.len() != self.seqs.len() {
+            return Err(Error::Internal("a decode step sampled a token count other than its rows"));
+        }
         let mut ended = Vec::new();
         for (b, seq) in self.seqs.iter_mut().enumerate() {
             let row = if seq.request.params.logprobs.is_some() {

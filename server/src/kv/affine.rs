@@ -57,7 +57,7 @@ impl KvStore for AffineStore {
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {
-        Ok(KvRow { kind: self.kind(), offset: self.rows.offsets()[b], columns: self.rows.row(b)? })
+        Ok(KvRow { kind: self.kind(), offset: self.rows.offset(b)?, columns: self.rows.row(b)? })
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {

@@ -48,7 +48,7 @@ impl KvStore for DenseStore {
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {
-        Ok(KvRow { kind: KvKind::Dense, offset: self.rows.offsets()[b], columns: self.rows.row(b)? })
+        Ok(KvRow { kind: KvKind::Dense, offset: self.rows.offset(b)?, columns: self.rows.row(b)? })
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {

@@ -43,6 +43,11 @@ impl PaddedRows {
         self.left_pad.iter().map(|p| self.idx - p).collect()
     }
 
+    /// Tokens row `b` holds.
+    pub fn offset(&self, b: usize) -> Result<i32> {
+        self.left_pad.get(b).map(|p| self.idx - p).ok_or(Error::Internal("a cache row out of range"))
+    }
+
     /// The whole buffers, unused capacity included (what mlx-lm quantizes when
     /// it converts a cache).
     pub fn buffers(&self) -> &[Array] {
