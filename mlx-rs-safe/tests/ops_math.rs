@@ -86,6 +86,17 @@ fn integer_division_remainder_and_extrema() {
 }
 
 #[test]
+fn bitwise_ops_and_shifts_pack_small_integers() {
+    let a = Array::from_vec(&[0b1100u8, 0b1010, 3, 255]).unwrap();
+    let b = Array::from_vec(&[0b1010u8, 0b0110, 1, 15]).unwrap();
+    assert_eq!(ops::bitwise_and(&a, &b).unwrap().to_vec::<u8>().unwrap(), vec![0b1000, 0b0010, 1, 15]);
+    assert_eq!(ops::bitwise_or(&a, &b).unwrap().to_vec::<u8>().unwrap(), vec![0b1110, 0b1110, 3, 255]);
+    let shift = Array::from_vec(&[4u8, 2, 6, 4]).unwrap();
+    assert_eq!(ops::left_shift(&b, &shift).unwrap().to_vec::<u8>().unwrap(), vec![0b1010_0000, 0b1_1000, 64, 240]);
+    assert_eq!(ops::right_shift(&a, &shift).unwrap().to_vec::<u8>().unwrap(), vec![0, 0b10, 0, 15]);
+}
+
+#[test]
 fn comparisons_and_logic_give_bools() {
     let x = fv(&[1.0, 2.0, 3.0]);
     let two = Array::scalar(2.0f32);

@@ -2,16 +2,16 @@
 //! the HTTP API until SIGINT/SIGTERM.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use actix_web::{web, App, HttpServer};
 use serde_json::Value;
 
-use crate::api::{self, generation, AppState};
+use crate::api::{self, generation, AppState, KvFootprint};
 use crate::cli::ServeArgs;
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::error::{Error, Result};
-use crate::kv::KvCompression;
+use crate::kv::{bytes_per_token, KvCompression};
 use crate::metrics::Metrics;
 use crate::system_info::SystemInfo;
 use crate::tokenizer::Tokenizer;
@@ -52,7 +52,23 @@ async fn reset_peak_memory_on_sigusr1(state: web::Data<AppState>) {
 
 /// The compression policy the flags ask for, checked.
 fn kv_compression(args: &ServeArgs) -> Result<Option<KvCompression>> {
+    if let Some(preset) = &args.turbo_kv {
+        return KvCompression::turbo(preset, args.turbo_kv_prefill_threshold).map(Some);
+    }
     args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()
+}
+
+/// The KV cache's settings as metrics (they do not change while serving).
+fn state_metrics_kv(metrics: &Metrics, compression: Option<&KvCompression>, footprint: &KvFootprint) {
+    let kind = match compression {
+        None => "none".to_string(),
+        Some(c) => match (c.turbo_preset(), c.affine_bits()) {
+            (Some(p), _) => format!("turbo-{}", p.name()),
+            (None, Some(bits)) => format!("affine-{bits}bit"),
+            (None, None) => "none".to_string(),
+        },
+    };
+    metrics.set_kv_format(&kind, footprint.bytes_per_token);
 }
 
 /// Loads the model and serves until SIGINT/SIGTERM.
@@ -90,18 +106,35 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     log::info!("loading {} from {}", args.model, dir.display());
     let load_dir = dir.clone();
+    let layout = Arc::new(Mutex::new(None));
+    let loaded_layout = layout.clone();
     let engine = EngineHandle::spawn(
         Box::new(move || {
             let (model, _) = models::load(&load_dir)?;
+            let l = model.kv_layout();
             if let Some(c) = kv_compression {
-                c.check_head_dim(model.head_dim())?;
+                c.check_head_dim(l.head_dim)?;
             }
+            *loaded_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
             Ok(model)
         }),
         tokenizer.clone(),
         engine_config.clone(),
         metrics.clone(),
     )?;
+    // Set by the loader before the engine reported the model loaded.
+    let layout = layout.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout"))?;
+    let kv_footprint = KvFootprint {
+        bytes_per_token: bytes_per_token(kv_compression.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
+        fp16_bytes_per_token: bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim),
+    };
+    log::info!(
+        "KV cache: {:.0} bytes per token ({:.2}x of 16-bit){}",
+        kv_footprint.bytes_per_token,
+        kv_footprint.bytes_per_token / kv_footprint.fp16_bytes_per_token,
+        kv_compression.and_then(|c| c.turbo_preset()).map(|p| format!(", TurboQuant {}", p.name())).unwrap_or_default()
+    );
+    state_metrics_kv(&metrics, kv_compression.as_ref(), &kv_footprint);
     let state = web::Data::new(AppState {
         engine,
         tokenizer,
@@ -116,6 +149,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         tool_format,
         system,
         config: engine_config,
+        kv_footprint,
         created: generation::unix_now(),
     });
     let app_state = state.clone();

@@ -58,6 +58,15 @@ pub struct ServeArgs {
     /// Start quantizing the KV cache once it holds this many tokens.
     #[arg(long, env = "MLX_SERVE_QUANTIZED_KV_START", default_value_t = 5000)]
     pub quantized_kv_start: i32,
+    /// TurboQuant KV cache: balanced (default; K 8-bit after a Hadamard
+    /// rotation, V 3-bit codebook), compact (K 4-bit, V 3-bit) or paper (K 3-bit
+    /// + 1-bit QJL, V 3-bit). Compressed when decoding starts.
+    #[arg(long, env = "MLX_SERVE_TURBO_KV", num_args = 0..=1, default_missing_value = "balanced", conflicts_with = "kv_bits")]
+    pub turbo_kv: Option<String>,
+    /// With --turbo-kv, prompts longer than this are compressed chunk by chunk
+    /// while they are prefilled.
+    #[arg(long, env = "MLX_SERVE_TURBO_KV_PREFILL_THRESHOLD", default_value_t = 8192)]
+    pub turbo_kv_prefill_threshold: i32,
     /// Sequences generating at once (one decode batch).
     #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16)]
     pub max_concurrency: usize,

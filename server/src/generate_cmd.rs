@@ -105,7 +105,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
     let (model, _config) = models::load_with(&dir, &load)?;
     if let Some(c) = kv_compression {
-        c.check_head_dim(model.head_dim())?;
+        c.check_head_dim(model.kv_layout().head_dim)?;
     }
     let tok = Arc::new(Tokenizer::load(&dir, None)?);
     let prompt = prompt_tokens(&tok, args)?;

@@ -18,11 +18,24 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
 
 use crate::engine::EngineSnapshot;
 
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Labels of `mlx_serve_kv_compressions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+/// Labels of `mlx_serve_kv_format_info`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FormatLabels {
+    format: String,
+}
 
 /// Labels of `mlx_serve_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,6 +58,10 @@ pub struct Metrics {
     running_sequences: Gauge,
     queued_requests: Gauge,
     kv_cache_bytes: Gauge,
+    kv_cache_tokens: Gauge,
+    kv_format: Family<FormatLabels, Gauge>,
+    kv_bytes_per_token: Gauge<f64, AtomicU64>,
+    kv_compressions: Family<PhaseLabels, Counter>,
     prompt_cache_bytes: Gauge,
     mlx_active_bytes: Gauge,
     mlx_peak_bytes: Gauge,
@@ -76,6 +93,10 @@ impl Metrics {
             running_sequences: Gauge::default(),
             queued_requests: Gauge::default(),
             kv_cache_bytes: Gauge::default(),
+            kv_cache_tokens: Gauge::default(),
+            kv_format: Family::default(),
+            kv_bytes_per_token: Gauge::default(),
+            kv_compressions: Family::default(),
             prompt_cache_bytes: Gauge::default(),
             mlx_active_bytes: Gauge::default(),
             mlx_peak_bytes: Gauge::default(),
@@ -135,6 +156,26 @@ impl Metrics {
             "Memory held by the KV caches of running sequences",
             Unit::Bytes,
             self.kv_cache_bytes.clone(),
+        );
+        r.register(
+            "kv_cache_tokens",
+            "Tokens held by the KV caches of running sequences (bytes / tokens = what a token costs)",
+            self.kv_cache_tokens.clone(),
+        );
+        r.register(
+            "kv_format",
+            "The KV cache's format (16-bit, --kv-bits affine or a --turbo-kv preset): 1 for the one in use",
+            self.kv_format.clone(),
+        );
+        r.register(
+            "kv_bytes_per_token",
+            "Nominal KV cache bytes per token of the format in use (all layers)",
+            self.kv_bytes_per_token.clone(),
+        );
+        r.register(
+            "kv_compressions",
+            "Sequences whose KV cache was compressed (--kv-bits, --turbo-kv), by when: during prefill (past the threshold) or when decoding started",
+            self.kv_compressions.clone(),
         );
         r.register_with_unit(
             "prompt_cache",
@@ -227,9 +268,23 @@ impl Metrics {
         self.running_sequences.set(gauge(engine.running));
         self.queued_requests.set(gauge(queued));
         self.kv_cache_bytes.set(gauge(engine.kv_bytes));
+        self.kv_cache_tokens.set(gauge(engine.kv_tokens));
         self.prompt_cache_bytes.set(gauge(engine.prompt_cache_bytes));
         self.mlx_active_bytes.set(gauge(engine.active_memory));
         self.mlx_peak_bytes.set(gauge(engine.peak_memory));
+    }
+
+    /// The KV format in use and its nominal bytes per token (set once at start).
+    pub fn set_kv_format(&self, format: &str, bytes_per_token: f64) {
+        self.kv_format.get_or_create(&FormatLabels { format: format.to_owned() }).set(1);
+        self.kv_bytes_per_token.set(bytes_per_token);
+    }
+
+    /// `n` sequences' caches were compressed in `phase` ("prefill" or "decode").
+    pub fn record_kv_compressions(&self, phase: &'static str, n: u64) {
+        if n > 0 {
+            self.kv_compressions.get_or_create(&PhaseLabels { phase }).inc_by(n);
+        }
     }
 
     /// A request looked up the prompt cache: reused `cached_tokens` (0 = miss).

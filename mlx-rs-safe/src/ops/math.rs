@@ -28,6 +28,14 @@ crate::ops::binary_ops!(
     floor_divide => mlx_floor_divide,
     /// `log(exp(a) + exp(b))`, computed stably.
     logaddexp => mlx_logaddexp,
+    /// `a & b` of integer (or boolean) arrays.
+    bitwise_and => mlx_bitwise_and,
+    /// `a | b` of integer (or boolean) arrays.
+    bitwise_or => mlx_bitwise_or,
+    /// `a << b` of integer arrays.
+    left_shift => mlx_left_shift,
+    /// `a >> b` of integer arrays.
+    right_shift => mlx_right_shift,
     /// `a == b` as bool.
     equal => mlx_equal,
     /// `a != b` as bool.

@@ -41,7 +41,15 @@ pub struct AppState {
     pub tool_format: Option<ToolCallFormat>,
     pub system: SystemInfo,
     pub config: EngineConfig,
+    pub kv_footprint: KvFootprint,
     pub created: u64,
+}
+
+/// The KV cache's nominal bytes per token, as configured and at 16 bits.
+#[derive(Debug, Clone, Copy)]
+pub struct KvFootprint {
+    pub bytes_per_token: f64,
+    pub fp16_bytes_per_token: f64,
 }
 
 impl AppState {
@@ -143,7 +151,16 @@ async fn health(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "queued": state.engine.queued(),
             "max_concurrency": state.config.max_concurrency,
             "kv_cache_bytes": s.kv_bytes,
+            "kv_cache_tokens": s.kv_tokens,
             "prompt_cache_bytes": s.prompt_cache_bytes,
+        },
+        "kv_cache": {
+            "bytes_per_token": state.kv_footprint.bytes_per_token,
+            "fp16_bytes_per_token": state.kv_footprint.fp16_bytes_per_token,
+            "ratio_to_fp16": state.kv_footprint.bytes_per_token / state.kv_footprint.fp16_bytes_per_token,
+            // What the running sequences' caches hold per token they have seen
+            // (allocation steps and sliding windows included).
+            "held_bytes_per_token": (s.kv_tokens > 0).then(|| s.kv_bytes as f64 / s.kv_tokens as f64),
         },
         "capabilities": {
             "chat_completions": state.tokenizer.has_chat_template(),
@@ -153,7 +170,8 @@ async fn health(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "tools": state.tool_format.map(ToolCallFormat::name),
             "continuous_batching": true,
             "prompt_cache": state.config.prompt_cache_bytes > 0,
-            "kv_bits": state.config.kv_compression.map(|c| c.bits()),
+            "kv_bits": state.config.kv_compression.and_then(|c| c.affine_bits()),
+            "turbo_kv": state.config.kv_compression.and_then(|c| c.turbo_preset()).map(|p| p.name()),
             "context_length": state.context_length,
         },
     });

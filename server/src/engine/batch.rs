@@ -9,7 +9,7 @@ use mlx_rs_safe::{async_eval, ops, Array, Dtype};
 
 use super::sequence::Sequence;
 use crate::error::{Error, Result};
-use crate::kv::{KvCompression, KvSnapshot, ModelCache};
+use crate::kv::{KvCompression, KvSnapshot, ModelCache, Phase};
 use crate::models::LanguageModel;
 
 /// The sampled tokens ([B] uint32) and log-probabilities ([B, vocab]) of a
@@ -26,6 +26,8 @@ pub struct DecodeBatch {
     /// [B, 1] ids to feed at the next step: each row's newest token.
     input: Array,
     pending: Option<Pending>,
+    /// Rows compressed by decode steps (crossing --quantized-kv-start), not yet counted in the metrics.
+    pub compressed: usize,
 }
 
 /// A sequence whose prompt is in its cache, ready to decode from `next`.
@@ -43,7 +45,7 @@ fn ids_column(ids: &[u32]) -> Result<Array> {
 impl DecodeBatch {
     /// A batch of the first sequence to decode.
     pub fn new(first: Joining) -> Result<DecodeBatch> {
-        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None })
+        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, compressed: 0 })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -52,6 +54,11 @@ impl DecodeBatch {
 
     pub fn kv_bytes(&self) -> usize {
         self.cache.nbytes()
+    }
+
+    /// Tokens the rows' caches hold.
+    pub fn kv_tokens(&self) -> usize {
+        self.cache.offsets().iter().map(|&o| o.max(0) as usize).sum()
     }
 
     /// Adds sequences (between steps: nothing pending).
@@ -74,7 +81,7 @@ impl DecodeBatch {
     /// greedy rows, else each row's own sampler).
     fn queue_step(&mut self, model: &dyn LanguageModel, compression: Option<&KvCompression>) -> Result<()> {
         let logits = model.forward(&self.input, &mut self.cache)?;
-        self.cache.compress(compression)?;
+        self.compressed += self.cache.compress(compression, Phase::Decode)?;
         let v = logits.dim(-1)?;
         let b = self.seqs.len() as i32;
         let logits = ops::reshape(&logits, &[b, v])?;

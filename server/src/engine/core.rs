@@ -27,7 +27,7 @@ use super::sampler::Sampler;
 use super::sequence::Sequence;
 use super::stats::EngineSnapshot;
 use crate::error::Result;
-use crate::kv::{KvCompression, ModelCache, PromptCache};
+use crate::kv::{KvCompression, ModelCache, Phase, PromptCache};
 use crate::metrics::Metrics;
 use crate::models::LanguageModel;
 use crate::tokenizer::Tokenizer;
@@ -187,7 +187,13 @@ impl Engine {
             };
             let (cache, cached, source) = match hit {
                 Some(h) => (h.cache, h.cached_tokens, h.entry),
-                None => (ModelCache::new(&self.model.cache_kinds()), 0, None),
+                None => match ModelCache::new(&self.model.kv_layout().kinds) {
+                    Ok(c) => (c, 0, None),
+                    Err(e) => {
+                        let _ = request.events.send(Event::Error(e.to_string()));
+                        continue;
+                    }
+                },
             };
             let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached);
             seq.cache_source = source;
@@ -226,6 +232,14 @@ impl Engine {
             }
             // Admission refused empty prompts, so there is a last token.
             if let (0, Some(&next)) = (p.remaining(), p.seq.request.params.prompt.last()) {
+                // Decoding starts: what compresses then (TurboQuant) does so now.
+                match p.cache.compress(self.config.kv_compression.as_ref(), Phase::Decode) {
+                    Ok(n) => self.metrics.record_kv_compressions("decode", n as u64),
+                    Err(e) => {
+                        p.seq.fail(&e.to_string());
+                        continue;
+                    }
+                }
                 self.ready.push(Joining { seq: p.seq, cache: p.cache, next });
             } else {
                 kept.push_back(p);
@@ -238,7 +252,8 @@ impl Engine {
     fn prefill_tokens(&self, p: &mut Prefill, n: usize) -> Result<()> {
         let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
         self.model.forward(&chunk, &mut p.cache)?;
-        p.cache.compress(self.config.kv_compression.as_ref())?;
+        let converted = p.cache.compress(self.config.kv_compression.as_ref(), Phase::Prefill)?;
+        self.metrics.record_kv_compressions("prefill", converted as u64);
         eval(&p.cache.state().iter().collect::<Vec<_>>())?;
         p.done += n;
         // A chunk's temporaries (attention scores over the whole prompt so far) are the
@@ -293,6 +308,7 @@ impl Engine {
             }
             seq.accept(token, logprobs, &tokenizer, &metrics)
         });
+        metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
         match result {
             Ok(ended) => {
                 for (seq, kv) in ended {
@@ -350,6 +366,7 @@ impl Engine {
         EngineSnapshot {
             running: self.running(),
             kv_bytes: self.batch.as_ref().map(DecodeBatch::kv_bytes).unwrap_or(0),
+            kv_tokens: self.batch.as_ref().map(DecodeBatch::kv_tokens).unwrap_or(0),
             prompt_cache_bytes: self.prompt_cache.nbytes(),
             active_memory: active,
             // After a reset MLX reads 0 until the next allocation; the peak is never below what is live.

@@ -10,6 +10,8 @@ pub struct EngineSnapshot {
     pub running: usize,
     /// Bytes of the running sequences' KV caches.
     pub kv_bytes: usize,
+    /// Tokens the decoding sequences' caches hold (all they have seen).
+    pub kv_tokens: usize,
     pub prompt_cache_bytes: usize,
     /// MLX's allocator: live now, most live at once, held for reuse.
     pub active_memory: usize,

@@ -5,7 +5,7 @@
 
 use mlx_rs_safe::Array;
 
-use super::compression::KvCompression;
+use super::compression::{CompressAt, KvCompression, Phase};
 use super::layer::LayerCache;
 use super::mask::MaskMemo;
 use super::snapshot::KvSnapshot;
@@ -19,8 +19,8 @@ pub struct ModelCache {
 
 impl ModelCache {
     /// One sequence without tokens; `kinds` gives each layer's cache kind.
-    pub fn new(kinds: &[KvKind]) -> ModelCache {
-        ModelCache { layers: kinds.iter().map(LayerCache::new).collect(), masks: MaskMemo::default() }
+    pub fn new(kinds: &[KvKind]) -> Result<ModelCache> {
+        Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: MaskMemo::default() })
     }
 
     /// One sequence holding a snapshot's tokens, ready to extend.
@@ -70,10 +70,17 @@ impl ModelCache {
         Ok(KvSnapshot { layers: self.layers.iter().map(|l| l.row(b)).collect::<Result<_>>()? })
     }
 
-    /// Applies the compression policy to every sequence that has reached it.
-    pub fn compress(&mut self, policy: Option<&KvCompression>) -> Result<()> {
-        let Some(policy) = policy else { return Ok(()) };
-        self.layers.iter_mut().try_for_each(|l| l.compress(|kind, tokens| policy.target(kind, tokens)))
+    /// Applies the compression policy to every sequence that has reached it;
+    /// returns how many sequences converted (in any layer).
+    pub fn compress(&mut self, policy: Option<&KvCompression>, phase: Phase) -> Result<usize> {
+        let Some(policy) = policy else { return Ok(0) };
+        let layers = self.layers.len();
+        let mut converted = 0;
+        for (layer, l) in self.layers.iter_mut().enumerate() {
+            let at = CompressAt { layer, layers, phase };
+            converted = converted.max(l.compress(|kind, tokens| policy.target(kind, tokens, at))?);
+        }
+        Ok(converted)
     }
 
     /// Drops the newest `n` positions of every sequence; returns how many went.

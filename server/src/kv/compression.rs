@@ -1,6 +1,7 @@
 //! When and how a sequence's cache is compressed as it grows.
 
 use super::store::KvKind;
+use super::turbo::{KeyCode, TurboFormat, SINKS};
 use crate::error::{Error, Result};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -8,6 +9,69 @@ pub enum KvCompression {
     /// `--kv-bits`: affine quantization once a sequence holds `start` tokens
     /// (mlx-lm's `quantized_kv_start`); sliding-window layers stay as they are.
     Affine { bits: i32, group_size: i32, start: i32 },
+    /// `--turbo-kv`: TurboQuant when decoding starts, or chunk by chunk during
+    /// the prefill of a prompt longer than `prefill_threshold` tokens (so a long
+    /// prompt never holds its whole uncompressed KV). Sliding-window layers
+    /// stay as they are.
+    Turbo { preset: TurboPreset, prefill_threshold: i32 },
+}
+
+/// The TurboQuant presets (`--turbo-kv PRESET`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurboPreset {
+    /// K 8-bit affine after the rotation, V 3-bit codebook.
+    Balanced,
+    /// K 4-bit codebook, V 3-bit; the first and last 2 layers keep 8-bit K.
+    Compact,
+    /// K 3-bit codebook + 1-bit QJL residual, V 3-bit: the recipe the seed
+    /// system published, kept so it can be measured against the others.
+    Paper,
+}
+
+impl TurboPreset {
+    pub const ALL: [TurboPreset; 3] = [TurboPreset::Balanced, TurboPreset::Compact, TurboPreset::Paper];
+
+    pub fn parse(name: &str) -> Result<TurboPreset> {
+        TurboPreset::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+            Error::Config(format!("--turbo-kv takes one of balanced, compact, paper; got {name:?}"))
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TurboPreset::Balanced => "balanced",
+            TurboPreset::Compact => "compact",
+            TurboPreset::Paper => "paper",
+        }
+    }
+
+    /// The format of layer `layer` of `layers`.
+    pub fn format(self, layer: usize, layers: usize) -> TurboFormat {
+        let key = match self {
+            TurboPreset::Balanced => KeyCode::Affine8,
+            TurboPreset::Compact if layer < 2 || layer + 2 >= layers => KeyCode::Affine8,
+            TurboPreset::Compact => KeyCode::Codebook(4),
+            TurboPreset::Paper => KeyCode::CodebookQjl(3),
+        };
+        TurboFormat { key, value_bits: 3 }
+    }
+}
+
+/// When a compression decision is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// After a prefill chunk.
+    Prefill,
+    /// When decoding starts, and after each decode step.
+    Decode,
+}
+
+/// Where a compression decision is made: which layer of how many, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct CompressAt {
+    pub layer: usize,
+    pub layers: usize,
+    pub phase: Phase,
 }
 
 /// Bit widths MLX's affine quantization takes.
@@ -30,11 +94,25 @@ impl KvCompression {
         Ok(KvCompression::Affine { bits, group_size, start })
     }
 
+    /// `--turbo-kv PRESET` with its prefill threshold, checked.
+    pub fn turbo(preset: &str, prefill_threshold: i32) -> Result<KvCompression> {
+        if prefill_threshold < SINKS {
+            return Err(Error::Config(format!("--turbo-kv-prefill-threshold must be at least {SINKS}; got {prefill_threshold}")));
+        }
+        Ok(KvCompression::Turbo { preset: TurboPreset::parse(preset)?, prefill_threshold })
+    }
+
     /// The kind a row of `kind` holding `tokens` tokens converts to now, if any.
-    pub fn target(&self, kind: &KvKind, tokens: i32) -> Option<KvKind> {
+    pub fn target(&self, kind: &KvKind, tokens: i32, at: CompressAt) -> Option<KvKind> {
         match (*self, kind) {
             (KvCompression::Affine { bits, group_size, start }, KvKind::Dense) if tokens >= start => {
                 Some(KvKind::Affine { group_size, bits })
+            }
+            // A row needs its sinks before anything is compressed.
+            (KvCompression::Turbo { preset, prefill_threshold }, KvKind::Dense)
+                if tokens >= SINKS && (at.phase == Phase::Decode || tokens >= prefill_threshold) =>
+            {
+                Some(KvKind::Turbo(preset.format(at.layer, at.layers)))
             }
             _ => None,
         }
@@ -46,16 +124,56 @@ impl KvCompression {
             KvCompression::Affine { group_size, .. } if head_dim % group_size != 0 => Err(Error::Config(format!(
                 "--kv-group-size {group_size} does not divide the model's head dimension {head_dim}"
             ))),
+            // The rotation is a Hadamard transform (powers of two); 8-bit keys are one
+            // affine group per head, and MLX's smallest group is 32.
+            KvCompression::Turbo { .. } if !(head_dim.count_ones() == 1 && (32..=512).contains(&head_dim)) => Err(Error::Config(format!(
+                "--turbo-kv needs a power-of-two head dimension between 32 and 512; this model's is {head_dim}"
+            ))),
             _ => Ok(()),
         }
     }
 
-    /// Bits per stored value, for /health.
-    pub fn bits(&self) -> i32 {
-        match *self {
-            KvCompression::Affine { bits, .. } => bits,
+    /// The bits per dimension (keys, values) layer `layer` of `layers` stores
+    /// in its kind `kind` under this policy; None when the layer is not compressed.
+    fn bits_per_dim(&self, kind: &KvKind, layer: usize, layers: usize, head_dim: i32) -> Option<(f64, f64)> {
+        match (*self, kind) {
+            (KvCompression::Affine { bits, group_size, .. }, KvKind::Dense) => {
+                let b = bits as f64 + 32.0 / group_size as f64;
+                Some((b, b))
+            }
+            (KvCompression::Turbo { preset, .. }, KvKind::Dense) => Some(preset.format(layer, layers).bits_per_dim(head_dim)),
+            _ => None,
         }
     }
+
+    /// The `--kv-bits` setting, for /health.
+    pub fn affine_bits(&self) -> Option<i32> {
+        match *self {
+            KvCompression::Affine { bits, .. } => Some(bits),
+            KvCompression::Turbo { .. } => None,
+        }
+    }
+
+    /// The `--turbo-kv` preset, for /health and /metrics.
+    pub fn turbo_preset(&self) -> Option<TurboPreset> {
+        match *self {
+            KvCompression::Turbo { preset, .. } => Some(preset),
+            KvCompression::Affine { .. } => None,
+        }
+    }
+}
+
+/// KV bytes per token of a model whose layers hold `kinds` (before
+/// compression), `kv_heads` × `head_dim` each: nominal (16-bit values
+/// uncompressed, 16-bit norms and scales compressed; sliding-window layers
+/// count in full, though they stop growing at their window).
+pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32) -> f64 {
+    let layers = kinds.len();
+    let per_layer = |layer: usize, kind: &KvKind| {
+        let (k, v) = policy.and_then(|p| p.bits_per_dim(kind, layer, layers, head_dim)).unwrap_or((16.0, 16.0));
+        kv_heads as f64 * head_dim as f64 * (k + v) / 8.0
+    };
+    kinds.iter().enumerate().map(|(l, k)| per_layer(l, k)).sum()
 }
 
 #[cfg(test)]
@@ -70,13 +188,65 @@ mod tests {
         assert!(KvCompression::affine(4, 64, -1).unwrap_err().to_string().contains("--quantized-kv-start"));
     }
 
+    fn at(layer: usize, phase: Phase) -> CompressAt {
+        CompressAt { layer, layers: 8, phase }
+    }
+
     #[test]
     fn only_dense_rows_past_the_start_are_quantized() {
         let c = KvCompression::affine(4, 64, 100).unwrap();
-        assert_eq!(c.target(&KvKind::Dense, 99), None);
-        assert_eq!(c.target(&KvKind::Dense, 100), Some(KvKind::Affine { group_size: 64, bits: 4 }));
-        assert_eq!(c.target(&KvKind::Rotating { max_size: 512 }, 1000), None);
-        assert_eq!(c.target(&KvKind::Affine { group_size: 64, bits: 4 }, 1000), None);
+        let now = at(0, Phase::Prefill);
+        assert_eq!(c.target(&KvKind::Dense, 99, now), None);
+        assert_eq!(c.target(&KvKind::Dense, 100, now), Some(KvKind::Affine { group_size: 64, bits: 4 }));
+        assert_eq!(c.target(&KvKind::Rotating { max_size: 512 }, 1000, now), None);
+        assert_eq!(c.target(&KvKind::Affine { group_size: 64, bits: 4 }, 1000, now), None);
+    }
+
+    #[test]
+    fn turbo_compresses_when_decoding_starts_or_past_the_prefill_threshold() {
+        let c = KvCompression::turbo("balanced", 8192).unwrap();
+        let balanced = Some(KvKind::Turbo(TurboFormat { key: KeyCode::Affine8, value_bits: 3 }));
+        assert_eq!(c.target(&KvKind::Dense, 5000, at(3, Phase::Prefill)), None);
+        assert_eq!(c.target(&KvKind::Dense, 8192, at(3, Phase::Prefill)), balanced);
+        assert_eq!(c.target(&KvKind::Dense, 6, at(3, Phase::Decode)), balanced);
+        // Sinks first: a row holding fewer tokens waits.
+        assert_eq!(c.target(&KvKind::Dense, SINKS - 1, at(3, Phase::Decode)), None);
+        assert_eq!(c.target(&KvKind::Rotating { max_size: 512 }, 9000, at(3, Phase::Decode)), None);
+    }
+
+    #[test]
+    fn compact_keeps_8_bit_keys_in_the_first_and_last_two_layers() {
+        let keys: Vec<KeyCode> = (0..8).map(|l| TurboPreset::Compact.format(l, 8).key).collect();
+        let a8 = KeyCode::Affine8;
+        let c4 = KeyCode::Codebook(4);
+        assert_eq!(keys, vec![a8, a8, c4, c4, c4, c4, a8, a8]);
+        assert_eq!(TurboPreset::Paper.format(0, 8), TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 });
+    }
+
+    #[test]
+    fn presets_meet_their_compression_on_llama_3_1_8b_shapes() {
+        // 32 layers, 8 KV heads of 128: fp16 is 128 KiB a token.
+        let kinds = vec![KvKind::Dense; 32];
+        let fp16 = bytes_per_token(None, &kinds, 8, 128);
+        assert_eq!(fp16, 131072.0);
+        let ratio = |preset: &str| bytes_per_token(Some(&KvCompression::turbo(preset, 8192).unwrap()), &kinds, 8, 128) / fp16;
+        assert!(ratio("balanced") <= 0.36, "balanced {}", ratio("balanced"));
+        assert!(ratio("compact") <= 0.25, "compact {}", ratio("compact"));
+        assert!(ratio("paper") < ratio("balanced"));
+        // Sliding-window layers stay 16-bit.
+        let mixed = [KvKind::Dense, KvKind::Rotating { max_size: 512 }];
+        let b = bytes_per_token(Some(&KvCompression::turbo("balanced", 8192).unwrap()), &mixed, 1, 128);
+        assert!(b > 512.0 && b < 512.0 + 256.0);
+    }
+
+    #[test]
+    fn bad_turbo_settings_name_the_flag() {
+        assert!(KvCompression::turbo("tiny", 8192).unwrap_err().to_string().contains("balanced, compact, paper"));
+        assert!(KvCompression::turbo("compact", 2).unwrap_err().to_string().contains("--turbo-kv-prefill-threshold"));
+        let c = KvCompression::turbo("compact", 8192).unwrap();
+        assert!(c.check_head_dim(128).is_ok());
+        assert!(c.check_head_dim(96).unwrap_err().to_string().contains("power-of-two head dimension"));
+        assert!(c.check_head_dim(16).is_err());
     }
 
     #[test]

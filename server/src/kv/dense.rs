@@ -8,6 +8,7 @@ use super::mask::MaskMemo;
 use super::padded::PaddedRows;
 use super::sdpa;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::turbo::TurboStore;
 use crate::error::Result;
 
 pub struct DenseStore {
@@ -56,14 +57,20 @@ impl KvStore for DenseStore {
     }
 
     /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.
+    /// To TurboQuant: rotated and encoded, each row's first tokens kept as sinks.
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
-        let KvKind::Affine { group_size, bits } = *target else { return Ok(None) };
-        let mut columns = Vec::with_capacity(6);
-        for c in self.rows.buffers() {
-            let (q, s, b) = quantized::quantize(c, group_size, bits)?;
-            columns.extend([q, s, b]);
+        match *target {
+            KvKind::Affine { group_size, bits } => {
+                let mut columns = Vec::with_capacity(6);
+                for c in self.rows.buffers() {
+                    let (q, s, b) = quantized::quantize(c, group_size, bits)?;
+                    columns.extend([q, s, b]);
+                }
+                Ok(Some(Box::new(AffineStore::over(self.rows.with_buffers(columns, 0), group_size, bits))))
+            }
+            KvKind::Turbo(format) => Ok(Some(Box::new(TurboStore::from_dense(&self.rows, format)?))),
+            KvKind::Dense | KvKind::Rotating { .. } => Ok(None),
         }
-        Ok(Some(Box::new(AffineStore::over(self.rows.with_buffers(columns), group_size, bits))))
     }
 
     fn state(&self) -> Vec<Array> {

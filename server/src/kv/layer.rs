@@ -19,8 +19,8 @@ pub struct LayerCache {
 
 impl LayerCache {
     /// One sequence without tokens, in a store of `kind`.
-    pub fn new(kind: &KvKind) -> LayerCache {
-        LayerCache { parts: vec![kind.empty_store(1)], place: vec![(0, 0)] }
+    pub fn new(kind: &KvKind) -> Result<LayerCache> {
+        Ok(LayerCache { parts: vec![kind.empty_store(1)?], place: vec![(0, 0)] })
     }
 
     /// These rows, in this order, each in the store of its kind.
@@ -127,49 +127,53 @@ impl LayerCache {
     /// Converts each row for which `target` (given the row's kind and tokens)
     /// names another kind — the compression hook: with `--kv-bits`, dense rows
     /// become affine once they hold `quantized_kv_start` tokens.
-    pub fn compress(&mut self, target: impl Fn(&KvKind, i32) -> Option<KvKind>) -> Result<()> {
+    /// Returns how many rows converted.
+    pub fn compress(&mut self, target: impl Fn(&KvKind, i32) -> Option<KvKind>) -> Result<usize> {
         let offsets = self.offsets();
         let targets: Vec<Option<KvKind>> =
             self.place.iter().zip(&offsets).map(|(&(p, _), &o)| target(&self.parts[p].kind(), o)).collect();
         let Some(first) = targets.first().copied().flatten() else {
             if targets.iter().all(Option::is_none) {
-                return Ok(());
+                return Ok(0);
             }
             return self.compress_rows(&targets);
         };
         if self.parts.len() == 1 && targets.iter().all(|t| *t == Some(first)) {
             // Every row at once (always so for one sequence): the store converts
             // its buffers, as mlx-lm converts a cache.
-            if let Some(c) = self.parts[0].compress(&first)? {
-                self.parts[0] = c;
-            }
-            return Ok(());
+            return Ok(match self.parts[0].compress(&first)? {
+                Some(c) => {
+                    self.parts[0] = c;
+                    self.rows()
+                }
+                None => 0,
+            });
         }
         self.compress_rows(&targets)
     }
 
     /// Converts rows one by one (each through a one-row store) and regroups.
-    fn compress_rows(&mut self, targets: &[Option<KvKind>]) -> Result<()> {
-        let mut changed = false;
+    fn compress_rows(&mut self, targets: &[Option<KvKind>]) -> Result<usize> {
+        let mut converted = 0;
         let mut rows = Vec::with_capacity(self.rows());
         for (b, to) in targets.iter().enumerate() {
             let row = self.row(b)?;
-            let converted = match to {
+            let converted_row = match to {
                 Some(to) => row.kind.store(std::slice::from_ref(&row))?.compress(to)?,
                 None => None,
             };
-            rows.push(match converted {
+            rows.push(match converted_row {
                 Some(c) => {
-                    changed = true;
+                    converted += 1;
                     c.row(0)?
                 }
                 None => row,
             });
         }
-        if changed {
+        if converted > 0 {
             *self = LayerCache::from_rows(&rows)?;
         }
-        Ok(())
+        Ok(converted)
     }
 
     /// Drops the newest `n` positions of every row.

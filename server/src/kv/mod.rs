@@ -16,9 +16,10 @@ mod rotating;
 mod sdpa;
 mod snapshot;
 mod store;
+pub mod turbo;
 
 pub use cache::ModelCache;
-pub use compression::{KvCompression, AFFINE_BITS, AFFINE_GROUP_SIZES};
+pub use compression::{bytes_per_token, CompressAt, KvCompression, Phase, TurboPreset, AFFINE_BITS, AFFINE_GROUP_SIZES};
 pub use layer::LayerCache;
 pub use mask::{causal_mask, AttentionMask, MaskMemo};
 pub use prompt_cache::{PromptCache, PromptCacheHit};

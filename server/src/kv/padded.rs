@@ -54,9 +54,15 @@ impl PaddedRows {
         &self.columns
     }
 
-    /// The same layout over other columns (a compressed form of these).
-    pub fn with_buffers(&self, columns: Vec<Array>) -> PaddedRows {
-        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.clone() }
+    /// Padding in front of each row.
+    pub fn left_pad(&self) -> &[i32] {
+        &self.left_pad
+    }
+
+    /// The same layout over other columns (a compressed form of these), whose
+    /// rows start `skip` positions later (those are kept elsewhere).
+    pub fn with_buffers(&self, columns: Vec<Array>, skip: i32) -> PaddedRows {
+        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect() }
     }
 
     /// The mask for `n` new tokens attending to what is stored plus themselves.

@@ -13,7 +13,8 @@ use super::affine::AffineStore;
 use super::dense::DenseStore;
 use super::mask::MaskMemo;
 use super::rotating::RotatingStore;
-use crate::error::Result;
+use super::turbo::{self, TurboFormat, TurboStore};
+use crate::error::{Error, Result};
 
 /// A kind of cache and its parameters: two stores of equal kinds can hold
 /// their rows together.
@@ -25,6 +26,8 @@ pub enum KvKind {
     Affine { group_size: i32, bits: i32 },
     /// The last `max_size` positions of a sliding-window layer (RotatingKVCache).
     Rotating { max_size: i32 },
+    /// TurboQuant: rotated, codebook- or affine-coded keys and values (`--turbo-kv`).
+    Turbo(TurboFormat),
 }
 
 /// One sequence's keys and values in one layer, in its kind's format: what a
@@ -78,16 +81,19 @@ impl KvKind {
             KvKind::Dense => Box::new(DenseStore::from_rows(rows)?),
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::from_rows(rows, group_size, bits)?),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::from_rows(rows, max_size)?),
+            KvKind::Turbo(format) => Box::new(TurboStore::from_rows(rows, format)?),
         })
     }
 
-    /// A store of this kind for `rows` sequences without tokens.
-    pub fn empty_store(&self, rows: usize) -> Box<dyn KvStore> {
-        match *self {
+    /// A store of this kind for `rows` sequences without tokens (a TurboQuant
+    /// cache is made by compressing a prompt, never empty).
+    pub fn empty_store(&self, rows: usize) -> Result<Box<dyn KvStore>> {
+        Ok(match *self {
             KvKind::Dense => Box::new(DenseStore::empty(rows)),
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::empty(rows, group_size, bits)),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::empty(rows, max_size)),
-        }
+            KvKind::Turbo(_) => return Err(Error::Internal("a TurboQuant cache starts from a compressed prompt")),
+        })
     }
 }
 
@@ -98,6 +104,7 @@ impl KvRow {
     pub fn servable(&self, n: i32) -> i32 {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::servable(self, n, max_size),
+            KvKind::Turbo(_) => turbo::servable(self, n),
             KvKind::Dense | KvKind::Affine { .. } => n.min(self.offset),
         }
     }
@@ -106,6 +113,7 @@ impl KvRow {
     pub fn prefix(&self, n: i32) -> Result<KvRow> {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::prefix(self, n, max_size),
+            KvKind::Turbo(_) => turbo::prefix(self, n),
             // Positions are tokens: the first n of every column (quantization
             // groups run along the last axis, so a prefix of codes is the
             // quantized prefix).

@@ -4,14 +4,19 @@
 
 use mlx_rs_safe::{ops, random, Array, Dtype};
 
-use super::{AttendArgs, KvCompression, KvKind, LayerCache, MaskMemo};
+use super::turbo::SINKS;
+use super::{AttendArgs, CompressAt, KvCompression, KvKind, LayerCache, MaskMemo, Phase, TurboPreset};
 
 const Q_HEADS: i32 = 4;
 const KV_HEADS: i32 = 2;
 const DIM: i32 = 32;
 
-fn kinds() -> [KvKind; 3] {
-    [KvKind::Dense, KvKind::Affine { group_size: 32, bits: 8 }, KvKind::Rotating { max_size: 8 }]
+fn kinds() -> Vec<KvKind> {
+    let mut kinds = vec![KvKind::Dense, KvKind::Affine { group_size: 32, bits: 8 }, KvKind::Rotating { max_size: 8 }];
+    for preset in TurboPreset::ALL {
+        kinds.push(KvKind::Turbo(preset.format(2, 8)));
+    }
+    kinds
 }
 
 /// A row's queries, keys and values at every position: [1, H, len, D] each.
@@ -70,8 +75,7 @@ fn assert_close(a: &Array, b: &Array, what: &str) {
 /// Row `r` alone: `prefill` positions in one chunk, then one position per
 /// step up to `len`; the output of each decode step, by position.
 fn alone(kind: &KvKind, r: &Row, prefill: i32, len: i32) -> Vec<Option<Array>> {
-    let mut cache = LayerCache::new(kind);
-    feed(&mut cache, r, 0, prefill);
+    let mut cache = prefilled(kind, r, prefill);
     let mut out = vec![None; len as usize];
     for p in prefill..len {
         out[p as usize] = Some(step(&mut cache, &[r], &[p]).remove(0));
@@ -99,9 +103,17 @@ fn decode(cache: &mut LayerCache, members: &mut [Member], steps: usize, kind: &K
     }
 }
 
+/// A cache of `kind` holding row `r`'s first `n` positions. A TurboQuant
+/// cache is a dense one compressed when decoding starts, as the engine does.
 fn prefilled(kind: &KvKind, r: &Row, n: i32) -> LayerCache {
-    let mut c = LayerCache::new(kind);
+    let KvKind::Turbo(_) = kind else {
+        let mut c = LayerCache::new(kind).unwrap();
+        feed(&mut c, r, 0, n);
+        return c;
+    };
+    let mut c = LayerCache::new(&KvKind::Dense).unwrap();
     feed(&mut c, r, 0, n);
+    c.compress(|k, tokens| (*k == KvKind::Dense && tokens >= SINKS).then_some(*kind)).unwrap();
     c
 }
 
@@ -109,7 +121,7 @@ fn prefilled(kind: &KvKind, r: &Row, n: i32) -> LayerCache {
 fn rows_joining_and_leaving_a_batch_attend_as_they_do_alone() {
     for kind in kinds() {
         let (a, b, c) = (row(40, 10), row(40, 20), row(40, 30));
-        let (pa, pb, pc) = (5, 11, 3);
+        let (pa, pb, pc) = (5, 11, 4);
         let mut members =
             vec![Member { row: &a, next: pa, want: alone(&kind, &a, pa, 40) }];
         let mut batch = prefilled(&kind, &a, pa);
@@ -157,13 +169,13 @@ fn a_restored_row_continues_as_the_original() {
 fn trimmed_positions_are_forgotten_and_can_be_written_again() {
     for kind in kinds() {
         let (a, b) = (row(12, 60), row(12, 70));
-        let mut batch = prefilled(&kind, &a, 3);
-        batch.extend(prefilled(&kind, &b, 5)).unwrap();
-        let first = step(&mut batch, &[&a, &b], &[3, 5]);
-        step(&mut batch, &[&a, &b], &[4, 6]);
+        let mut batch = prefilled(&kind, &a, 4);
+        batch.extend(prefilled(&kind, &b, 6)).unwrap();
+        let first = step(&mut batch, &[&a, &b], &[4, 6]);
+        step(&mut batch, &[&a, &b], &[5, 7]);
         assert_eq!(batch.trim(2).unwrap(), 2);
-        assert_eq!(batch.offsets(), vec![3, 5]);
-        let again = step(&mut batch, &[&a, &b], &[3, 5]);
+        assert_eq!(batch.offsets(), vec![4, 6]);
+        let again = step(&mut batch, &[&a, &b], &[4, 6]);
         for (g, w) in again.iter().zip(&first) {
             assert_close(g, w, &format!("{kind:?}: after trim"));
         }
@@ -183,7 +195,8 @@ fn a_rotating_cache_that_dropped_positions_refuses_to_trim() {
 #[test]
 fn rows_crossing_the_quantization_start_at_different_steps_match_each_row_alone() {
     let policy = KvCompression::affine(8, 32, 10).unwrap();
-    let target = |k: &KvKind, n: i32| policy.target(k, n);
+    let at = CompressAt { layer: 0, layers: 1, phase: Phase::Decode };
+    let target = |k: &KvKind, n: i32| policy.target(k, n, at);
     let (a, b) = (row(24, 90), row(24, 100));
     // Alone: each row converted after the step that took it to 10 tokens.
     let alone_with_policy = |r: &Row, prefill: i32| -> Vec<Option<Array>> {

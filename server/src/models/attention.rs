@@ -137,7 +137,8 @@ impl Attention {
         self.o_proj.forward(&out)
     }
 
-    pub fn head_dim(&self) -> i32 {
-        self.spec.head_dim
+    /// (KV heads, head size).
+    pub fn kv_shape(&self) -> (i32, i32) {
+        (self.spec.n_kv_heads, self.spec.head_dim)
     }
 }

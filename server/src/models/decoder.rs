@@ -14,7 +14,7 @@ use super::moe::{MoeSpec, SparseMoe};
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
-use super::LanguageModel;
+use super::{KvLayout, LanguageModel};
 use crate::error::Result;
 use crate::kv::{KvKind, ModelCache};
 
@@ -131,11 +131,8 @@ impl LanguageModel for Decoder {
         }
     }
 
-    fn cache_kinds(&self) -> Vec<KvKind> {
-        vec![KvKind::Dense; self.layers.len()]
-    }
-
-    fn head_dim(&self) -> i32 {
-        self.layers.first().map(|l| l.attn.head_dim()).unwrap_or(0)
+    fn kv_layout(&self) -> KvLayout {
+        let (kv_heads, head_dim) = self.layers.first().map(|l| l.attn.kv_shape()).unwrap_or((0, 0));
+        KvLayout { kinds: vec![KvKind::Dense; self.layers.len()], kv_heads, head_dim }
     }
 }

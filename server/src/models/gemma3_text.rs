@@ -13,7 +13,7 @@ use super::mlp::{Activation, Mlp};
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
-use super::LanguageModel;
+use super::{KvLayout, LanguageModel};
 use crate::error::Result;
 use crate::kv::{KvKind, ModelCache};
 
@@ -169,13 +169,10 @@ impl LanguageModel for Gemma3Text {
         }
     }
 
-    fn cache_kinds(&self) -> Vec<KvKind> {
-        (0..self.cfg.num_hidden_layers)
+    fn kv_layout(&self) -> KvLayout {
+        let kinds = (0..self.cfg.num_hidden_layers)
             .map(|i| if self.cfg.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.cfg.sliding_window } })
-            .collect()
-    }
-
-    fn head_dim(&self) -> i32 {
-        self.cfg.head_dim
+            .collect();
+        KvLayout { kinds, kv_heads: self.cfg.num_key_value_heads, head_dim: self.cfg.head_dim }
     }
 }

@@ -38,10 +38,17 @@ pub trait LanguageModel: Send {
     /// `tokens`: [B, L] int32 → logits [B, L, vocab], for the B sequences of
     /// `cache`, whose keys and values it appends.
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array>;
-    /// Each layer's cache kind (dense, or a rotating window).
-    fn cache_kinds(&self) -> Vec<KvKind>;
-    /// The attention head dimension (what a KV quantization group must divide).
-    fn head_dim(&self) -> i32;
+    /// What its KV cache holds per layer.
+    fn kv_layout(&self) -> KvLayout;
+}
+
+/// A model's KV cache layout: each layer's cache kind (dense, or a rotating
+/// window), and the KV heads and head size of its attention.
+#[derive(Debug, Clone)]
+pub struct KvLayout {
+    pub kinds: Vec<KvKind>,
+    pub kv_heads: i32,
+    pub head_dim: i32,
 }
 
 /// How each `model_type` loads: the shared decoder from its config's spec, or

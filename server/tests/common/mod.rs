@@ -54,4 +54,5 @@ pub fn fixture(name: &str, spec: &Value) -> PathBuf {
     dir
 }
 
+pub mod engine;
 pub mod server;

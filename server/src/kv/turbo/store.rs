@@ -1,0 +1,175 @@
+//! The TurboQuant cache kind. Each row keeps its first [`SINKS`] tokens
+//! unquantized (rotated, in the model's dtype) and every later token
+//! compressed in the padded body (the same layout as the dense cache, with the
+//! sink positions counted as padding). Attention runs in the rotated basis:
+//! the query is rotated once, scores and the value sum come from the stored
+//! form, and the output is rotated back once.
+//!
+//! This file is the MLX-ops path (every backend; the reference the GPU kernels
+//! are tested against): it decodes the history into a temporary per layer and
+//! step. A chunk of several tokens (prefill past the compression threshold)
+//! attends to its own keys and values unquantized, as native attention would.
+
+use mlx_rs_safe::{ops, Array, Dtype};
+
+use super::codec::{Codec, TurboFormat, SINKS};
+use crate::error::{Error, Result};
+use crate::kv::mask::{AttentionMask, MaskMemo};
+use crate::kv::padded::PaddedRows;
+use crate::kv::sdpa;
+use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore};
+
+pub struct TurboStore {
+    codec: Codec,
+    /// [B, kv_heads, SINKS, D] rotated keys and values, the model's dtype.
+    sinks: [Array; 2],
+    /// Compressed keys then values (see `codec.rs`), positions SINKS.. of each row.
+    body: PaddedRows,
+}
+
+/// `mask` with SINKS always-kept key columns in front (the sinks precede
+/// every other position, so causal and unmasked attention stay as they are).
+fn with_sinks(mask: AttentionMask) -> Result<AttentionMask> {
+    let AttentionMask::Array(m) = mask else { return Ok(mask) };
+    let mut shape = m.shape();
+    if let Some(last) = shape.last_mut() {
+        *last = SINKS;
+    }
+    let keep = ops::ones(&shape, Dtype::Bool)?;
+    Ok(AttentionMask::Array(ops::concatenate(&[&keep, &m], -1)?))
+}
+
+impl TurboStore {
+    /// Compresses a dense batch (keys and values [B, H, capacity, D] laid out
+    /// by `rows`); every row holds at least SINKS tokens.
+    pub fn from_dense(rows: &PaddedRows, format: TurboFormat) -> Result<TurboStore> {
+        let [keys, values] = rows.buffers() else { return Err(Error::Internal("a dense cache without keys and values")) };
+        let s = keys.shape();
+        let codec = Codec::new(format, s[3])?;
+        let dtype = keys.dtype();
+        let (kr, vr) = (codec.rotation.apply(keys)?, codec.rotation.apply(values)?);
+        // Row b's sinks are its first SINKS positions, after its padding.
+        let first: Vec<i32> = rows.left_pad().iter().flat_map(|&p| (0..SINKS).map(move |i| p + i)).collect();
+        let idx = Array::from_slice(&first, &[s[0], 1, SINKS, 1])?;
+        let idx = ops::broadcast_to(&idx, &[s[0], s[1], SINKS, s[3]])?;
+        let sink = |x: &Array| -> Result<Array> { Ok(ops::astype(&ops::take_along_axis(x, &idx, 2)?, dtype)?) };
+        let sinks = [sink(&kr)?, sink(&vr)?];
+        let mut columns = codec.encode_keys(&kr, dtype)?;
+        columns.extend(codec.encode_values(&vr)?);
+        Ok(TurboStore { sinks, body: rows.with_buffers(columns, SINKS), codec })
+    }
+
+    /// Rows of this format ([sink keys, sink values, body columns...] each).
+    pub fn from_rows(rows: &[KvRow], format: TurboFormat) -> Result<TurboStore> {
+        let Some(first) = rows.first().and_then(|r| r.columns.first()) else {
+            return Err(Error::Internal("a TurboQuant cache built from no rows"));
+        };
+        let codec = Codec::new(format, first.dim(-1)?)?;
+        let part = |i: usize| -> Result<Array> {
+            let cols: Vec<&Array> = rows.iter().map(|r| r.columns.get(i).ok_or(Error::Internal("a TurboQuant row without sinks"))).collect::<Result<_>>()?;
+            Ok(ops::concatenate(&cols, 0)?)
+        };
+        let sinks = [part(0)?, part(1)?];
+        let body_rows: Vec<Vec<Array>> = rows.iter().map(|r| r.columns[2..].to_vec()).collect();
+        Ok(TurboStore { codec, sinks, body: PaddedRows::from_rows(&body_rows)? })
+    }
+
+    fn key_columns(&self) -> usize {
+        self.codec.format.key_columns()
+    }
+
+    /// Keys and values of the body columns `cols`, decoded into the rotated basis.
+    fn decode(&self, cols: &[Array], dtype: Dtype) -> Result<(Array, Array)> {
+        let nk = self.key_columns();
+        Ok((self.codec.decode_keys(&cols[..nk], dtype)?, self.codec.decode_values(&cols[nk..], dtype)?))
+    }
+}
+
+impl KvStore for TurboStore {
+    fn kind(&self) -> KvKind {
+        KvKind::Turbo(self.codec.format)
+    }
+
+    fn rows(&self) -> usize {
+        self.body.rows()
+    }
+
+    fn offsets(&self) -> Vec<i32> {
+        self.body.offsets().into_iter().map(|o| o + SINKS).collect()
+    }
+
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+        let [sink_k, sink_v] = self.sinks.clone();
+        let n = queries.shape()[2];
+        let dtype = keys.dtype();
+        let rot = &self.codec.rotation;
+        let body = &self.body;
+        let mask = masks.get(body.mask_key("turbo", n, args.window), || with_sinks(body.mask(n, args.window)?))?;
+        let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
+        let mut columns = self.codec.encode_keys(&kr, dtype)?;
+        columns.extend(self.codec.encode_values(&vr)?);
+        let views = self.body.append(&columns)?;
+        let (k, v) = if n > 1 {
+            // History decoded, the chunk's own positions as computed.
+            let before = views[0].dim(2)? - n;
+            let hist: Vec<Array> = views.iter().map(|c| Ok(ops::slice_axis(c, 2, 0, before)?)).collect::<Result<_>>()?;
+            let (hk, hv) = self.decode(&hist, dtype)?;
+            (
+                ops::concatenate(&[&sink_k, &hk, &ops::astype(&kr, dtype)?], 2)?,
+                ops::concatenate(&[&sink_v, &hv, &ops::astype(&vr, dtype)?], 2)?,
+            )
+        } else {
+            let (hk, hv) = self.decode(&views, dtype)?;
+            (ops::concatenate(&[&sink_k, &hk], 2)?, ops::concatenate(&[&sink_v, &hv], 2)?)
+        };
+        let qr = ops::astype(&rot.apply(queries)?, queries.dtype())?;
+        let out = sdpa::dense(&qr, &k, &v, args.scale, &mask)?;
+        Ok(ops::astype(&rot.invert(&out)?, queries.dtype())?)
+    }
+
+    fn row(&self, b: usize) -> Result<KvRow> {
+        let [sk, sv] = &self.sinks;
+        let b32 = b as i32;
+        let mut columns = vec![ops::slice_axis(sk, 0, b32, b32 + 1)?, ops::slice_axis(sv, 0, b32, b32 + 1)?];
+        columns.extend(self.body.row(b)?);
+        Ok(KvRow { kind: self.kind(), offset: self.body.offset(b)? + SINKS, columns })
+    }
+
+    fn trim(&mut self, n: i32) -> Result<i32> {
+        Ok(self.body.trim(n))
+    }
+
+    fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
+        Ok(None)
+    }
+
+    fn state(&self) -> Vec<Array> {
+        self.sinks.iter().cloned().chain(self.body.arrays()).collect()
+    }
+
+    fn nbytes(&self) -> usize {
+        self.sinks.iter().map(Array::nbytes).sum::<usize>() + self.body.nbytes()
+    }
+}
+
+/// The longest prefix of at most `n` tokens a TurboQuant row restores: any
+/// that keeps its sinks.
+pub fn servable(row: &KvRow, n: i32) -> i32 {
+    if n >= SINKS {
+        n.min(row.offset)
+    } else {
+        0
+    }
+}
+
+/// The row as it was after `n` tokens (`n` from [`servable`]).
+pub fn prefix(row: &KvRow, n: i32) -> Result<KvRow> {
+    if n < SINKS {
+        return Err(Error::Internal("a TurboQuant prefix shorter than its sinks"));
+    }
+    let mut columns = row.columns[..2].to_vec();
+    for c in &row.columns[2..] {
+        columns.push(ops::slice_axis(c, 2, 0, n - SINKS)?);
+    }
+    Ok(KvRow { kind: row.kind, offset: n, columns })
+}
