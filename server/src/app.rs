@@ -111,19 +111,17 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let engine = EngineHandle::spawn(
         Box::new(move || {
             let (model, _) = models::load(&load_dir)?;
-            let l = model.kv_layout();
-            if let Some(c) = kv_compression {
-                c.check_head_dim(l.head_dim)?;
-            }
-            *loaded_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(l);
+            *loaded_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(model.kv_layout());
             Ok(model)
         }),
         tokenizer.clone(),
-        engine_config.clone(),
+        engine_config,
         metrics.clone(),
     )?;
     // Set by the loader before the engine reported the model loaded.
     let layout = layout.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout"))?;
+    // The policy in force: fitted to the model's head dimension.
+    let kv_compression = engine.config.kv_compression;
     let kv_footprint = KvFootprint {
         bytes_per_token: bytes_per_token(kv_compression.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
         fp16_bytes_per_token: bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim),
@@ -136,7 +134,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     );
     state_metrics_kv(&metrics, kv_compression.as_ref(), &kv_footprint);
     let state = web::Data::new(AppState {
-        engine,
         tokenizer,
         metrics,
         model_id: args.model.clone(),
@@ -148,9 +145,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         tool_format,
         system,
-        config: engine_config,
+        config: engine.config.clone(),
         kv_footprint,
         created: generation::unix_now(),
+        engine,
     });
     let app_state = state.clone();
     let (host, port) = (args.host.clone(), args.port);

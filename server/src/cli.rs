@@ -29,6 +29,41 @@ pub enum Command {
     Info,
     /// Generate text from a prompt, as mlx_lm.generate does.
     Generate(GenerateArgs),
+    /// Measure what KV-cache formats (16-bit, --kv-bits, --turbo-kv presets)
+    /// cost in quality on a model and a text: KL divergence, perplexity, top-1
+    /// agreement, needle-in-a-haystack retrieval.
+    KvQuality(KvQualityArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KvQualityArgs {
+    /// A local model folder.
+    #[arg(long)]
+    pub model: std::path::PathBuf,
+    /// A plain-text file: the text teacher-forced, and the haystack's filler.
+    #[arg(long)]
+    pub text: std::path::PathBuf,
+    /// Tokens of the text to use.
+    #[arg(long, default_value_t = 2048)]
+    pub tokens: usize,
+    /// Tokens prefilled at 16 bits before the formats diverge (a prompt).
+    #[arg(long, default_value_t = 256)]
+    pub prefix: usize,
+    /// Formats compared, fp16 first: fp16, kv8, kv4 (affine, group 64), balanced, compact, paper.
+    #[arg(long, default_value = "fp16,kv8,kv4,balanced,compact,paper")]
+    pub formats: String,
+    /// Needle-in-a-haystack prompt lengths in tokens (none: skip it).
+    #[arg(long, value_delimiter = ',')]
+    pub niah_lengths: Vec<usize>,
+    /// Where the needle sits, as fractions of the haystack.
+    #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.9")]
+    pub niah_depths: Vec<f64>,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 512)]
+    pub prefill_size: usize,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The server's flags (mlx_lm.server's names where they overlap); each can

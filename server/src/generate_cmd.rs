@@ -104,9 +104,6 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?;
     let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
     let (model, _config) = models::load_with(&dir, &load)?;
-    if let Some(c) = kv_compression {
-        c.check_head_dim(model.kv_layout().head_dim)?;
-    }
     let tok = Arc::new(Tokenizer::load(&dir, None)?);
     let prompt = prompt_tokens(&tok, args)?;
     let sampling = SamplingParams {
@@ -127,7 +124,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         prompt_cache_bytes: 0,
         kv_compression,
     };
-    let mut engine = Engine::new(model, tok, config, Arc::new(Metrics::new()));
+    let mut engine = Engine::new(model, tok, config, Arc::new(Metrics::new()))?;
     let params = |sampling: SamplingParams| Generation {
         prompt: prompt.clone(),
         sampling,

@@ -11,5 +11,6 @@ pub mod hub;
 pub mod kv;
 pub mod metrics;
 pub mod models;
+pub mod quality;
 pub mod system_info;
 pub mod tokenizer;

@@ -27,6 +27,18 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(e),
         },
+        Command::KvQuality(args) => match mlx_serve::quality::run(&args) {
+            // A plain struct of numbers and strings serialises.
+            Ok(report) if args.json => {
+                println!("{}", serde_json::to_string_pretty(&report).expect("plain struct"));
+                ExitCode::SUCCESS
+            }
+            Ok(report) => {
+                println!("{}", mlx_serve::quality::table(&report));
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(e),
+        },
         Command::Generate(args) => match generate_cmd::run(&args) {
             Ok(report) if args.json => {
                 println!("{}", serde_json::to_string(&report).expect("plain struct"));

@@ -94,7 +94,9 @@ fn token_row(tokens: &[u32]) -> Result<Array> {
 }
 
 impl Engine {
-    pub fn new(model: Box<dyn LanguageModel>, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Engine {
+    /// An engine over `model`; its KV compression is fitted to the model's
+    /// head dimension (an error when the model cannot take it).
+    pub fn new(model: Box<dyn LanguageModel>, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Result<Engine> {
         Engine::with_queue_counter(model, tokenizer, config, metrics, Arc::new(AtomicUsize::new(0)))
     }
 
@@ -102,11 +104,13 @@ impl Engine {
     pub(super) fn with_queue_counter(
         model: Box<dyn LanguageModel>,
         tokenizer: Arc<Tokenizer>,
-        config: EngineConfig,
+        mut config: EngineConfig,
         metrics: Arc<Metrics>,
         waiting: Arc<AtomicUsize>,
-    ) -> Engine {
-        Engine {
+    ) -> Result<Engine> {
+        let head_dim = model.kv_layout().head_dim;
+        config.kv_compression = config.kv_compression.map(|c| c.for_head_dim(head_dim)).transpose()?;
+        Ok(Engine {
             model,
             tokenizer,
             policy: Policy { max_concurrency: config.max_concurrency.max(1), prefill_size: config.prefill_size.max(1) },
@@ -119,7 +123,12 @@ impl Engine {
             ready: Vec::new(),
             batch: None,
             decode_turns: 0,
-        }
+        })
+    }
+
+    /// The configuration in force (the compression fitted to the model).
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     /// Queues a request; its events arrive on `request.events` as turns run.

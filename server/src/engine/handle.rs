@@ -37,6 +37,8 @@ pub struct EngineHandle {
     /// Requests submitted and not yet admitted.
     waiting: Arc<AtomicUsize>,
     max_queue: usize,
+    /// The configuration in force (KV compression fitted to the model).
+    pub config: EngineConfig,
     pub stats: Arc<EngineStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -44,8 +46,8 @@ pub struct EngineHandle {
 type ModelLoader = Box<dyn FnOnce() -> Result<Box<dyn LanguageModel>> + Send>;
 
 impl EngineHandle {
-    /// Starts the engine thread, which loads the model with `load`; returns
-    /// once the model is loaded (or failed to load).
+    /// Starts the engine thread, which loads the model with `load` and builds
+    /// the engine; returns once that is done (or failed).
     pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
@@ -56,21 +58,19 @@ impl EngineHandle {
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
-                let model = match load() {
-                    Ok(m) => {
-                        let _ = ready_tx.send(Ok(()));
-                        m
+                match load().and_then(|model| Engine::with_queue_counter(model, tokenizer, config, metrics, w)) {
+                    Ok(engine) => {
+                        let _ = ready_tx.send(Ok(engine.config().clone()));
+                        run(engine, &s, rx);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
-                        return;
                     }
-                };
-                run(Engine::with_queue_counter(model, tokenizer, config, metrics, w), &s, rx);
+                }
             })
             .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(EngineHandle { tx, waiting, max_queue, stats, thread: Mutex::new(Some(thread)) }),
+            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue, config, stats, thread: Mutex::new(Some(thread)) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
         }

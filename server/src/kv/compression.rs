@@ -12,8 +12,9 @@ pub enum KvCompression {
     /// `--turbo-kv`: TurboQuant when decoding starts, or chunk by chunk during
     /// the prefill of a prompt longer than `prefill_threshold` tokens (so a long
     /// prompt never holds its whole uncompressed KV). Sliding-window layers
-    /// stay as they are.
-    Turbo { preset: TurboPreset, prefill_threshold: i32 },
+    /// stay as they are. Values take `value_bits` (set for the model's head
+    /// dimension by [`KvCompression::for_head_dim`]).
+    Turbo { preset: TurboPreset, prefill_threshold: i32, value_bits: u8 },
 }
 
 /// The TurboQuant presets (`--turbo-kv PRESET`).
@@ -45,15 +46,15 @@ impl TurboPreset {
         }
     }
 
-    /// The format of layer `layer` of `layers`.
-    pub fn format(self, layer: usize, layers: usize) -> TurboFormat {
+    /// The format of layer `layer` of `layers`, values at `value_bits`.
+    pub fn format(self, layer: usize, layers: usize, value_bits: u8) -> TurboFormat {
         let key = match self {
             TurboPreset::Balanced => KeyCode::Affine8,
             TurboPreset::Compact if layer < 2 || layer + 2 >= layers => KeyCode::Affine8,
             TurboPreset::Compact => KeyCode::Codebook(4),
             TurboPreset::Paper => KeyCode::CodebookQjl(3),
         };
-        TurboFormat { key, value_bits: 3 }
+        TurboFormat { key, value_bits }
     }
 }
 
@@ -99,7 +100,7 @@ impl KvCompression {
         if prefill_threshold < SINKS {
             return Err(Error::Config(format!("--turbo-kv-prefill-threshold must be at least {SINKS}; got {prefill_threshold}")));
         }
-        Ok(KvCompression::Turbo { preset: TurboPreset::parse(preset)?, prefill_threshold })
+        Ok(KvCompression::Turbo { preset: TurboPreset::parse(preset)?, prefill_threshold, value_bits: 3 })
     }
 
     /// The kind a row of `kind` holding `tokens` tokens converts to now, if any.
@@ -109,18 +110,20 @@ impl KvCompression {
                 Some(KvKind::Affine { group_size, bits })
             }
             // A row needs its sinks before anything is compressed.
-            (KvCompression::Turbo { preset, prefill_threshold }, KvKind::Dense)
+            (KvCompression::Turbo { preset, prefill_threshold, value_bits }, KvKind::Dense)
                 if tokens >= SINKS && (at.phase == Phase::Decode || tokens >= prefill_threshold) =>
             {
-                Some(KvKind::Turbo(preset.format(at.layer, at.layers)))
+                Some(KvKind::Turbo(preset.format(at.layer, at.layers, value_bits)))
             }
             _ => None,
         }
     }
 
-    /// Checks the policy against a model's head dimension at start-up.
-    pub fn check_head_dim(&self, head_dim: i32) -> Result<()> {
-        match *self {
+    /// The policy for a model of head dimension `head_dim`, checked at
+    /// start-up. TurboQuant values take 4 bits at d ≤ 64, where 3-bit codes
+    /// cost markedly more (the brief: d = 64 is the fragile case), else 3.
+    pub fn for_head_dim(self, head_dim: i32) -> Result<KvCompression> {
+        match self {
             KvCompression::Affine { group_size, .. } if head_dim % group_size != 0 => Err(Error::Config(format!(
                 "--kv-group-size {group_size} does not divide the model's head dimension {head_dim}"
             ))),
@@ -129,7 +132,10 @@ impl KvCompression {
             KvCompression::Turbo { .. } if !(head_dim.count_ones() == 1 && (32..=512).contains(&head_dim)) => Err(Error::Config(format!(
                 "--turbo-kv needs a power-of-two head dimension between 32 and 512; this model's is {head_dim}"
             ))),
-            _ => Ok(()),
+            KvCompression::Turbo { preset, prefill_threshold, .. } => {
+                Ok(KvCompression::Turbo { preset, prefill_threshold, value_bits: if head_dim <= 64 { 4 } else { 3 } })
+            }
+            affine => Ok(affine),
         }
     }
 
@@ -141,7 +147,9 @@ impl KvCompression {
                 let b = bits as f64 + 32.0 / group_size as f64;
                 Some((b, b))
             }
-            (KvCompression::Turbo { preset, .. }, KvKind::Dense) => Some(preset.format(layer, layers).bits_per_dim(head_dim)),
+            (KvCompression::Turbo { preset, value_bits, .. }, KvKind::Dense) => {
+                Some(preset.format(layer, layers, value_bits).bits_per_dim(head_dim))
+            }
             _ => None,
         }
     }
@@ -204,7 +212,7 @@ mod tests {
 
     #[test]
     fn turbo_compresses_when_decoding_starts_or_past_the_prefill_threshold() {
-        let c = KvCompression::turbo("balanced", 8192).unwrap();
+        let c = KvCompression::turbo("balanced", 8192).unwrap().for_head_dim(128).unwrap();
         let balanced = Some(KvKind::Turbo(TurboFormat { key: KeyCode::Affine8, value_bits: 3 }));
         assert_eq!(c.target(&KvKind::Dense, 5000, at(3, Phase::Prefill)), None);
         assert_eq!(c.target(&KvKind::Dense, 8192, at(3, Phase::Prefill)), balanced);
@@ -216,11 +224,11 @@ mod tests {
 
     #[test]
     fn compact_keeps_8_bit_keys_in_the_first_and_last_two_layers() {
-        let keys: Vec<KeyCode> = (0..8).map(|l| TurboPreset::Compact.format(l, 8).key).collect();
+        let keys: Vec<KeyCode> = (0..8).map(|l| TurboPreset::Compact.format(l, 8, 3).key).collect();
         let a8 = KeyCode::Affine8;
         let c4 = KeyCode::Codebook(4);
         assert_eq!(keys, vec![a8, a8, c4, c4, c4, c4, a8, a8]);
-        assert_eq!(TurboPreset::Paper.format(0, 8), TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 });
+        assert_eq!(TurboPreset::Paper.format(0, 8, 3), TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 });
     }
 
     #[test]
@@ -229,13 +237,14 @@ mod tests {
         let kinds = vec![KvKind::Dense; 32];
         let fp16 = bytes_per_token(None, &kinds, 8, 128);
         assert_eq!(fp16, 131072.0);
-        let ratio = |preset: &str| bytes_per_token(Some(&KvCompression::turbo(preset, 8192).unwrap()), &kinds, 8, 128) / fp16;
+        let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_head_dim(128).unwrap();
+        let ratio = |preset: &str| bytes_per_token(Some(&policy(preset)), &kinds, 8, 128) / fp16;
         assert!(ratio("balanced") <= 0.36, "balanced {}", ratio("balanced"));
         assert!(ratio("compact") <= 0.25, "compact {}", ratio("compact"));
         assert!(ratio("paper") < ratio("balanced"));
         // Sliding-window layers stay 16-bit.
         let mixed = [KvKind::Dense, KvKind::Rotating { max_size: 512 }];
-        let b = bytes_per_token(Some(&KvCompression::turbo("balanced", 8192).unwrap()), &mixed, 1, 128);
+        let b = bytes_per_token(Some(&policy("balanced")), &mixed, 1, 128);
         assert!(b > 512.0 && b < 512.0 + 256.0);
     }
 
@@ -244,15 +253,21 @@ mod tests {
         assert!(KvCompression::turbo("tiny", 8192).unwrap_err().to_string().contains("balanced, compact, paper"));
         assert!(KvCompression::turbo("compact", 2).unwrap_err().to_string().contains("--turbo-kv-prefill-threshold"));
         let c = KvCompression::turbo("compact", 8192).unwrap();
-        assert!(c.check_head_dim(128).is_ok());
-        assert!(c.check_head_dim(96).unwrap_err().to_string().contains("power-of-two head dimension"));
-        assert!(c.check_head_dim(16).is_err());
+        assert!(c.for_head_dim(128).is_ok());
+        assert!(c.for_head_dim(96).unwrap_err().to_string().contains("power-of-two head dimension"));
+        assert!(c.for_head_dim(16).is_err());
+        // Values take 4 bits at head dimension 64, 3 above.
+        let bits = |d| match c.for_head_dim(d).unwrap() {
+            KvCompression::Turbo { value_bits, .. } => value_bits,
+            _ => 0,
+        };
+        assert_eq!((bits(64), bits(128), bits(256)), (4, 3, 3));
     }
 
     #[test]
     fn a_group_size_the_head_dim_cannot_take_is_refused() {
         let c = KvCompression::affine(8, 64, 0).unwrap();
-        assert!(c.check_head_dim(128).is_ok());
-        assert!(c.check_head_dim(96).unwrap_err().to_string().contains("head dimension 96"));
+        assert!(c.for_head_dim(128).is_ok());
+        assert!(c.for_head_dim(96).unwrap_err().to_string().contains("head dimension 96"));
     }
 }

@@ -14,7 +14,7 @@ const DIM: i32 = 32;
 fn kinds() -> Vec<KvKind> {
     let mut kinds = vec![KvKind::Dense, KvKind::Affine { group_size: 32, bits: 8 }, KvKind::Rotating { max_size: 8 }];
     for preset in TurboPreset::ALL {
-        kinds.push(KvKind::Turbo(preset.format(2, 8)));
+        kinds.push(KvKind::Turbo(preset.format(2, 8, 3)));
     }
     kinds
 }

@@ -65,7 +65,7 @@ pub fn engine_with_prompt_cache(
         kv_compression,
     };
     let metrics = Arc::new(Metrics::new());
-    (Engine::new(model, tokenizer, config, metrics.clone()), metrics)
+    (Engine::new(model, tokenizer, config, metrics.clone()).unwrap(), metrics)
 }
 
 /// What one request produced.

@@ -85,7 +85,7 @@ fn cases() -> Vec<Case> {
 #[test]
 fn attention_in_the_rotated_basis_equals_attention_over_the_decoded_cache() {
     for preset in TurboPreset::ALL {
-        let format = preset.format(3, 8);
+        let format = preset.format(3, 8, 3);
         for (i, c) in cases().iter().enumerate() {
             let (turbo, _, reference) = outputs(format, c, 100 + i as u64);
             let err = relative_error(&turbo, &reference);
@@ -106,7 +106,7 @@ fn attention_stays_close_to_uncompressed_attention() {
     // errors near 1 or more.
     let mut mean_outlier_error = Vec::new();
     for preset in TurboPreset::ALL {
-        let format = preset.format(3, 8);
+        let format = preset.format(3, 8, 3);
         let (bound_plain, bound_outliers) = match preset {
             TurboPreset::Balanced => (0.25, 0.25),
             TurboPreset::Compact => (0.3, 0.6),
