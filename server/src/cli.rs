@@ -99,8 +99,9 @@ pub struct ServeArgs {
     #[arg(long, env = "MLX_SERVE_TURBO_KV", num_args = 0..=1, default_missing_value = "balanced", conflicts_with = "kv_bits")]
     pub turbo_kv: Option<String>,
     /// With --turbo-kv, prompts longer than this are compressed chunk by chunk
-    /// while they are prefilled.
-    #[arg(long, env = "MLX_SERVE_TURBO_KV_PREFILL_THRESHOLD", default_value_t = 8192)]
+    /// while they are prefilled (so a long prompt never holds its whole 16-bit
+    /// KV); shorter ones prefill at full speed and compress when decoding starts.
+    #[arg(long, env = "MLX_SERVE_TURBO_KV_PREFILL_THRESHOLD", default_value_t = 32768)]
     pub turbo_kv_prefill_threshold: i32,
     /// Sequences generating at once (one decode batch).
     #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16)]
@@ -174,6 +175,12 @@ pub struct GenerateArgs {
     /// Start quantizing the KV cache once it holds this many tokens.
     #[arg(long, default_value_t = 5000)]
     pub quantized_kv_start: i32,
+    /// TurboQuant KV cache preset (balanced, compact, paper), as the server's flag.
+    #[arg(long, num_args = 0..=1, default_missing_value = "balanced", conflicts_with = "kv_bits")]
+    pub turbo_kv: Option<String>,
+    /// With --turbo-kv, prompts longer than this are compressed while they are prefilled.
+    #[arg(long, default_value_t = 32768)]
+    pub turbo_kv_prefill_threshold: i32,
     /// Use the prompt as raw text, without the chat template.
     #[arg(long)]
     pub ignore_chat_template: bool,

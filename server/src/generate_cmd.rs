@@ -100,8 +100,10 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     let load = models::LoadOptions {
         quantize: args.quantize.map(|bits| models::quant::QuantParams { bits, group_size: args.quantize_group_size }),
     };
-    let kv_compression =
-        args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?;
+    let kv_compression = match &args.turbo_kv {
+        Some(preset) => Some(KvCompression::turbo(preset, args.turbo_kv_prefill_threshold)?),
+        None => args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?,
+    };
     let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
     let (model, _config) = models::load_with(&dir, &load)?;
     let tok = Arc::new(Tokenizer::load(&dir, None)?);

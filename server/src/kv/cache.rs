@@ -7,20 +7,20 @@ use mlx_rs_safe::Array;
 
 use super::compression::{CompressAt, KvCompression, Phase};
 use super::layer::LayerCache;
-use super::mask::MaskMemo;
+use super::mask::StepMemo;
 use super::snapshot::KvSnapshot;
 use super::store::KvKind;
 use crate::error::{Error, Result};
 
 pub struct ModelCache {
     layers: Vec<LayerCache>,
-    masks: MaskMemo,
+    masks: StepMemo,
 }
 
 impl ModelCache {
     /// One sequence without tokens; `kinds` gives each layer's cache kind.
     pub fn new(kinds: &[KvKind]) -> Result<ModelCache> {
-        Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: MaskMemo::default() })
+        Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: StepMemo::default() })
     }
 
     /// One sequence holding a snapshot's tokens, ready to extend.
@@ -30,7 +30,7 @@ impl ModelCache {
             .iter()
             .map(|row| LayerCache::from_rows(std::slice::from_ref(row)))
             .collect::<Result<_>>()?;
-        Ok(ModelCache { layers, masks: MaskMemo::default() })
+        Ok(ModelCache { layers, masks: StepMemo::default() })
     }
 
     /// Sequences held.
@@ -44,7 +44,7 @@ impl ModelCache {
     }
 
     /// The layers for one forward pass, with a fresh mask memo they share.
-    pub fn for_forward(&mut self) -> (&mut [LayerCache], &MaskMemo) {
+    pub fn for_forward(&mut self) -> (&mut [LayerCache], &StepMemo) {
         self.masks.clear();
         (&mut self.layers, &self.masks)
     }

@@ -4,7 +4,7 @@
 use mlx_rs_safe::{quantized, Array};
 
 use super::affine::AffineStore;
-use super::mask::MaskMemo;
+use super::mask::StepMemo;
 use super::padded::PaddedRows;
 use super::sdpa;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
@@ -40,7 +40,7 @@ impl KvStore for DenseStore {
         self.rows.offsets()
     }
 
-    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let n = queries.shape()[2];
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;

@@ -4,9 +4,9 @@
 //! projections run over the whole batch, and attention runs once per kind over
 //! that kind's rows.
 
-use mlx_rs_safe::{ops, Array};
+use mlx_rs_safe::{eval, ops, Array};
 
-use super::mask::MaskMemo;
+use super::mask::StepMemo;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
 use super::Positions;
 use crate::error::{Error, Result};
@@ -66,7 +66,7 @@ impl LayerCache {
 
     /// Appends the new keys and values ([B, kv_heads, L, D]) and attends
     /// `queries` ([B, heads, L, D]) to each row's cache.
-    pub fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+    pub fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         if self.parts.len() == 1 {
             return self.parts[0].attend(queries, keys, values, args, masks);
         }
@@ -143,6 +143,9 @@ impl LayerCache {
             // its buffers, as mlx-lm converts a cache.
             return Ok(match self.parts[0].compress(&first)? {
                 Some(c) => {
+                    // Converted now, layer by layer: left lazy, every layer's
+                    // conversion temporaries would coexist in the next step's graph.
+                    eval(&c.state().iter().collect::<Vec<_>>())?;
                     self.parts[0] = c;
                     self.rows()
                 }
@@ -172,6 +175,7 @@ impl LayerCache {
         }
         if converted > 0 {
             *self = LayerCache::from_rows(&rows)?;
+            eval(&self.state().iter().collect::<Vec<_>>())?;
         }
         Ok(converted)
     }

@@ -1,5 +1,6 @@
 //! Attention masks, as mlx-lm builds them, and a per-step memo so the layers
-//! of one forward pass that share a cache layout build their mask once.
+//! of one forward pass that share a cache layout build their mask (and the
+//! small arrays GPU kernels take) once.
 
 use std::cell::RefCell;
 
@@ -84,15 +85,17 @@ pub struct MaskKey {
     pub layout: Vec<i32>,
 }
 
-/// Masks built during one forward pass. Every layer of a model holds the same
-/// rows in the same layout (a batch's rows joined and advanced together), so
-/// the layers of one kind share one mask instead of building it again.
+/// Masks and small arrays built during one forward pass. Every layer of a
+/// model holds the same rows in the same layout (a batch's rows joined and
+/// advanced together), so the layers of one kind share one mask instead of
+/// building it again.
 #[derive(Default)]
-pub struct MaskMemo {
+pub struct StepMemo {
     entries: RefCell<Vec<(MaskKey, AttentionMask)>>,
+    arrays: RefCell<Vec<(MaskKey, Array)>>,
 }
 
-impl MaskMemo {
+impl StepMemo {
     /// The mask for `key`, built with `make` the first time it is asked for.
     pub fn get(&self, key: MaskKey, make: impl FnOnce() -> Result<AttentionMask>) -> Result<AttentionMask> {
         if let Some((_, m)) = self.entries.borrow().iter().find(|(k, _)| *k == key) {
@@ -103,8 +106,19 @@ impl MaskMemo {
         Ok(mask)
     }
 
-    /// Forgets the masks of the previous pass.
+    /// The array for `key`, built with `make` the first time it is asked for.
+    pub fn array(&self, key: MaskKey, make: impl FnOnce() -> Result<Array>) -> Result<Array> {
+        if let Some((_, a)) = self.arrays.borrow().iter().find(|(k, _)| *k == key) {
+            return Ok(a.clone());
+        }
+        let a = make()?;
+        self.arrays.borrow_mut().push((key, a.clone()));
+        Ok(a)
+    }
+
+    /// Forgets what the previous pass built.
     pub fn clear(&self) {
         self.entries.borrow_mut().clear();
+        self.arrays.borrow_mut().clear();
     }
 }

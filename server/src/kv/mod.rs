@@ -21,7 +21,7 @@ pub mod turbo;
 pub use cache::ModelCache;
 pub use compression::{bytes_per_token, CompressAt, KvCompression, Phase, TurboPreset, AFFINE_BITS, AFFINE_GROUP_SIZES};
 pub use layer::LayerCache;
-pub use mask::{causal_mask, AttentionMask, MaskMemo};
+pub use mask::{causal_mask, AttentionMask, StepMemo};
 pub use prompt_cache::{PromptCache, PromptCacheHit};
 pub use snapshot::KvSnapshot;
 pub use store::{AttendArgs, KvKind, KvRow, KvStore};

@@ -43,6 +43,11 @@ impl PaddedRows {
         self.left_pad.iter().map(|p| self.idx - p).collect()
     }
 
+    /// Positions written, padding included (the same for every row).
+    pub fn written(&self) -> i32 {
+        self.idx
+    }
+
     /// Tokens row `b` holds.
     pub fn offset(&self, b: usize) -> Result<i32> {
         self.left_pad.get(b).map(|p| self.idx - p).ok_or(Error::Internal("a cache row out of range"))

@@ -11,7 +11,7 @@
 
 use mlx_rs_safe::{ops, Array};
 
-use super::mask::{padded_causal_mask, slot_mask, MaskKey, MaskMemo};
+use super::mask::{padded_causal_mask, slot_mask, MaskKey, StepMemo};
 use super::padded::STEP;
 use super::sdpa;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
@@ -172,7 +172,7 @@ impl KvStore for RotatingStore {
         self.offsets.clone()
     }
 
-    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let n = queries.shape()[2];
         for o in self.offsets.iter_mut() {
             *o += n;

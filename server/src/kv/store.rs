@@ -11,7 +11,7 @@ use mlx_rs_safe::Array;
 
 use super::affine::AffineStore;
 use super::dense::DenseStore;
-use super::mask::MaskMemo;
+use super::mask::StepMemo;
 use super::rotating::RotatingStore;
 use super::turbo::{self, TurboFormat, TurboStore};
 use crate::error::{Error, Result};
@@ -59,7 +59,7 @@ pub trait KvStore: Send {
     /// Appends `keys`/`values` ([B, kv_heads, L, head_dim], rows in this
     /// store's order) and returns attention of `queries` ([B, heads, L,
     /// head_dim]) over every row's cached positions and the new ones.
-    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array>;
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array>;
     /// Row `b` as a [`KvRow`] of this store's kind.
     fn row(&self, b: usize) -> Result<KvRow>;
     /// Drops the newest `n` positions of every row; returns how many went.

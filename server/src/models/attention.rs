@@ -9,7 +9,7 @@ use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
 use crate::error::{Error, Result};
-use crate::kv::{AttendArgs, LayerCache, MaskMemo};
+use crate::kv::{AttendArgs, LayerCache, StepMemo};
 
 /// The shape and options of one attention block.
 #[derive(Debug, Clone)]
@@ -97,7 +97,7 @@ impl Attention {
 
     /// `x`: [B, L, hidden] → [B, L, hidden]. `window` limits how far back a
     /// token attends (sliding-window layers).
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache, masks: &MaskMemo, window: Option<i32>) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));

@@ -78,6 +78,18 @@ pub struct Codec {
     /// The codebooks' centroids as arrays, for decoding.
     key_centroids: Option<Array>,
     value_centroids: Array,
+    tables: Tables,
+}
+
+/// The rotation's signs and the codebooks as the GPU kernels take them
+/// (float32; a one-element placeholder where the format has no key codebook).
+pub struct Tables {
+    /// s1, s2, s3: [3 × D].
+    pub signs: Array,
+    pub key_bounds: Array,
+    pub key_centroids: Array,
+    pub value_bounds: Array,
+    pub value_centroids: Array,
 }
 
 fn f32s(x: &Array) -> Result<Array> {
@@ -154,14 +166,29 @@ impl Codec {
         };
         let value_book = Codebook::new(format.value_bits, dim)?;
         let key_centroids = key_book.as_ref().map(|b| Array::from_vec(&b.centroids)).transpose()?;
+        let rotation = Rotation::new(dim)?;
+        let placeholder = [0.0f32];
+        let tables = Tables {
+            signs: Array::from_vec(&rotation.signs.concat())?,
+            key_bounds: Array::from_vec(key_book.as_ref().map(|b| b.boundaries.as_slice()).unwrap_or(&placeholder))?,
+            key_centroids: Array::from_vec(key_book.as_ref().map(|b| b.centroids.as_slice()).unwrap_or(&placeholder))?,
+            value_bounds: Array::from_vec(&value_book.boundaries)?,
+            value_centroids: Array::from_vec(&value_book.centroids)?,
+        };
         Ok(Codec {
             value_centroids: Array::from_vec(&value_book.centroids)?,
             key_centroids,
             key_book,
             value_book,
-            rotation: Rotation::new(dim)?,
+            rotation,
             format,
+            tables,
         })
+    }
+
+    /// The tables the GPU kernels take.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
     }
 
     pub fn dim(&self) -> i32 {
@@ -173,9 +200,12 @@ impl Codec {
     fn quantize(&self, book: &Codebook, centroids: &Array, x: &Array) -> Result<(Array, Array, Array)> {
         let n = norm(x)?;
         let unit = ops::divide(x, &ops::maximum(&n, &scalar(1e-20))?)?;
-        let bounds = Array::from_vec(&book.boundaries)?;
-        let above = ops::greater(&ops::expand_dims(&unit, &[-1])?, &bounds)?;
-        let codes = ops::astype(&ops::sum(&above, &[-1], false)?, Dtype::Uint8)?;
+        // The code is the number of boundaries below the coordinate: one
+        // comparison per boundary, never a [..., D, 2^bits - 1] tensor.
+        let mut codes = ops::zeros(&unit.shape(), Dtype::Uint8)?;
+        for &b in &book.boundaries {
+            codes = ops::add(&codes, &ops::astype(&ops::greater(&unit, &scalar(b))?, Dtype::Uint8)?)?;
+        }
         let direction = ops::take(centroids, &codes, 0)?;
         // Corrected norm: the decoded vector has the original length.
         let corrected = ops::divide(&n, &ops::maximum(&norm(&direction)?, &scalar(1e-20))?)?;

@@ -4,6 +4,7 @@
 
 mod codebook;
 mod codec;
+mod kernels;
 mod rotation;
 mod store;
 

@@ -95,7 +95,9 @@ mod tests {
             let rows = r.apply(&eye).unwrap();
             let gram = ops::matmul(&rows, &ops::transpose(&rows).unwrap()).unwrap();
             let err = values(&ops::abs(&ops::subtract(&gram, &eye).unwrap()).unwrap()).into_iter().fold(0.0f32, f32::max);
-            assert!(err < 1e-5, "d={dim}: R Rᵀ differs from I by {err}");
+            // float32 matmuls run as TF32 on CUDA (~1e-3 relative).
+            let tol = if mlx_rs_safe::kernels::gpu_backend() == Some("cuda") { 2e-3 } else { 1e-5 };
+            assert!(err < tol, "d={dim}: R Rᵀ differs from I by {err}");
             let x = random::normal(&[3, dim], Dtype::Float32, 0.0, 1.0, &random::key(dim as u64).unwrap()).unwrap();
             let back = r.invert(&r.apply(&x).unwrap()).unwrap();
             let err = values(&ops::abs(&ops::subtract(&back, &x).unwrap()).unwrap()).into_iter().fold(0.0f32, f32::max);

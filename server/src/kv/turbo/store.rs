@@ -13,8 +13,9 @@
 use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::codec::{Codec, TurboFormat, SINKS};
+use super::kernels;
 use crate::error::{Error, Result};
-use crate::kv::mask::{AttentionMask, MaskMemo};
+use crate::kv::mask::{AttentionMask, MaskKey, StepMemo};
 use crate::kv::padded::PaddedRows;
 use crate::kv::sdpa;
 use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore};
@@ -47,15 +48,22 @@ impl TurboStore {
         let s = keys.shape();
         let codec = Codec::new(format, s[3])?;
         let dtype = keys.dtype();
-        let (kr, vr) = (codec.rotation.apply(keys)?, codec.rotation.apply(values)?);
         // Row b's sinks are its first SINKS positions, after its padding.
         let first: Vec<i32> = rows.left_pad().iter().flat_map(|&p| (0..SINKS).map(move |i| p + i)).collect();
         let idx = Array::from_slice(&first, &[s[0], 1, SINKS, 1])?;
         let idx = ops::broadcast_to(&idx, &[s[0], s[1], SINKS, s[3]])?;
-        let sink = |x: &Array| -> Result<Array> { Ok(ops::astype(&ops::take_along_axis(x, &idx, 2)?, dtype)?) };
-        let sinks = [sink(&kr)?, sink(&vr)?];
-        let mut columns = codec.encode_keys(&kr, dtype)?;
-        columns.extend(codec.encode_values(&vr)?);
+        let sink = |x: &Array| -> Result<Array> {
+            Ok(ops::astype(&codec.rotation.apply(&ops::take_along_axis(x, &idx, 2)?)?, dtype)?)
+        };
+        let sinks = [sink(keys)?, sink(values)?];
+        let columns = if kernels::encode_applies(&codec) {
+            kernels::encode(&codec, keys, values)?
+        } else {
+            let (kr, vr) = (codec.rotation.apply(keys)?, codec.rotation.apply(values)?);
+            let mut columns = codec.encode_keys(&kr, dtype)?;
+            columns.extend(codec.encode_values(&vr)?);
+            columns
+        };
         Ok(TurboStore { sinks, body: rows.with_buffers(columns, SINKS), codec })
     }
 
@@ -85,6 +93,28 @@ impl TurboStore {
     }
 }
 
+impl TurboStore {
+    /// A decode step through the GPU kernels: the new token encoded by one,
+    /// attention read from the packed buffers by the others.
+    fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
+        let columns = kernels::encode(&self.codec, keys, values)?;
+        self.body.append(&columns)?;
+        let body = &self.body;
+        let written = body.written();
+        let layout = |what: &'static str, extra: Vec<i32>| {
+            let mut layout = extra;
+            layout.extend(body.left_pad());
+            MaskKey { kind: what, layout }
+        };
+        let pads = masks.array(layout("turbo-pads", vec![]), || Ok(Array::from_slice(body.left_pad(), &[body.rows() as i32])?))?;
+        let meta = masks.array(layout("turbo-meta", vec![written]), || Ok(Array::from_slice(&[written], &[1])?))?;
+        let scale = masks.array(MaskKey { kind: "turbo-scale", layout: vec![args.scale.to_bits() as i32] }, || {
+            Ok(Array::from_slice(&[args.scale], &[1])?)
+        })?;
+        kernels::attend(&self.codec, queries, &self.sinks, body.buffers(), &pads, &meta, written, &scale)
+    }
+}
+
 impl KvStore for TurboStore {
     fn kind(&self) -> KvKind {
         KvKind::Turbo(self.codec.format)
@@ -98,9 +128,13 @@ impl KvStore for TurboStore {
         self.body.offsets().into_iter().map(|o| o + SINKS).collect()
     }
 
-    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &MaskMemo) -> Result<Array> {
-        let [sink_k, sink_v] = self.sinks.clone();
+    fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let n = queries.shape()[2];
+        let rep = queries.dim(1)? / keys.dim(1)?;
+        if n == 1 && args.window.is_none() && kernels::applies(&self.codec, rep) {
+            return self.attend_on_gpu(queries, keys, values, args, masks);
+        }
+        let [sink_k, sink_v] = self.sinks.clone();
         let dtype = keys.dtype();
         let rot = &self.codec.rotation;
         let body = &self.body;

@@ -7,7 +7,7 @@
 use mlx_rs_safe::{fast, ops, random, Array, Dtype};
 
 use super::{Codec, TurboFormat, SINKS};
-use crate::kv::{AttendArgs, KvKind, LayerCache, MaskMemo, TurboPreset};
+use crate::kv::{AttendArgs, KvKind, LayerCache, StepMemo, TurboPreset};
 
 fn normal(shape: &[i32], seed: u64) -> Array {
     random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
@@ -47,9 +47,9 @@ fn outputs(format: TurboFormat, c: &Case, seed: u64) -> (Array, Array, Array) {
     let at = |a: &Array, from: i32, to: i32| ops::slice_axis(a, 2, from, to).unwrap();
     let mut cache = LayerCache::new(&KvKind::Dense).unwrap();
     let prompt_q = normal(&[1, kv_heads * c.gqa, len - 1, d], seed + 3);
-    cache.attend(&prompt_q, &at(&k, 0, len - 1), &at(&v, 0, len - 1), &args, &MaskMemo::default()).unwrap();
+    cache.attend(&prompt_q, &at(&k, 0, len - 1), &at(&v, 0, len - 1), &args, &StepMemo::default()).unwrap();
     cache.compress(|_, _| Some(KvKind::Turbo(format))).unwrap();
-    let turbo = cache.attend(&q, &at(&k, len - 1, len), &at(&v, len - 1, len), &args, &MaskMemo::default()).unwrap();
+    let turbo = cache.attend(&q, &at(&k, len - 1, len), &at(&v, len - 1, len), &args, &StepMemo::default()).unwrap();
     let exact = fast::scaled_dot_product_attention(&q, &k, &v, args.scale, fast::SdpaMask::None, None).unwrap();
     // The reference: the cache as stored, decoded and rotated back, attended plainly.
     let row = cache.row(0).unwrap();

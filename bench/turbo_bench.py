@@ -1,0 +1,83 @@
+"""TurboQuant against the 16-bit KV cache: `mlx-serve generate` decode tok/s and peak
+memory over prompt lengths, one process per run, the configurations alternating so
+drift hits them alike. Each run generates once untimed first (`--warmup`: GPU kernels
+compile per shape), then the timed generation; the table shows the median.
+
+usage: python bench/turbo_bench.py --model DIR --mlx-serve BIN --out FILE.json
+           [--contexts 4096,16384,32768,65536] [--configs fp16,balanced,compact]
+           [--gen-tokens 128] [--runs 2]
+"""
+
+import argparse, json, statistics, subprocess, sys, time
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+import serving
+
+FLAGS = {"fp16": [], "balanced": ["--turbo-kv", "balanced"], "compact": ["--turbo-kv", "compact"],
+         "paper": ["--turbo-kv", "paper"], "kv8": ["--kv-bits", "8", "--quantized-kv-start", "0"]}
+
+
+def run(binary, model, prompt, gen, flags, env):
+    # The prompt on stdin: 64K tokens of text are more than one argument may hold.
+    out = subprocess.run([binary, "generate", "--model", str(model), "--prompt", "-", "--max-tokens", str(gen),
+                          "--ignore-chat-template", "--ignore-eos", "--warmup", "--json"] + flags,
+                         input=prompt + "\n", capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1][:200] if out.stderr.strip() else f"exit {out.returncode}"}
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    return {k: r[k] for k in ("prompt_tokens", "prompt_tps", "generation_tps", "peak_memory_bytes")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mlx-serve", required=True)
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--contexts", default="4096,16384,32768,65536")
+    ap.add_argument("--configs", default="fp16,balanced,compact")
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=2)
+    a = ap.parse_args()
+    configs = a.configs.split(",")
+    if any(c not in FLAGS for c in configs) or not Path(a.model, "config.json").exists():
+        ap.error(f"configs must be among {sorted(FLAGS)}, and --model a model folder")
+    tok = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json"))
+    env = serving.ours_env(a.mlx_serve, a.python)
+    results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
+    for ctx in [int(c) for c in a.contexts.split(",")]:
+        prompt = serving.make_text(tok, ctx, f"turbo-{ctx}")
+        runs = {c: [] for c in configs}
+        for _ in range(a.runs):
+            for c in configs:
+                runs[c].append(run(a.mlx_serve, a.model, prompt, a.gen_tokens, FLAGS[c], env))
+        for c, rs in runs.items():
+            good = [r for r in rs if "error" not in r]
+            cell = {"context": ctx, "config": c, "runs": rs,
+                    "generation_tps": statistics.median([r["generation_tps"] for r in good]) if good else None,
+                    "peak_gb": max(r["peak_memory_bytes"] for r in good) / 1e9 if good else None,
+                    "error": None if good else rs[0].get("error")}
+            results["cells"].append(cell)
+            serving.log(f"{ctx} {c}: {cell['generation_tps']} tok/s, peak {cell['peak_gb']} GB {cell['error'] or ''}")
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    print(table(results, configs))
+
+
+def table(results, configs) -> str:
+    head = ["prompt"] + [f"{c} tok/s" for c in configs] + [f"{c}/fp16" for c in configs[1:]] + [f"{c} peak GB" for c in configs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    cells = {(c["context"], c["config"]): c for c in results["cells"]}
+    for ctx in sorted({c["context"] for c in results["cells"]}):
+        got = [cells.get((ctx, c)) or {} for c in configs]
+        tps = [g.get("generation_tps") for g in got]
+        row = [str(ctx)] + [f"{t:.1f}" if t else ("failed" if g.get("error") else "-") for t, g in zip(tps, got)]
+        row += [f"{t / tps[0]:.2f}x" if t and tps[0] else "-" for t in tps[1:]]
+        row += [f"{g['peak_gb']:.2f}" if g.get("peak_gb") else "-" for g in got]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+// TurboQuant helpers shared by turbo_encode.cu, turbo_attend.cu and
+// turbo_merge.cu (passed to MLX as the kernels' header). Layouts are those of
+// server/src/kv/turbo/codec.rs:
+//  - 8-bit affine keys: 4 codes per uint32, code i of a word at bits 8*i
+//    (MLX's packing); one scale and bias per group of `KG` coordinates;
+//  - codebook codes: 4-bit as nibbles (even coordinate in the low nibble);
+//    3-bit as a 2-bit plane (4 codes a byte, coordinate i at bits 2*(i%4))
+//    followed by a 1-bit plane (8 a byte, coordinate i at bit i%8); 2-bit as
+//    the 2-bit plane alone; a float16 norm per vector.
+
+#define TURBO_SINKS 4
+
+__device__ inline float turbo_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    v += __shfl_xor_sync(0xffffffff, v, o);
+  }
+  return v;
+}
+
+__device__ inline float turbo_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+  }
+  return v;
+}
+
+// In-place unnormalized Walsh-Hadamard transform of `rows` rows of `dim`
+// floats in shared memory, by every thread of the block.
+__device__ inline void turbo_hadamard(float* x, int dim, int rows) {
+  for (int len = 1; len < dim; len <<= 1) {
+    __syncthreads();
+    for (int p = threadIdx.x; p < rows * dim / 2; p += blockDim.x) {
+      int r = p / (dim / 2);
+      int i = p % (dim / 2);
+      int lo = r * dim + (i / len) * 2 * len + (i % len);
+      float a = x[lo];
+      float b = x[lo + len];
+      x[lo] = a + b;
+      x[lo + len] = a - b;
+    }
+  }
+  __syncthreads();
+}
+
+// The code of coordinate `d` in a packed codebook row.
+template <int BITS>
+__device__ inline int turbo_code(const uint8_t* row, int d, int dim) {
+  if (BITS == 4) {
+    return (row[d >> 1] >> ((d & 1) * 4)) & 15;
+  } else if (BITS == 3) {
+    int low = (row[d >> 2] >> ((d & 3) * 2)) & 3;
+    int high = (row[dim / 4 + (d >> 3)] >> (d & 7)) & 1;
+    return low | (high << 2);
+  } else {
+    return (row[d >> 2] >> ((d & 3) * 2)) & 3;
+  }
+}
+
+#define TURBO_NEG_INF __int_as_float(0xff800000)
+
+// Stores a float as whatever type `p` points to (half, bfloat16, float).
+template <typename U>
+__device__ inline void turbo_store(U* p, float v) {
+  *p = static_cast<U>(v);
+}
+
+// The sum of `v` over the block (every thread gets it); `red` holds 32 floats.
+__device__ inline float turbo_block_sum(float v, float* red) {
+  v = turbo_warp_sum(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) {
+    red[threadIdx.x >> 5] = v;
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < (int)((blockDim.x + 31) >> 5); ++w) {
+    total += red[w];
+  }
+  return total;
+}
+
+// Codebook-codes the rotated vector x[0..dim) (shared memory, one thread a
+// coordinate): writes the packed codes to `out` and returns the corrected norm
+// (the decoded vector keeps the original length). `codes` is shared scratch.
+template <int BITS>
+__device__ inline float turbo_codebook_encode(
+    const float* x, int* codes, float* red, const float* bounds, const float* cent, uint8_t* out, int dim) {
+  const int d = threadIdx.x;
+  float n = sqrtf(turbo_block_sum(x[d] * x[d], red));
+  float u = x[d] / fmaxf(n, 1e-20f);
+  int code = 0;
+  for (int k = 0; k < (1 << BITS) - 1; ++k) {
+    code += u > bounds[k] ? 1 : 0;
+  }
+  codes[d] = code;
+  float c = cent[code];
+  float cn = sqrtf(turbo_block_sum(c * c, red));
+  __syncthreads();
+  if (BITS == 4) {
+    if ((d & 1) == 0) {
+      out[d >> 1] = (uint8_t)(codes[d] | (codes[d + 1] << 4));
+    }
+  } else {
+    if ((d & 3) == 0) {
+      int b = 0;
+      for (int i = 0; i < 4; ++i) {
+        b |= (codes[d + i] & 3) << (2 * i);
+      }
+      out[d >> 2] = (uint8_t)b;
+    }
+    if (BITS == 3 && (d & 7) == 0) {
+      int b = 0;
+      for (int i = 0; i < 8; ++i) {
+        b |= ((codes[d + i] >> 2) & 1) << i;
+      }
+      out[dim / 4 + (d >> 3)] = (uint8_t)b;
+    }
+  }
+  return n / fmaxf(cn, 1e-20f);
+}

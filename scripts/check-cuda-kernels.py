@@ -1,0 +1,87 @@
+"""Compiles the CUDA kernels of metal-kernels/ with NVRTC (no GPU needed), wrapped
+as MLX's cuda_kernel wraps them: the same generated signature, template
+constants and includes (MLX's own device header stubbed to the types it
+provides). Catches compile errors before a kernel reaches the GPU machine.
+
+usage: python scripts/check-cuda-kernels.py NVRTC_LIB INCLUDE_DIR...
+  NVRTC_LIB    libnvrtc.so (PyPI: nvidia-cuda-nvrtc-cu12)
+  INCLUDE_DIR  CUDA headers: nvidia-cuda-runtime-cu12's include, nvidia-cuda-cccl-cu12's include
+"""
+
+import ctypes, itertools, sys
+from pathlib import Path
+
+KERNELS = Path(__file__).resolve().parent.parent / "metal-kernels"
+
+STUB = r"""
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda/std/array>
+#include <cuda/std/cstdint>
+using cuda::std::int32_t; using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint32_t;
+namespace mlx::core::cu {
+using Shape = cuda::std::array<int32_t, 8>;
+using Strides = cuda::std::array<int64_t, 8>;
+}
+"""
+
+CTYPE = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "u8": "uint8_t", "u32": "uint32_t", "i32": "int32_t"}
+
+
+def wrap(name, header, body, inputs, outputs, template):
+    src = STUB + header + "\nnamespace mlx::core::cu {\n__global__ void " + name + "(\n"
+    params = []
+    for n, t in inputs:
+        params.append(f"    const {CTYPE[t]}* {n}")
+        if f"{n}_shape" in body:
+            params.append(f"    const __grid_constant__ Shape {n}_shape")
+    for n, t in outputs:
+        params.append(f"    {CTYPE[t]}* {n}")
+    src += ",\n".join(params) + ") {\n"
+    for k, v in template.items():
+        src += f"  using {k} = {CTYPE[v[1:]]};\n" if isinstance(v, str) and v.startswith("@") else f"  constexpr int {k} = {v};\n"
+    return src + body + "\n}\n}\n"
+
+
+def compile_one(lib, includes, name, src):
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None) == 0
+    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
+    arr = (ctypes.c_char_p * len(opts))(*opts)
+    res = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    buf = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, buf)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return res, buf.value.decode(errors="replace")
+
+
+def main():
+    lib = ctypes.CDLL(sys.argv[1])
+    includes = sys.argv[2:]
+    header = (KERNELS / "turbo_common.cuh").read_text()
+    failures = 0
+    cases = []
+    for t, (d, kfmt, kbits, vbits) in itertools.product(["@bf16", "@f16", "@f32"], [(64, 0, 4, 4), (128, 0, 4, 3), (256, 1, 4, 3), (128, 1, 4, 3)]):
+        kg = min(d, 128)
+        key_in = [("k0", "u32"), ("k1", t[1:]), ("k2", t[1:])] if kfmt == 0 else [("k0", "u8"), ("k1", "f16"), ("k2", "f16")]
+        enc_out = [("o0", "u32" if kfmt == 0 else "u8"), ("o1", t[1:] if kfmt == 0 else "f16"), ("o2", t[1:] if kfmt == 0 else "f16"), ("o3", "u8"), ("o4", "f16")]
+        common = {"T": t, "D": d, "KFMT": kfmt, "KBITS": kbits, "KG": kg, "VBITS": vbits}
+        cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], enc_out, common))
+        for rep, ns in [(1, 1), (4, 16), (8, 64)]:
+            cases.append(("turbo_attend", [("q", t[1:]), ("sink_k", t[1:]), ("sink_v", t[1:])] + key_in + [("vc", "u8"), ("vn", "f16"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32")],
+                          [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep, NS=ns)))
+        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d, "NS": 16}))
+    for name, inputs, outputs, template in cases:
+        body = (KERNELS / f"{name}.cu").read_text()
+        res, log = compile_one(lib, includes, name, wrap(name, header, body, inputs, outputs, template))
+        if res != 0 or "warning" in log:
+            failures += res != 0
+            print(f"== {name} {template}\n{log}")
+    print(f"{len(cases)} kernel instances compiled, {failures} failed")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+//! The GPU path of TurboQuant decode steps: one kernel encodes each new
+//! token's key and value into the compressed columns; a split-K kernel attends
+//! a query per row to the packed cache directly (the history is never
+//! decoded); a merge kernel combines the splits and rotates the output back.
+//! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
+//! compiled by MLX at first use. On CUDA these are used where they apply (8-bit
+//! affine or 4-bit codebook keys, 2-4-bit values, head dims 64/128/256, up to
+//! 8 query heads per KV head and query heads × head dim ≤ 1024); everything
+//! else takes the MLX-ops path.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelLanguage, KernelSource, TemplateArg};
+use mlx_rs_safe::{Array, Dtype};
+
+use super::codec::{affine_group, Codec, KeyCode, SINKS};
+use crate::error::{Error, Result};
+
+const HEADER: &str = include_str!("../../../../metal-kernels/turbo_common.cuh");
+const ENCODE: &str = include_str!("../../../../metal-kernels/turbo_encode.cu");
+const ATTEND: &str = include_str!("../../../../metal-kernels/turbo_attend.cu");
+const MERGE: &str = include_str!("../../../../metal-kernels/turbo_merge.cu");
+
+/// Threads of an attention block (8 warps).
+const ATTEND_THREADS: i32 = 256;
+
+/// Whether `codec`'s vectors are encoded by the GPU kernel here.
+pub fn encode_applies(codec: &Codec) -> bool {
+    let f = codec.format;
+    let key_ok = matches!(f.key, KeyCode::Affine8 | KeyCode::Codebook(4));
+    gpu_backend() == Some("cuda") && key_ok && (2..=4).contains(&f.value_bits) && [64, 128, 256].contains(&codec.dim())
+}
+
+/// Whether decode steps of `codec`'s format with `rep` query heads per KV head
+/// run on the GPU kernels here.
+pub fn applies(codec: &Codec, rep: i32) -> bool {
+    // The attention block holds REP × D floats per warp in shared memory.
+    encode_applies(codec) && (1..=8).contains(&rep) && rep * codec.dim() <= 1024
+}
+
+thread_local! {
+    /// The three kernels, made once per thread (MLX compiles each template
+    /// instance once and caches it).
+    static KERNELS: RefCell<HashMap<&'static str, CustomKernel>> = RefCell::new(HashMap::new());
+}
+
+fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>) -> Result<R> {
+    KERNELS.with(|cell| {
+        let mut map = cell.borrow_mut();
+        if !map.contains_key(name) {
+            let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], ENCODE),
+                "turbo_attend" => (
+                    &["q", "sink_k", "sink_v", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
+                    &["part_o", "part_ml"],
+                    ATTEND,
+                ),
+                _ => (&["part_o", "part_ml", "signs"], &["out"], MERGE),
+            };
+            let src = KernelSource { header: HEADER, ..KernelSource::new(name, inputs, outputs, source) };
+            map.insert(name, CustomKernel::new(KernelLanguage::Cuda, &src)?);
+        }
+        let kernel = map.get(name).ok_or(Error::Internal("a TurboQuant kernel"))?;
+        f(kernel)
+    })
+}
+
+fn ints(args: &[(&str, i32)]) -> Vec<(String, TemplateArg)> {
+    args.iter().map(|(k, v)| (k.to_string(), TemplateArg::Int(*v))).collect()
+}
+
+/// (KFMT, KBITS) of a key format.
+fn key_code(codec: &Codec) -> (i32, i32) {
+    match codec.format.key {
+        KeyCode::Codebook(b) => (1, b as i32),
+        _ => (0, 4),
+    }
+}
+
+/// The columns of the positions of `k`, `v` [B, HKV, L, D] (not rotated): one
+/// block per vector pair.
+pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Vec<Array>> {
+    let s = k.shape();
+    let (b, h, len, d) = (s[0], s[1], s[2], s[3]);
+    let dtype = k.dtype();
+    let (kfmt, kbits) = key_code(codec);
+    let vbits = codec.format.value_bits as i32;
+    let kg = affine_group(d);
+    let shape = |x: i32| vec![b, h, len, x];
+    let outputs = if kfmt == 0 {
+        vec![(shape(d / 4), Dtype::Uint32), (shape(d / kg), dtype), (shape(d / kg), dtype)]
+    } else {
+        vec![(shape(d * kbits / 8), Dtype::Uint8), (shape(1), Dtype::Float16), (vec![1], Dtype::Float16)]
+    };
+    let mut outputs = outputs;
+    outputs.extend([(shape(d * vbits / 8), Dtype::Uint8), (shape(1), Dtype::Float16)]);
+    let t = codec.tables();
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
+    template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", kg), ("VBITS", vbits)]));
+    let call = KernelCall { outputs, grid: (b * h * len * d, 1, 1), thread_group: (d, 1, 1), template, ..Default::default() };
+    let mut cols = with_kernel("turbo_encode", |kern| {
+        Ok(kern.apply(&[k, v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids], &call)?)
+    })?;
+    if kfmt == 1 {
+        cols.remove(2);
+    }
+    Ok(cols)
+}
+
+/// Splits of a row's positions: about 128 positions a split (many short
+/// blocks keep the GPU's loads in flight), a power of two (each distinct count
+/// is one compiled kernel), at most 256.
+fn splits(positions: i32) -> i32 {
+    (((positions.max(1) + 127) / 128) as u32).next_power_of_two().min(256) as i32
+}
+
+/// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the body
+/// buffers (whole capacity; `pads` [B] int32 and `meta` [1] int32 = positions
+/// written say which are valid); the output in `q`'s dtype.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads: &Array, meta: &Array, written: i32, scale: &Array) -> Result<Array> {
+    let qs = q.shape();
+    let (b, hq, d) = (qs[0], qs[1], qs[3]);
+    let hkv = sinks[0].dim(1)?;
+    let rep = hq / hkv;
+    let (kfmt, kbits) = key_code(codec);
+    let nk = codec.format.key_columns();
+    let (k0, k1) = (&body[0], &body[1]);
+    let k2 = if kfmt == 0 { &body[2] } else { &body[1] };
+    let (vc, vn) = (&body[nk], &body[nk + 1]);
+    let ns = splits(written - SINKS);
+    let t = codec.tables();
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    template.extend(ints(&[
+        ("D", d),
+        ("REP", rep),
+        ("KFMT", kfmt),
+        ("KBITS", kbits),
+        ("KG", affine_group(d)),
+        ("VBITS", codec.format.value_bits as i32),
+        ("NS", ns),
+    ]));
+    let call = KernelCall {
+        outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
+        grid: (b * hkv * ns * ATTEND_THREADS, 1, 1),
+        thread_group: (ATTEND_THREADS, 1, 1),
+        template,
+        ..Default::default()
+    };
+    let parts = with_kernel("turbo_attend", |kern| {
+        Ok(kern.apply(&[q, &sinks[0], &sinks[1], k0, k1, k2, vc, vn, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
+    })?;
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    template.extend(ints(&[("D", d), ("NS", ns)]));
+    let merge = KernelCall {
+        outputs: vec![(vec![b, hq, 1, d], q.dtype())],
+        grid: (b * hq * d, 1, 1),
+        thread_group: (d, 1, 1),
+        template,
+        ..Default::default()
+    };
+    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], &t.signs], &merge)?))?;
+    out.into_iter().next().ok_or(Error::Internal("the TurboQuant merge kernel returned nothing"))
+}
