@@ -136,7 +136,7 @@ fn teacher_forced(model: &dyn LanguageModel, text: &[u32], prefix: usize, format
             t.agree[r] += usize::from(top[r] == top[0]);
         }
         t.positions += 1;
-        if t.positions % 256 == 0 {
+        if t.positions.is_multiple_of(256) {
             memory::clear_cache()?;
             log::info!("kv-quality: {} of {} positions", t.positions, text.len() - prefix);
         }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 /// Positive halves of the N(0, 1) Lloyd-Max centroids (the tables are symmetric).
 const HALF_2: [f32; 2] = [0.452_780, 1.510_418];
 const HALF_3: [f32; 4] = [0.245_094, 0.756_005, 1.343_909, 2.151_946];
-const HALF_4: [f32; 8] = [0.128_395, 0.388_048, 0.656_759, 0.942_340, 1.256_231, 1.618_046, 2.069_017, 2.732_590];
+const HALF_4: [f32; 8] = [0.128_395, 0.388_048, 0.656_759, 0.942_340, 1.256_231, 1.618_046, 2.069_017, 2.732_59];
 
 /// Mean squared error per coordinate of the N(0, 1) quantizer: the expected
 /// squared error of a quantized unit vector (TurboQuant's D_mse).

@@ -3,13 +3,15 @@
 //! a query per row to the packed cache directly (the history is never
 //! decoded); a merge kernel combines the splits and rotates the output back.
 //! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
-//! compiled by MLX at first use. On CUDA these are used where they apply (8-bit
-//! affine or 4-bit codebook keys, 2-4-bit values, head dims 64/128/256, up to
-//! 8 query heads per KV head and query heads × head dim ≤ 1024); everything
-//! else takes the MLX-ops path.
+//! compiled by MLX at first use. On a GPU backend they are used where they
+//! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
+//! 64/128/256, up to 8 query heads per KV head and query heads × head dim ≤
+//! 1024) once a start-up check found them agreeing with the MLX-ops path;
+//! everything else takes the MLX-ops path.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelLanguage, KernelSource, TemplateArg};
 use mlx_rs_safe::{Array, Dtype};
@@ -17,10 +19,28 @@ use mlx_rs_safe::{Array, Dtype};
 use super::codec::{affine_group, Codec, KeyCode, SINKS};
 use crate::error::{Error, Result};
 
-const HEADER: &str = include_str!("../../../../metal-kernels/turbo_common.cuh");
-const ENCODE: &str = include_str!("../../../../metal-kernels/turbo_encode.cu");
-const ATTEND: &str = include_str!("../../../../metal-kernels/turbo_attend.cu");
-const MERGE: &str = include_str!("../../../../metal-kernels/turbo_merge.cu");
+/// (header, encode, attend, merge) sources for each GPU language.
+const CUDA: [&str; 4] = [
+    include_str!("../../../../metal-kernels/turbo_common.cuh"),
+    include_str!("../../../../metal-kernels/turbo_encode.cu"),
+    include_str!("../../../../metal-kernels/turbo_attend.cu"),
+    include_str!("../../../../metal-kernels/turbo_merge.cu"),
+];
+const METAL: [&str; 4] = [
+    include_str!("../../../../metal-kernels/turbo_common.metal"),
+    include_str!("../../../../metal-kernels/turbo_encode.metal"),
+    include_str!("../../../../metal-kernels/turbo_attend.metal"),
+    include_str!("../../../../metal-kernels/turbo_merge.metal"),
+];
+
+/// The GPU language of this build's backend, if it runs custom kernels.
+fn language() -> Option<KernelLanguage> {
+    match gpu_backend() {
+        Some("cuda") => Some(KernelLanguage::Cuda),
+        Some("metal") => Some(KernelLanguage::Metal),
+        _ => None,
+    }
+}
 
 /// Threads of an attention block (8 warps).
 const ATTEND_THREADS: i32 = 256;
@@ -29,7 +49,60 @@ const ATTEND_THREADS: i32 = 256;
 pub fn encode_applies(codec: &Codec) -> bool {
     let f = codec.format;
     let key_ok = matches!(f.key, KeyCode::Affine8 | KeyCode::Codebook(4));
-    gpu_backend() == Some("cuda") && key_ok && (2..=4).contains(&f.value_bits) && [64, 128, 256].contains(&codec.dim())
+    key_ok && (2..=4).contains(&f.value_bits) && [64, 128, 256].contains(&codec.dim()) && usable()
+}
+
+/// Whether the kernels run here and agree with the MLX-ops path: checked
+/// once, on small random data, the first time a TurboQuant cache asks. A
+/// kernel that does not compile or disagrees is reported once and left
+/// unused (the Metal twins have not run on an Apple GPU).
+pub fn usable() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    *USABLE.get_or_init(|| {
+        let Some(lang) = language() else { return false };
+        match self_check() {
+            Ok(None) => {
+                log::info!("TurboQuant: {lang:?} kernels in use");
+                true
+            }
+            Ok(Some(why)) => {
+                log::warn!("TurboQuant: the {lang:?} kernels disagree with the reference ({why}); using the MLX-ops path");
+                false
+            }
+            Err(e) => {
+                log::warn!("TurboQuant: the {lang:?} kernels do not run here ({e}); using the MLX-ops path");
+                false
+            }
+        }
+    })
+}
+
+/// Encodes and attends a few random positions with the kernels and with MLX
+/// ops; None when they agree, else how they differ.
+fn self_check() -> Result<Option<String>> {
+    use mlx_rs_safe::{ops, random};
+    let (d, hkv, rep, len) = (64, 2, 2, 24);
+    let codec = Codec::new(super::TurboFormat { key: KeyCode::Affine8, value_bits: 3 }, d)?;
+    let normal = |shape: &[i32], seed: u64| random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?);
+    let (k, v) = (normal(&[1, hkv, len, d], 1)?, normal(&[1, hkv, len, d], 2)?);
+    let q = normal(&[1, hkv * rep, 1, d], 3)?;
+    let rot = &codec.rotation;
+    let sinks = [rot.apply(&ops::slice_axis(&k, 2, 0, SINKS)?)?, rot.apply(&ops::slice_axis(&v, 2, 0, SINKS)?)?];
+    let body = encode(&codec, &k, &v)?;
+    let pads = Array::from_slice(&[SINKS], &[1])?;
+    let meta = Array::from_slice(&[len], &[1])?;
+    let scale = Array::from_slice(&[(d as f32).powf(-0.5)], &[1])?;
+    let got = attend(&codec, &q, &sinks, &body, &pads, &meta, len, &scale)?;
+    // The reference: the same columns decoded by MLX ops, attended plainly.
+    let at = |c: &Array| ops::slice_axis(c, 2, SINKS, len);
+    let cols: Vec<Array> = body.iter().map(at).collect::<std::result::Result<_, _>>()?;
+    let nk = codec.format.key_columns();
+    let keys = ops::concatenate(&[&sinks[0], &codec.decode_keys(&cols[..nk], Dtype::Float32)?], 2)?;
+    let vals = ops::concatenate(&[&sinks[1], &codec.decode_values(&cols[nk..], Dtype::Float32)?], 2)?;
+    let (keys, vals) = (rot.invert(&keys)?, rot.invert(&vals)?);
+    let want = mlx_rs_safe::fast::scaled_dot_product_attention(&q, &keys, &vals, (d as f32).powf(-0.5), mlx_rs_safe::fast::SdpaMask::None, None)?;
+    let diff = ops::max(&ops::abs(&ops::subtract(&got, &want)?)?, &[0, 1, 2, 3], false)?.item::<f32>()?;
+    Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
 }
 
 /// Whether decode steps of `codec`'s format with `rep` query heads per KV head
@@ -46,20 +119,22 @@ thread_local! {
 }
 
 fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>) -> Result<R> {
+    let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
+    let sources = if lang == KernelLanguage::Cuda { CUDA } else { METAL };
     KERNELS.with(|cell| {
         let mut map = cell.borrow_mut();
         if !map.contains_key(name) {
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], ENCODE),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], sources[1]),
                 "turbo_attend" => (
                     &["q", "sink_k", "sink_v", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
                     &["part_o", "part_ml"],
-                    ATTEND,
+                    sources[2],
                 ),
-                _ => (&["part_o", "part_ml", "signs"], &["out"], MERGE),
+                _ => (&["part_o", "part_ml", "signs"], &["out"], sources[3]),
             };
-            let src = KernelSource { header: HEADER, ..KernelSource::new(name, inputs, outputs, source) };
-            map.insert(name, CustomKernel::new(KernelLanguage::Cuda, &src)?);
+            let src = KernelSource { header: sources[0], ..KernelSource::new(name, inputs, outputs, source) };
+            map.insert(name, CustomKernel::new(lang, &src)?);
         }
         let kernel = map.get(name).ok_or(Error::Internal("a TurboQuant kernel"))?;
         f(kernel)

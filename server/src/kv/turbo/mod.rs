@@ -4,7 +4,7 @@
 
 mod codebook;
 mod codec;
-mod kernels;
+pub mod kernels;
 mod rotation;
 mod store;
 

@@ -129,3 +129,11 @@ fn attention_stays_close_to_uncompressed_attention() {
         "with outliers, balanced < compact < paper: {mean_outlier_error:?}"
     );
 }
+
+#[test]
+fn the_gpu_kernels_pass_their_start_up_check_wherever_a_gpu_backend_runs_them() {
+    // On CUDA (and Metal, where the twins have not yet run) the kernels must
+    // agree with the MLX-ops path; on the CPU there are none.
+    let gpu = mlx_rs_safe::kernels::gpu_backend();
+    assert_eq!(super::kernels::usable(), gpu.is_some(), "backend {gpu:?}");
+}

@@ -1,0 +1,63 @@
+// Metal twin of turbo_encode.cu: encodes each position's key and value into
+// the TurboQuant columns. One threadgroup of D threads per vector pair.
+threadgroup float x[D];
+threadgroup int codes[D];
+threadgroup float red[32];
+threadgroup float group_lo[D];
+threadgroup float group_hi[D];
+const uint bh = threadgroup_position_in_grid.x;
+const uint tid = thread_index_in_threadgroup;
+const uint threads = threads_per_threadgroup.x;
+const int d = int(tid);
+const float inv_sqrt_d = metal::rsqrt(float(D));
+
+x[d] = static_cast<float>(k[bh * D + d]) * signs[d];
+turbo_hadamard(x, D, 1, tid, threads);
+x[d] *= signs[D + d] * inv_sqrt_d;
+threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+if (KFMT == 0) {
+  const int g = d / KG;
+  if (d % KG == 0) {
+    float lo = x[d];
+    float hi = x[d];
+    for (int i = 1; i < KG; ++i) {
+      lo = metal::min(lo, x[d + i]);
+      hi = metal::max(hi, x[d + i]);
+    }
+    group_lo[g] = lo;
+    group_hi[g] = hi;
+  }
+  threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+  const float lo = group_lo[g];
+  const float step = (group_hi[g] - lo) / 255.0f;
+  int q = step > 0.0f ? int(metal::rint((x[d] - lo) / step)) : 0;
+  codes[d] = metal::clamp(q, 0, 255);
+  threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+  if ((d & 3) == 0) {
+    uint w = 0;
+    for (int i = 0; i < 4; ++i) {
+      w |= uint(codes[d + i]) << (8 * i);
+    }
+    ((device uint*)o0)[bh * (D / 4) + (d >> 2)] = w;
+  }
+  if (d % KG == 0) {
+    turbo_store(o1 + bh * (D / KG) + g, step);
+    turbo_store(o2 + bh * (D / KG) + g, lo);
+  }
+} else {
+  device uint8_t* row = (device uint8_t*)o0 + bh * (D * KBITS / 8);
+  float n = turbo_codebook_encode<KBITS>(x, codes, red, kbounds, kcent, row, D, tid, threads);
+  if (d == 0) {
+    turbo_store(o1 + bh, n);
+  }
+}
+threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+
+x[d] = static_cast<float>(v[bh * D + d]) * signs[d];
+turbo_hadamard(x, D, 1, tid, threads);
+x[d] *= signs[D + d] * inv_sqrt_d;
+threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, o3 + bh * (D * VBITS / 8), D, tid, threads);
+if (d == 0) {
+  turbo_store(o4 + bh, vnorm);
+}
