@@ -44,17 +44,54 @@ __device__ inline void turbo_hadamard(float* x, int dim, int rows) {
   __syncthreads();
 }
 
-// The code of coordinate `d` in a packed codebook row.
-template <int BITS>
-__device__ inline int turbo_code(const uint8_t* row, int d, int dim) {
-  if (BITS == 4) {
-    return (row[d >> 1] >> ((d & 1) * 4)) & 15;
-  } else if (BITS == 3) {
-    int low = (row[d >> 2] >> ((d & 3) * 2)) & 3;
-    int high = (row[dim / 4 + (d >> 3)] >> (d & 7)) & 1;
-    return low | (high << 2);
+// Byte `i` (0-3) of `w` as a float: the byte placed in the mantissa of 2^23
+// (one byte permute and one subtraction instead of an integer conversion).
+__device__ inline float turbo_byte(uint32_t w, int i) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (uint32_t)i)) - 8388608.0f;
+}
+
+// N 32-bit words from `p` (aligned to 4 * N bytes) in one load.
+template <int N>
+__device__ inline void turbo_load_words(const uint8_t* p, uint32_t* out) {
+  if (N == 4) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    out[0] = w.x;
+    out[1] = w.y;
+    out[2] = w.z;
+    out[3] = w.w;
+  } else if (N == 2) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    out[0] = w.x;
+    out[1] = w.y;
   } else {
-    return (row[d >> 2] >> ((d & 3) * 2)) & 3;
+    out[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+// The codes of coordinates d..d+7 (d a multiple of 8) of a packed codebook
+// row, gathered into one word for turbo_value_code: 4-bit: the four bytes;
+// 3-bit: the 2-bit plane's two bytes, the 1-bit plane's byte above them;
+// 2-bit: the plane's two bytes.
+template <int BITS>
+__device__ inline uint32_t turbo_value_word(const uint8_t* row, int d, int dim) {
+  if (BITS == 4) {
+    return *reinterpret_cast<const uint32_t*>(row + d / 2);
+  } else if (BITS == 3) {
+    return (uint32_t)*reinterpret_cast<const uint16_t*>(row + d / 4) | ((uint32_t)row[dim / 4 + d / 8] << 16);
+  } else {
+    return (uint32_t)*reinterpret_cast<const uint16_t*>(row + d / 4);
+  }
+}
+
+// Code j (0-7) of a word from turbo_value_word.
+template <int BITS>
+__device__ inline int turbo_value_code(uint32_t w, int j) {
+  if (BITS == 4) {
+    return (w >> (4 * j)) & 15u;
+  } else if (BITS == 3) {
+    return ((w >> (2 * j)) & 3u) | (((w >> (16 + j)) & 1u) << 2);
+  } else {
+    return (w >> (2 * j)) & 3u;
   }
 }
 
@@ -79,6 +116,21 @@ __device__ inline float turbo_block_sum(float v, float* red) {
     total += red[w];
   }
   return total;
+}
+
+// The max of `v` over the block (every thread gets it); `red` holds 32 floats.
+__device__ inline float turbo_block_max(float v, float* red) {
+  v = turbo_warp_max(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) {
+    red[threadIdx.x >> 5] = v;
+  }
+  __syncthreads();
+  float m = red[0];
+  for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) {
+    m = fmaxf(m, red[w]);
+  }
+  return m;
 }
 
 // Codebook-codes the rotated vector x[0..dim) (shared memory, one thread a

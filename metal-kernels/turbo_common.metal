@@ -28,18 +28,67 @@ inline void turbo_hadamard(threadgroup float* x, int dim, int rows, uint tid, ui
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 }
 
-// The code of coordinate `d` in a packed codebook row.
-template <int BITS>
-inline int turbo_code(const device uint8_t* row, int d, int dim) {
-  if (BITS == 4) {
-    return (row[d >> 1] >> ((d & 1) * 4)) & 15;
-  } else if (BITS == 3) {
-    int low = (row[d >> 2] >> ((d & 3) * 2)) & 3;
-    int high = (row[dim / 4 + (d >> 3)] >> (d & 7)) & 1;
-    return low | (high << 2);
+// Byte `i` (0-3) of `w` as a float: the byte placed in the mantissa of 2^23.
+inline float turbo_byte(uint w, int i) {
+  return as_type<float>(((w >> (8 * i)) & 255u) | 0x4B000000u) - 8388608.0f;
+}
+
+// N 32-bit words from `p` (aligned to 4 * N bytes) in one load.
+template <int N>
+inline void turbo_load_words(const device uint8_t* p, thread uint* out) {
+  if (N == 4) {
+    const uint4 w = *((const device uint4*)p);
+    out[0] = w.x;
+    out[1] = w.y;
+    out[2] = w.z;
+    out[3] = w.w;
+  } else if (N == 2) {
+    const uint2 w = *((const device uint2*)p);
+    out[0] = w.x;
+    out[1] = w.y;
   } else {
-    return (row[d >> 2] >> ((d & 3) * 2)) & 3;
+    out[0] = *((const device uint*)p);
   }
+}
+
+// The codes of coordinates d..d+7 of a packed codebook row in one word (see
+// turbo_common.cuh).
+template <int BITS>
+inline uint turbo_value_word(const device uint8_t* row, int d, int dim) {
+  if (BITS == 4) {
+    return *((const device uint*)(row + d / 2));
+  } else if (BITS == 3) {
+    return uint(*((const device ushort*)(row + d / 4))) | (uint(row[dim / 4 + d / 8]) << 16);
+  } else {
+    return uint(*((const device ushort*)(row + d / 4)));
+  }
+}
+
+// Code j (0-7) of a word from turbo_value_word.
+template <int BITS>
+inline int turbo_value_code(uint w, int j) {
+  if (BITS == 4) {
+    return int((w >> (4 * j)) & 15u);
+  } else if (BITS == 3) {
+    return int(((w >> (2 * j)) & 3u) | (((w >> (16 + j)) & 1u) << 2));
+  } else {
+    return int((w >> (2 * j)) & 3u);
+  }
+}
+
+// The max of `v` over the threadgroup (every thread gets it); `red` holds 32 floats.
+inline float turbo_block_max(float v, threadgroup float* red, uint tid, uint threads) {
+  v = metal::simd_max(v);
+  threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+  if ((tid & 31) == 0) {
+    red[tid >> 5] = v;
+  }
+  threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+  float m = red[0];
+  for (uint w = 1; w < (threads + 31) >> 5; ++w) {
+    m = metal::max(m, red[w]);
+  }
+  return m;
 }
 
 // The sum of `v` over the threadgroup (every thread gets it); `red` holds 32 floats.

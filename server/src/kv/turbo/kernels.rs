@@ -9,6 +9,7 @@
 //! 1024) once a start-up check found them agreeing with the MLX-ops path;
 //! everything else takes the MLX-ops path.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -42,8 +43,14 @@ fn language() -> Option<KernelLanguage> {
     }
 }
 
-/// Threads of an attention block (8 warps).
-const ATTEND_THREADS: i32 = 256;
+/// Threads of a merge block.
+const MERGE_THREADS: i32 = 256;
+
+/// Threads of an attention block for `rep` query heads per KV head: a warp
+/// per head, several per head while that leaves at most 8 (turbo_attend.cu's WPH).
+fn attend_threads(rep: i32) -> i32 {
+    32 * rep * (8 / rep).max(1)
+}
 
 /// Whether `codec`'s vectors are encoded by the GPU kernel here.
 pub fn encode_applies(codec: &Codec) -> bool {
@@ -118,22 +125,43 @@ thread_local! {
     static KERNELS: RefCell<HashMap<&'static str, CustomKernel>> = RefCell::new(HashMap::new());
 }
 
+/// The (header, encode, attend, merge) sources for `lang`: the built-in ones,
+/// or, for kernel development on a GPU machine without rebuilding, the files
+/// of the same names in the folder `MLX_SERVE_TURBO_KERNELS` names.
+fn sources(lang: KernelLanguage) -> Result<[Cow<'static, str>; 4]> {
+    let builtin = if lang == KernelLanguage::Cuda { CUDA } else { METAL };
+    let Some(dir) = std::env::var_os("MLX_SERVE_TURBO_KERNELS") else { return Ok(builtin.map(Cow::Borrowed)) };
+    let names = ["turbo_common", "turbo_encode", "turbo_attend", "turbo_merge"];
+    let mut out = builtin.map(Cow::Borrowed);
+    for (i, name) in names.iter().enumerate() {
+        let ext = match (lang, i) {
+            (KernelLanguage::Cuda, 0) => "cuh",
+            (KernelLanguage::Cuda, _) => "cu",
+            _ => "metal",
+        };
+        let path = std::path::Path::new(&dir).join(format!("{name}.{ext}"));
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::Startup(format!("MLX_SERVE_TURBO_KERNELS: {}: {e}", path.display())))?;
+        out[i] = Cow::Owned(text);
+    }
+    Ok(out)
+}
+
 fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>) -> Result<R> {
     let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
-    let sources = if lang == KernelLanguage::Cuda { CUDA } else { METAL };
     KERNELS.with(|cell| {
         let mut map = cell.borrow_mut();
         if !map.contains_key(name) {
+            let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], sources[1]),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], &sources[1]),
                 "turbo_attend" => (
                     &["q", "sink_k", "sink_v", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
                     &["part_o", "part_ml"],
-                    sources[2],
+                    &sources[2],
                 ),
-                _ => (&["part_o", "part_ml", "signs"], &["out"], sources[3]),
+                _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
-            let src = KernelSource { header: sources[0], ..KernelSource::new(name, inputs, outputs, source) };
+            let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
             map.insert(name, CustomKernel::new(lang, &src)?);
         }
         let kernel = map.get(name).ok_or(Error::Internal("a TurboQuant kernel"))?;
@@ -183,11 +211,21 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Vec<Array>> {
     Ok(cols)
 }
 
-/// Splits of a row's positions: about 128 positions a split (many short
-/// blocks keep the GPU's loads in flight), a power of two (each distinct count
-/// is one compiled kernel), at most 256.
-fn splits(positions: i32) -> i32 {
-    (((positions.max(1) + 127) / 128) as u32).next_power_of_two().min(256) as i32
+/// Blocks an attention call aims for: several times what a large GPU runs at
+/// once (an H100 holds about 400 of these blocks: three per multiprocessor
+/// at 72 registers a thread), so that loads stay in flight and the last wave
+/// is short.
+const TARGET_BLOCKS: i32 = 1024;
+/// Positions a split takes at least, so the query's rotation at the start of
+/// each block stays a small part of its work.
+const MIN_SPLIT: i32 = 256;
+
+/// Splits of each row's `positions` when `heads` (rows × KV heads) blocks
+/// work on every split: at most 256 (a merge thread per split).
+fn splits(positions: i32, heads: i32) -> i32 {
+    let by_blocks = (TARGET_BLOCKS + heads - 1) / heads.max(1);
+    let by_len = (positions.max(1) + MIN_SPLIT - 1) / MIN_SPLIT;
+    by_blocks.min(by_len).clamp(1, 256)
 }
 
 /// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the body
@@ -204,7 +242,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
     let (k0, k1) = (&body[0], &body[1]);
     let k2 = if kfmt == 0 { &body[2] } else { &body[1] };
     let (vc, vn) = (&body[nk], &body[nk + 1]);
-    let ns = splits(written - SINKS);
+    let ns = splits(written - SINKS, b * hkv);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.extend(ints(&[
@@ -214,12 +252,11 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
         ("KBITS", kbits),
         ("KG", affine_group(d)),
         ("VBITS", codec.format.value_bits as i32),
-        ("NS", ns),
     ]));
     let call = KernelCall {
         outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
-        grid: (b * hkv * ns * ATTEND_THREADS, 1, 1),
-        thread_group: (ATTEND_THREADS, 1, 1),
+        grid: (b * hkv * ns * attend_threads(rep), 1, 1),
+        thread_group: (attend_threads(rep), 1, 1),
         template,
         ..Default::default()
     };
@@ -227,11 +264,11 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
         Ok(kern.apply(&[q, &sinks[0], &sinks[1], k0, k1, k2, vc, vn, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
     })?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.extend(ints(&[("D", d), ("NS", ns)]));
+    template.push(("D".to_string(), TemplateArg::Int(d)));
     let merge = KernelCall {
         outputs: vec![(vec![b, hq, 1, d], q.dtype())],
-        grid: (b * hq * d, 1, 1),
-        thread_group: (d, 1, 1),
+        grid: (b * hq * MERGE_THREADS, 1, 1),
+        thread_group: (MERGE_THREADS, 1, 1),
         template,
         ..Default::default()
     };

@@ -1,0 +1,155 @@
+//! Decode-step attention per KV-cache format, apart from the rest of the
+//! model: the layers of one model shape, each holding a random cache of N
+//! tokens, take one new token (keys and values appended, attention read) as
+//! the engine's decode step does; the time per step is the median over the
+//! timed steps, after warm-up steps (the GPU compiles its kernels then). For
+//! TurboQuant it also times the attention kernels alone (no new token) and
+//! the new token's encoding alone, and gives the bytes of cache a step reads
+//! per second.
+//!
+//!   cargo bench --bench kv_attend -- [--contexts 4096,16384] [--formats fp16,balanced,compact]
+//!       [--layers 32] [--kv-heads 8] [--heads 32] [--head-dim 128] [--rows 1] [--steps 30]
+//!
+//! Prints a Markdown table. Meant for a GPU machine: on the CPU the
+//! TurboQuant rows take the MLX-ops path and the kernel columns are empty.
+
+use std::time::Instant;
+
+use mlx_rs_safe::{eval, ops, random, Array, Dtype};
+use mlx_serve::kv::turbo::{kernels, Codec, SINKS};
+use mlx_serve::kv::{AttendArgs, KvKind, KvRow, KvStore, StepMemo, TurboPreset};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Shape {
+    layers: usize,
+    kv_heads: i32,
+    heads: i32,
+    head_dim: i32,
+    rows: i32,
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Res<T> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("{name} needs a value").into()),
+        None => Ok(default),
+    }
+}
+
+fn normal(shape: &[i32], seed: u64) -> Res<Array> {
+    Ok(random::normal(shape, Dtype::Bfloat16, 0.0, 1.0, &random::key(seed)?)?)
+}
+
+/// Median milliseconds of `steps` calls of `step` (each evaluated), after
+/// `warmup`: (building the graph, the whole step).
+fn time(warmup: usize, steps: usize, mut step: impl FnMut() -> Res<Vec<Array>>) -> Res<(f64, f64)> {
+    for _ in 0..warmup {
+        let out = step()?;
+        eval(&out.iter().collect::<Vec<_>>())?;
+    }
+    let (mut build, mut total) = (Vec::with_capacity(steps), Vec::with_capacity(steps));
+    for _ in 0..steps {
+        let t = Instant::now();
+        let out = step()?;
+        build.push(t.elapsed().as_secs_f64() * 1e3);
+        eval(&out.iter().collect::<Vec<_>>())?;
+        total.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    Ok((median(build), median(total)))
+}
+
+/// The layers' caches of `ctx` tokens in `format` (None: 16-bit).
+fn caches(s: &Shape, ctx: i32, preset: Option<TurboPreset>) -> Res<Vec<Box<dyn KvStore>>> {
+    let mut out = Vec::with_capacity(s.layers);
+    for layer in 0..s.layers {
+        let shape = [s.rows, s.kv_heads, ctx, s.head_dim];
+        let (k, v) = (normal(&shape, 10 + 2 * layer as u64)?, normal(&shape, 11 + 2 * layer as u64)?);
+        let rows: Vec<KvRow> = (0..s.rows)
+            .map(|b| Ok(KvRow { kind: KvKind::Dense, offset: ctx, columns: vec![ops::slice_axis(&k, 0, b, b + 1)?, ops::slice_axis(&v, 0, b, b + 1)?] }))
+            .collect::<Res<_>>()?;
+        let dense = KvKind::Dense.store(&rows)?;
+        let store = match preset {
+            None => dense,
+            Some(p) => {
+                let kind = KvKind::Turbo(p.format(layer, s.layers, 3));
+                dense.compress(&kind)?.ok_or("the dense cache did not convert")?
+            }
+        };
+        eval(&store.state().iter().collect::<Vec<_>>())?;
+        out.push(store);
+    }
+    Ok(out)
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let s = Shape {
+        layers: arg(&args, "--layers", 32)?,
+        kv_heads: arg(&args, "--kv-heads", 8)?,
+        heads: arg(&args, "--heads", 32)?,
+        head_dim: arg(&args, "--head-dim", 128)?,
+        rows: arg(&args, "--rows", 1)?,
+    };
+    let steps: usize = arg(&args, "--steps", 30)?;
+    let contexts: String = arg(&args, "--contexts", "4096,16384,32768,65536".to_string())?;
+    let formats: String = arg(&args, "--formats", "fp16,balanced,compact".to_string())?;
+    let contexts: Vec<i32> = contexts.split(',').map(str::parse).collect::<Result<_, _>>()?;
+    println!("backend {:?}; TurboQuant kernels in use: {}", mlx_rs_safe::kernels::gpu_backend(), kernels::usable());
+    println!(
+        "{} layers, {} rows, {} query heads, {} KV heads of {}; bfloat16; median of {steps} steps\n",
+        s.layers, s.rows, s.heads, s.kv_heads, s.head_dim
+    );
+    println!("| context | format | step ms | graph ms | vs fp16 | KV MB read | GB/s | kernels ms (graph) | encode ms (graph) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let scale = (s.head_dim as f32).powf(-0.5);
+    let attend_args = AttendArgs { scale, window: None };
+    let q = normal(&[s.rows, s.heads, 1, s.head_dim], 1)?;
+    let (k1, v1) = (normal(&[s.rows, s.kv_heads, 1, s.head_dim], 2)?, normal(&[s.rows, s.kv_heads, 1, s.head_dim], 3)?);
+    for &ctx in &contexts {
+        let mut fp16_ms = None;
+        for name in formats.split(',') {
+            let preset = if name == "fp16" { None } else { Some(TurboPreset::parse(name)?) };
+            let mut layers = caches(&s, ctx, preset)?;
+            let kv_bytes: usize = layers.iter().map(|l| l.nbytes()).sum();
+            let memo = StepMemo::default();
+            let (graph, ms) = time(5, steps, || {
+                memo.clear();
+                layers.iter_mut().map(|l| Ok(l.attend(&q, &k1, &v1, &attend_args, &memo)?)).collect()
+            })?;
+            drop(layers);
+            let (mut kern, mut enc) = (String::new(), String::new());
+            if let Some(p) = preset.filter(|_| kernels::usable()) {
+                // The kernels alone, over freshly encoded columns of the same size per layer.
+                let codec = Codec::new(p.format(2, s.layers, 3), s.head_dim)?;
+                let shape = [s.rows, s.kv_heads, ctx, s.head_dim];
+                let sink_shape = [s.rows, s.kv_heads, SINKS, s.head_dim];
+                let mut sets = Vec::with_capacity(s.layers);
+                for layer in 0..s.layers as u64 {
+                    let cols = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
+                    let sinks = [normal(&sink_shape, 300 + layer)?, normal(&sink_shape, 400 + layer)?];
+                    eval(&cols.iter().chain(&sinks).collect::<Vec<_>>())?;
+                    sets.push((cols, sinks));
+                }
+                let pads = Array::from_slice(&vec![SINKS; s.rows as usize], &[s.rows])?;
+                let meta = Array::from_slice(&[ctx], &[1])?;
+                let sc = Array::from_slice(&[scale], &[1])?;
+                let step = time(5, steps, || sets.iter().map(|(cols, sinks)| Ok(kernels::attend(&codec, &q, sinks, cols, &pads, &meta, ctx, &sc)?)).collect())?;
+                kern = format!("{:.3} ({:.3})", step.1, step.0);
+                let step = time(5, steps, || (0..s.layers).map(|_| Ok(kernels::encode(&codec, &k1, &v1)?)).collect::<Res<Vec<Vec<Array>>>>().map(|v| v.concat()))?;
+                enc = format!("{:.3} ({:.3})", step.1, step.0);
+            }
+            let base = *fp16_ms.get_or_insert(ms);
+            println!(
+                "| {ctx} | {name} | {ms:.3} | {graph:.3} | {:.2}x | {:.0} | {:.0} | {kern} | {enc} |",
+                base / ms,
+                kv_bytes as f64 / 1e6,
+                kv_bytes as f64 / 1e6 / ms
+            );
+        }
+    }
+    Ok(())
+}
