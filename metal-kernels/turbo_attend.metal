@@ -1,28 +1,28 @@
 // Metal twin of turbo_attend.cu (the same algorithm, line for line; see its
-// comments): split-K decode attention over a TurboQuant cache, a few
-// simdgroups per query head walking chunks of CH positions (scores from the
-// packed keys, an online-softmax step, values summed in the rotated basis),
-// merged per head at the end into per-split partials for turbo_merge.metal.
-constexpr int WPH = REP >= 8 ? 1 : 8 / REP;   // warps per query head
-constexpr int CK = 16;                  // key coordinates a lane scores
-constexpr int LK = D / CK;              // lanes scoring one position
-constexpr int PK = 32 / LK;             // positions a warp scores at once
-constexpr int CV = 8;                   // value coordinates a lane sums
-constexpr int LV = D / CV;              // lanes summing one position
-constexpr int PV = 32 / LV;             // positions a warp sums at once
-constexpr int CH = 8;                   // positions a chunk
-constexpr int NK = CH / PK;             // scoring passes a chunk
-constexpr int NV = CH / PV;             // summing passes a chunk
+// comments): split-K decode attention over a TurboQuant cache's compressed
+// positions; each packed coordinate decoded once for the MAXH query heads a
+// simdgroup serves, chunks of CH positions with one online-softmax step
+// each, values summed in the rotated basis; per-split partials for
+// turbo_merge.metal, which also attends the sinks.
+constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
+constexpr int NG = (REP + MAXH - 1) / MAXH;   // sets of warps, each serving HPW heads
+constexpr int HPW = (REP + NG - 1) / NG;
+constexpr int WPS = 4;                  // warps per set
+constexpr int C = 8;                    // coordinates a lane owns
+constexpr int LP = D / C;               // lanes per position
+constexpr int PP = 32 / LP;             // positions a warp reads at once
+constexpr int CH = 4;                   // positions a chunk (registers: 6 per position)
+constexpr int NP = CH / PP;             // passes a chunk
 threadgroup float qs[REP * D];
-threadgroup float wacc[REP * WPH * D];   // each warp's sums, for the merge
-threadgroup float wm[REP * WPH];
-threadgroup float wl[REP * WPH];
+threadgroup float wacc[NG * WPS * HPW * D];   // each warp's sums, for the merge
+threadgroup float wm[NG * WPS * HPW];
+threadgroup float wl[NG * WPS * HPW];
 threadgroup float kc[16];
 threadgroup float vcs[16];
 
 const int B = q_shape[0];
 const int HQ = q_shape[1];
-const int HKV = sink_k_shape[1];
+const int HKV = vn_shape[1];
 const int CAP = vn_shape[2];
 const int NS = int(threadgroups_per_grid.x) / (B * HKV);
 const int blk = int(threadgroup_position_in_grid.x);
@@ -33,8 +33,8 @@ const int tid = int(thread_index_in_threadgroup);
 const int threads = int(threads_per_threadgroup.x);
 const int lane = int(thread_index_in_simdgroup);
 const int warp = int(simdgroup_index_in_threadgroup);
-const int r = warp / WPH;               // this warp's query head in the group
-const int wi = warp % WPH;              // and its place among that head's warps
+const int set = warp / WPS;             // this warp's heads: set * HPW + 0..HPW-1
+const int ws = warp % WPS;              // and its place in the set
 
 // The group's queries, rotated and scaled; the codebooks.
 for (int i = tid; i < REP * D; i += threads) {
@@ -51,26 +51,27 @@ for (int i = tid; i < REP * D; i += threads) {
 }
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
-// Scoring lanes: position kp of a pass, coordinates kd..kd+CK of head r.
-const int kp = lane / LK;
-const int kd = (lane % LK) * CK;
-float qk[CK];
-float qsum = 0.0f;
+// This lane: position pp of a pass, coordinates d0..d0+C, heads of its set.
+const int pp = lane / LP;
+const int d0 = (lane % LP) * C;
+float qk[HPW][C];
+float qsum[HPW];
+float acc[HPW][C];
+float m[HPW];
+float l[HPW];
 #pragma unroll
-for (int j = 0; j < CK; ++j) {
-  qk[j] = qs[r * D + kd + j];
-  qsum += qk[j];
-}
-// Summing lanes: position vp of a pass, coordinates vd..vd+CV.
-const int vp = lane / LV;
-const int vd = (lane % LV) * CV;
-float acc[CV];
+for (int h = 0; h < HPW; ++h) {
+  const int hq = metal::min(set * HPW + h, REP - 1);   // a slot past the group repeats the last head, unused
+  qsum[h] = 0.0f;
+  m[h] = TURBO_NEG_INF;
+  l[h] = 0.0f;
 #pragma unroll
-for (int j = 0; j < CV; ++j) {
-  acc[j] = 0.0f;
+  for (int j = 0; j < C; ++j) {
+    qk[h][j] = qs[hq * D + d0 + j];
+    qsum[h] += qk[h][j];
+    acc[h][j] = 0.0f;
+  }
 }
-float m = TURBO_NEG_INF;
-float l = 0.0f;
 
 const int idx = meta[0];
 const int first = pads[b];
@@ -81,174 +82,154 @@ const int count = metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
 const device uint8_t* kbytes = (const device uint8_t*)k0;
 
-// Chunk -1 (split 0, a head's first warp) is the sinks.
-const int start = (split == 0 && wi == 0) ? -1 : wi;
-for (int c = start; c * CH < count; c = c < 0 ? 0 : c + WPH) {
-  const bool sinks = c < 0;
-  // Phase 1: the chunk's key loads, then its scores.
-  float s[NK];
-  if (sinks) {
+for (int c = ws; c * CH < count; c += WPS) {
+  const int limit = count - c * CH;
+  const ulong tc = head * CAP + (ulong)(t0 + c * CH);   // the chunk's first position
+  // The chunk's loads: keys and values of this lane's coordinates.
+  uint kw[NP][2];
+  uint vw[NP];
+  float ka[NP];
+  float kb[NP];
+  float vnorm[NP];
 #pragma unroll
-    for (int n = 0; n < NK; ++n) {
-      const int i = n * PK + kp;
-      float dot = 0.0f;
-      if (i < TURBO_SINKS) {
-        const ulong base = (head * TURBO_SINKS + i) * D + kd;
-#pragma unroll
-        for (int j = 0; j < CK; ++j) {
-          dot += qk[j] * static_cast<float>(sink_k[base + j]);
-        }
-      }
-      s[n] = dot;
-    }
-  } else {
-    uint kw[NK][CK / 4];
-    float ka[NK];
-    float kb[NK];
-#pragma unroll
-    for (int n = 0; n < NK; ++n) {
-      const int i = c * CH + n * PK + kp;
-      ka[n] = 0.0f;
-      kb[n] = 0.0f;
-#pragma unroll
-      for (int w = 0; w < CK / 4; ++w) {
-        kw[n][w] = 0u;
-      }
-      if (i < count) {
-        const ulong t = head * CAP + (ulong)(t0 + i);
-        if (KFMT == 0) {
-          turbo_load_words<CK / 4>(kbytes + t * D + kd, kw[n]);
-          ka[n] = static_cast<float>(k1[t * (D / KG) + kd / KG]);
-          kb[n] = static_cast<float>(k2[t * (D / KG) + kd / KG]);
-        } else {
-          turbo_load_words<CK * KBITS / 32>(kbytes + t * (D * KBITS / 8) + kd * KBITS / 8, kw[n]);
-          ka[n] = static_cast<float>(k1[t]);
-        }
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NK; ++n) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int j = 0; j < CK; ++j) {
-        const float code = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[int((kw[n][j / 8] >> (4 * (j % 8))) & 15u)];
-        dot += qk[j] * code;
-      }
-      s[n] = KFMT == 0 ? ka[n] * dot + kb[n] * qsum : ka[n] * dot;
-    }
-  }
-  // Each position's score to all its LK lanes; the chunk's max to the warp.
-  const int limit = sinks ? TURBO_SINKS : count - c * CH;
-  float mx = TURBO_NEG_INF;
-#pragma unroll
-  for (int n = 0; n < NK; ++n) {
-#pragma unroll
-    for (int o = LK / 2; o > 0; o >>= 1) {
-      s[n] += metal::simd_shuffle_xor(s[n], ushort(o));
-    }
-    s[n] = n * PK + kp < limit ? s[n] : TURBO_NEG_INF;
-    mx = metal::max(mx, s[n]);
-  }
-#pragma unroll
-  for (int o = LK; o < 32; o <<= 1) {
-    mx = metal::max(mx, metal::simd_shuffle_xor(mx, ushort(o)));
-  }
-  // Phase 2: one softmax step (every chunk has a live position).
-  const float mn = metal::max(m, mx);
-  const float alpha = metal::exp2(m - mn);
-  float sum = 0.0f;
-#pragma unroll
-  for (int n = 0; n < NK; ++n) {
-    s[n] = metal::exp2(s[n] - mn);
-    sum += s[n];
-  }
-#pragma unroll
-  for (int o = LK; o < 32; o <<= 1) {
-    sum += metal::simd_shuffle_xor(sum, ushort(o));
-  }
-  l = l * alpha + sum;
-  m = mn;
-#pragma unroll
-  for (int j = 0; j < CV; ++j) {
-    acc[j] *= alpha;
-  }
-  // Phase 3: the chunk's value loads, then the sums.
-  uint vw[NV];
-  float vnorm[NV];
-#pragma unroll
-  for (int n = 0; n < NV; ++n) {
-    const int i = n * PV + vp;
+  for (int n = 0; n < NP; ++n) {
+    const int i = n * PP + pp;
+    kw[n][0] = 0u;
+    kw[n][1] = 0u;
     vw[n] = 0u;
+    ka[n] = 0.0f;
+    kb[n] = 0.0f;
     vnorm[n] = 0.0f;
     if (i < limit) {
-      if (sinks) {
-        vnorm[n] = 1.0f;
+      const ulong t = tc + i;
+      if (KFMT == 0) {
+        turbo_load_words<2>(kbytes + t * D + d0, kw[n]);
+        ka[n] = static_cast<float>(k1[t * (D / KG) + d0 / KG]);
+        kb[n] = static_cast<float>(k2[t * (D / KG) + d0 / KG]);
       } else {
-        const ulong t = head * CAP + (ulong)(t0 + c * CH + i);
-        vw[n] = turbo_value_word<VBITS>((const device uint8_t*)vc + t * (D * VBITS / 8), vd, D);
-        vnorm[n] = static_cast<float>(vn[t]);
+        turbo_load_words<1>(kbytes + t * (D * KBITS / 8) + d0 * KBITS / 8, kw[n]);
+        ka[n] = static_cast<float>(k1[t]);
       }
+      vw[n] = turbo_value_word<VBITS>((const device uint8_t*)vc + t * (D * VBITS / 8), d0, D);
+      vnorm[n] = static_cast<float>(vn[t]);
     }
   }
+  // Scores: each key decoded once, dotted with every head's query.
+  float s[NP][HPW];
 #pragma unroll
-  for (int n = 0; n < NV; ++n) {
-    // Position n * PV + vp was scored in pass (n * PV) / PK by the lanes of
-    // its place in that pass (the same pass for the whole warp: PV divides PK).
-    const int i = n * PV + vp;
-    const float p = metal::simd_shuffle(s[(n * PV) / PK], ushort((i % PK) * LK)) * vnorm[n];
-    if (sinks) {
-      if (i < TURBO_SINKS) {
-        const ulong base = (head * TURBO_SINKS + i) * D + vd;
+  for (int n = 0; n < NP; ++n) {
+    const int i = n * PP + pp;
+    float kx[C];
 #pragma unroll
-        for (int j = 0; j < CV; ++j) {
-          acc[j] += p * static_cast<float>(sink_v[base + j]);
-        }
+    for (int j = 0; j < C; ++j) {
+      kx[j] = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[int((kw[n][0] >> (4 * j)) & 15u)];
+    }
+#pragma unroll
+    for (int h = 0; h < HPW; ++h) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        dot += qk[h][j] * kx[j];
       }
-    } else {
+      s[n][h] = KFMT == 0 ? ka[n] * dot + kb[n] * qsum[h] : ka[n] * dot;
 #pragma unroll
-      for (int j = 0; j < CV; ++j) {
-        acc[j] += p * vcs[turbo_value_code<VBITS>(vw[n], j)];
+      for (int o = LP / 2; o > 0; o >>= 1) {
+        s[n][h] += metal::simd_shuffle_xor(s[n][h], ushort(o));
+      }
+      s[n][h] = i < limit ? s[n][h] : TURBO_NEG_INF;
+    }
+  }
+  // One online-softmax step per head (every chunk has a live position): s
+  // becomes the probabilities, earlier sums are rescaled.
+#pragma unroll
+  for (int h = 0; h < HPW; ++h) {
+    float mx = TURBO_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      mx = metal::max(mx, s[n][h]);
+    }
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1) {
+      mx = metal::max(mx, metal::simd_shuffle_xor(mx, ushort(o)));
+    }
+    const float mn = metal::max(m[h], mx);
+    const float alpha = metal::exp2(m[h] - mn);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      s[n][h] = metal::exp2(s[n][h] - mn);
+      sum += s[n][h];
+    }
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1) {
+      sum += metal::simd_shuffle_xor(sum, ushort(o));
+    }
+    l[h] = l[h] * alpha + sum;
+    m[h] = mn;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      acc[h][j] *= alpha;
+    }
+  }
+  // Values: each decoded once, summed into every head's accumulator.
+#pragma unroll
+  for (int n = 0; n < NP; ++n) {
+    float vx[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      vx[j] = vcs[turbo_value_code<VBITS>(vw[n], j)] * vnorm[n];
+    }
+#pragma unroll
+    for (int h = 0; h < HPW; ++h) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        acc[h][j] += s[n][h] * vx[j];
       }
     }
   }
 }
 
-// A warp's positions share its max: add its lanes' sums up by shuffles, then
-// merge the head's warps.
+// A warp's positions share its max per head: add its lanes' sums up by
+// shuffles, then merge the warps of each head set.
 #pragma unroll
-for (int j = 0; j < CV; ++j) {
+for (int h = 0; h < HPW; ++h) {
 #pragma unroll
-  for (int o = LV; o < 32; o <<= 1) {
-    acc[j] += metal::simd_shuffle_xor(acc[j], ushort(o));
+  for (int j = 0; j < C; ++j) {
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1) {
+      acc[h][j] += metal::simd_shuffle_xor(acc[h][j], ushort(o));
+    }
   }
-}
-if (lane < LV) {
+  if (lane < LP) {
 #pragma unroll
-  for (int j = 0; j < CV; ++j) {
-    wacc[warp * D + vd + j] = acc[j];
+    for (int j = 0; j < C; ++j) {
+      wacc[(warp * HPW + h) * D + d0 + j] = acc[h][j];
+    }
   }
-}
-if (lane == 0) {
-  wm[warp] = m;
-  wl[warp] = l;
+  if (lane == 0) {
+    wm[warp * HPW + h] = m[h];
+    wl[warp * HPW + h] = l[h];
+  }
 }
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 for (int i = tid; i < REP * D; i += threads) {
-  const int h = i / D;
+  const int hq = i / D;
+  const int hs = hq / HPW;              // its set
+  const int h = hq % HPW;               // and its slot there
   float M = TURBO_NEG_INF;
-  for (int w = 0; w < WPH; ++w) {
-    M = metal::max(M, wm[h * WPH + w]);
+  for (int w = hs * WPS; w < (hs + 1) * WPS; ++w) {
+    M = metal::max(M, wm[w * HPW + h]);
   }
   float L = 0.0f;
   float A = 0.0f;
   if (M > TURBO_NEG_INF) {
-    for (int w = 0; w < WPH; ++w) {
-      const float e = metal::exp2(wm[h * WPH + w] - M);
-      L += wl[h * WPH + w] * e;
-      A += wacc[(h * WPH + w) * D + i % D] * e;
+    for (int w = hs * WPS; w < (hs + 1) * WPS; ++w) {
+      const float e = metal::exp2(wm[w * HPW + h] - M);
+      L += wl[w * HPW + h] * e;
+      A += wacc[(w * HPW + h) * D + i % D] * e;
     }
   }
-  const ulong o = (ulong)(b * HQ + g * REP + h) * NS + split;
+  const ulong o = (ulong)(b * HQ + g * REP + hq) * NS + split;
   part_o[o * D + i % D] = A;
   if (i % D == 0) {
     part_ml[o * 2] = M;

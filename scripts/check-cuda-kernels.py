@@ -70,9 +70,9 @@ def main():
         common = {"T": t, "D": d, "KFMT": kfmt, "KBITS": kbits, "KG": kg, "VBITS": vbits}
         cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], enc_out, common))
         for rep in [1, 4, 8]:
-            cases.append(("turbo_attend", [("q", t[1:]), ("sink_k", t[1:]), ("sink_v", t[1:])] + key_in + [("vc", "u8"), ("vn", "f16"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32")],
+            cases.append(("turbo_attend", [("q", t[1:])] + key_in + [("vc", "u8"), ("vn", "f16"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32")],
                           [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep)))
-        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d}))
+        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("q", t[1:]), ("sink_k", t[1:]), ("sink_v", t[1:]), ("signs", "f32"), ("scale", "f32")], [("out", t[1:])], {"T": t, "D": d}))
     for name, inputs, outputs, template in cases:
         body = (KERNELS / f"{name}.cu").read_text()
         res, log = compile_one(lib, includes, name, wrap(name, header, body, inputs, outputs, template))

@@ -122,7 +122,10 @@ fn main() -> Res<()> {
             })?;
             drop(layers);
             let (mut kern, mut enc) = (String::new(), String::new());
-            if let Some(p) = preset.filter(|_| kernels::usable()) {
+            // KV_ATTEND_FORCE_KERNELS=1 times the kernels even where the start-up
+            // check rejected them (kernel experiments: the output is not checked).
+            let force = std::env::var_os("KV_ATTEND_FORCE_KERNELS").is_some();
+            if let Some(p) = preset.filter(|_| force || kernels::usable()) {
                 // The kernels alone, over freshly encoded columns of the same size per layer.
                 let codec = Codec::new(p.format(2, s.layers, 3), s.head_dim)?;
                 let shape = [s.rows, s.kv_heads, ctx, s.head_dim];

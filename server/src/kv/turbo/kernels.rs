@@ -1,7 +1,8 @@
 //! The GPU path of TurboQuant decode steps: one kernel encodes each new
 //! token's key and value into the compressed columns; a split-K kernel attends
 //! a query per row to the packed cache directly (the history is never
-//! decoded); a merge kernel combines the splits and rotates the output back.
+//! decoded); a merge kernel attends the unquantized sinks, combines them with
+//! the splits and rotates the output back.
 //! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
 //! compiled by MLX at first use. On a GPU backend they are used where they
 //! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
@@ -46,10 +47,10 @@ fn language() -> Option<KernelLanguage> {
 /// Threads of a merge block.
 const MERGE_THREADS: i32 = 256;
 
-/// Threads of an attention block for `rep` query heads per KV head: a warp
-/// per head, several per head while that leaves at most 8 (turbo_attend.cu's WPH).
+/// Threads of an attention block for `rep` query heads per KV head: a set of
+/// 4 warps per 2 heads (turbo_attend.cu's WPS, MAXH and NG).
 fn attend_threads(rep: i32) -> i32 {
-    32 * rep * (8 / rep).max(1)
+    128 * ((rep + 1) / 2)
 }
 
 /// Whether `codec`'s vectors are encoded by the GPU kernel here.
@@ -155,11 +156,11 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], &sources[1]),
                 "turbo_attend" => (
-                    &["q", "sink_k", "sink_v", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
+                    &["q", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
                     &["part_o", "part_ml"],
                     &sources[2],
                 ),
-                _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
+                _ => (&["part_o", "part_ml", "q", "sink_k", "sink_v", "signs", "scale"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
             map.insert(name, CustomKernel::new(lang, &src)?);
@@ -212,9 +213,9 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Vec<Array>> {
 }
 
 /// Blocks an attention call aims for: several times what a large GPU runs at
-/// once (an H100 holds about 400 of these blocks: three per multiprocessor
-/// at 72 registers a thread), so that loads stay in flight and the last wave
-/// is short.
+/// once (an H100 holds about 400 of the 256-thread blocks of 4 heads: three
+/// per multiprocessor at 80 registers a thread), so that the last wave is
+/// short.
 const TARGET_BLOCKS: i32 = 1024;
 /// Positions a split takes at least, so the query's rotation at the start of
 /// each block stays a small part of its work.
@@ -261,7 +262,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
         ..Default::default()
     };
     let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, &sinks[0], &sinks[1], k0, k1, k2, vc, vn, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
+        Ok(kern.apply(&[q, k0, k1, k2, vc, vn, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
     })?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.push(("D".to_string(), TemplateArg::Int(d)));
@@ -272,6 +273,6 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
         template,
         ..Default::default()
     };
-    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], &t.signs], &merge)?))?;
+    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], q, &sinks[0], &sinks[1], &t.signs, scale], &merge)?))?;
     out.into_iter().next().ok_or(Error::Internal("the TurboQuant merge kernel returned nothing"))
 }
