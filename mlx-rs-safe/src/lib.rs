@@ -19,6 +19,7 @@ pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod process_heap;
 pub mod quantized;
 pub mod random;
 

@@ -1,12 +1,19 @@
 //! `mlx-serve` (serve): resolves the model, starts the engine thread, and runs
-//! the HTTP API until SIGINT/SIGTERM.
+//! the HTTP API (`http_server`) until SIGINT/SIGTERM.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use actix_web::{web, App, HttpServer};
+use actix_web::web;
+use serde::Deserialize;
 use serde_json::Value;
 
+use crate::api::auth::ApiKey;
+use crate::api::host_check::AllowedHosts;
+use crate::api::prompt_limit::PromptLimit;
+use crate::api::shutdown::Shutdown;
+use crate::api::tokenize_pool::TokenizePool;
 use crate::api::{self, generation, AppState, KvFootprint};
 use crate::cli::ServeArgs;
 use crate::engine::{EngineConfig, EngineHandle};
@@ -15,7 +22,7 @@ use crate::kv::{bytes_per_token, KvCompression};
 use crate::metrics::Metrics;
 use crate::system_info::SystemInfo;
 use crate::tokenizer::Tokenizer;
-use crate::{hub, models};
+use crate::{http_server, hub, models};
 
 fn init_logging(level: &str) -> Result<()> {
     let filter: log::LevelFilter = match level {
@@ -27,26 +34,24 @@ fn init_logging(level: &str) -> Result<()> {
     Ok(())
 }
 
-/// config.json's context length: max_position_embeddings, where stated.
-fn context_length(config: &Value) -> Option<usize> {
-    let from = |c: &Value| c.get("max_position_embeddings").and_then(Value::as_u64).map(|v| v as usize);
-    from(config).or_else(|| config.get("text_config").and_then(from))
+/// What the server reads from config.json itself (the model reads the rest);
+/// a field of the wrong type is an error that names it.
+#[derive(Debug, Deserialize)]
+struct ServingFields {
+    max_position_embeddings: Option<usize>,
+    vocab_size: Option<usize>,
+    text_config: Option<TextFields>,
 }
 
-/// `kill -USR1 PID` zeroes MLX's peak-memory counter, as writing 5 to /proc/PID/clear_refs does
-/// for the RSS high-water mark, so a benchmark can read the peak of one phase from /health
-/// or /metrics. The engine thread does the reset (every MLX call happens there) and
-/// publishes its stats at once, also when idle.
-async fn reset_peak_memory_on_sigusr1(state: web::Data<AppState>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut usr1 = match signal(SignalKind::user_defined1()) {
-        Ok(s) => s,
-        Err(e) => return log::warn!("SIGUSR1 (peak-memory reset) is not available: {e}"),
-    };
-    while usr1.recv().await.is_some() {
-        if state.engine.reset_peak_memory().is_err() {
-            log::warn!("SIGUSR1: the engine has stopped");
-        }
+#[derive(Debug, Deserialize)]
+struct TextFields {
+    max_position_embeddings: Option<usize>,
+}
+
+impl ServingFields {
+    /// The context length: max_position_embeddings, where stated.
+    fn context_length(&self) -> Option<usize> {
+        self.max_position_embeddings.or_else(|| self.text_config.as_ref()?.max_position_embeddings)
     }
 }
 
@@ -90,11 +95,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .ok_or_else(|| Error::model_file(&config_path, "missing or not valid JSON"))?;
+    let fields: ServingFields = models::ConfigFile { value: &config, path: &config_path }.parse()?;
     let tokenizer_vocab = tokenizer.inner().get_vocab_size(true);
-    let vocab_size = match config.get("vocab_size").and_then(Value::as_u64) {
-        Some(v) => tokenizer_vocab.min(v as usize),
-        None => tokenizer_vocab,
-    };
+    let vocab_size = fields.vocab_size.map_or(tokenizer_vocab, |v| tokenizer_vocab.min(v));
     let system = SystemInfo::collect()?;
     let engine_config = EngineConfig {
         prefill_size: args.prefill_size.max(1),
@@ -133,16 +136,26 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         kv_compression.and_then(|c| c.turbo_preset()).map(|p| format!(", TurboQuant {}", p.name())).unwrap_or_default()
     );
     state_metrics_kv(&metrics, kv_compression.as_ref(), &kv_footprint);
+    let prompt_limit = PromptLimit { context: fields.context_length(), max_bytes_per_token: tokenizer.max_bytes_per_token() };
+    match prompt_limit.max_text_bytes() {
+        Some(max) => log::info!("prompts over {max} bytes are refused before tokenizing (they cannot fit the context)"),
+        None => log::info!("no byte bound for this model's prompts: each is tokenized before its length is checked"),
+    }
     let state = web::Data::new(AppState {
         tokenizer,
         metrics,
         model_id: args.model.clone(),
         model_dir: PathBuf::from(&dir),
-        context_length: context_length(&config),
+        context_length: fields.context_length(),
+        prompt_limit,
         vocab_size,
         default_max_tokens: args.max_tokens,
         max_body_bytes: args.max_body_bytes,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        body_timeout: Duration::from_secs(args.body_timeout_secs.max(1)),
+        api_key: ApiKey::new(args.api_key.clone()),
+        allowed_hosts: AllowedHosts::new(&args.allowed_host, &args.host),
+        tokenize_pool: TokenizePool::new(TokenizePool::default_size()),
+        shutdown: Shutdown::default(),
         tool_format,
         system,
         config: engine.config.clone(),
@@ -150,21 +163,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         created: generation::unix_now(),
         engine,
     });
-    let app_state = state.clone();
-    let (host, port) = (args.host.clone(), args.port);
-    let served = actix_web::rt::System::new().block_on(async move {
-        actix_web::rt::spawn(reset_peak_memory_on_sigusr1(app_state.clone()));
-        let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(api::routes))
-            .bind((host.as_str(), port))
-            .map_err(|e| Error::Startup(format!("cannot listen on {host}:{port}: {e}")))?
-            .shutdown_timeout(10);
-        for addr in server.addrs() {
-            // Tests and scripts read this line to find a port chosen with --port 0.
-            eprintln!("mlx-serve: listening on http://{addr}");
-        }
-        server.run().await.map_err(|e| Error::Startup(format!("server error: {e}")))
-    });
+    let served = http_server::run(state.clone(), &args);
     log::info!("shutting down");
+    // Whatever is still queued or running ends here (its clients are gone).
     state.engine.shutdown();
-    served
+    served?;
+    match state.shutdown.cut_requests() {
+        0 => Ok(()),
+        cut => Err(Error::CutAtShutdown(cut)),
+    }
 }

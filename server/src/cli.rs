@@ -112,9 +112,34 @@ pub struct ServeArgs {
     /// Bytes of KV kept for prompt reuse across requests (0 turns the prompt cache off).
     #[arg(long, env = "MLX_SERVE_PROMPT_CACHE_BYTES", default_value_t = 2 << 30)]
     pub prompt_cache_bytes: usize,
-    /// Requests must carry `Authorization: Bearer <key>`.
+    /// Requests must carry `Authorization: Bearer <key>` (also /metrics and
+    /// the detailed /health; /health without credentials answers only
+    /// `{"status": "ok"}`, a liveness probe).
     #[arg(long, env = "MLX_SERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Host names (besides localhost and IP addresses) that requests may name
+    /// in their Host header; others get 403, which defeats DNS rebinding.
+    /// Repeat or separate with commas; `*` allows any.
+    #[arg(long, env = "MLX_SERVE_ALLOWED_HOST", value_delimiter = ',')]
+    pub allowed_host: Vec<String>,
+    /// Browser origins (e.g. `https://app.example.com`) allowed to call the API
+    /// from a web page (CORS); `*` allows any. None by default.
+    #[arg(long, env = "MLX_SERVE_CORS_ORIGIN", value_delimiter = ',')]
+    pub cors_origin: Vec<String>,
+    /// Seconds a client has to send its request headers (then 408).
+    #[arg(long, env = "MLX_SERVE_HEADER_TIMEOUT_SECS", default_value_t = 5)]
+    pub header_timeout_secs: u64,
+    /// Seconds a client has to send its whole request body (then 408).
+    #[arg(long, env = "MLX_SERVE_BODY_TIMEOUT_SECS", default_value_t = 60)]
+    pub body_timeout_secs: u64,
+    /// Open connections the server holds at most; further clients wait to be accepted.
+    #[arg(long, env = "MLX_SERVE_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+    /// On SIGTERM/SIGINT, seconds the running requests have to finish before
+    /// they are cut (streams end with a finish_reason, an error and [DONE];
+    /// the exit status is then 1).
+    #[arg(long, env = "MLX_SERVE_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
     /// A Jinja chat template file replacing the model's own.
     #[arg(long, env = "MLX_SERVE_CHAT_TEMPLATE")]
     pub chat_template: Option<std::path::PathBuf>,

@@ -32,6 +32,10 @@ pub enum Error {
     /// Downloading or resolving a model failed.
     #[error("model {model}: {message}")]
     Hub { model: String, message: String },
+    /// The shutdown's grace period ended with requests still running; they
+    /// were cut short (the exit status says so).
+    #[error("the shutdown cut {0} request(s) short")]
+    CutAtShutdown(usize),
     #[error(transparent)]
     Mlx(#[from] mlx_rs_safe::Error),
 }

@@ -34,19 +34,24 @@ fn shapes() -> Vec<(&'static str, Vec<usize>)> {
 }
 
 fn write_weights(path: &Path, tensors: &[(&str, Vec<usize>)]) {
-    let data: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+    write_weights_edited(path, tensors, |_, _, _| {});
+}
+
+/// Writes float32 tensors, letting `edit` change one's dtype or bytes first.
+fn write_weights_edited(path: &Path, tensors: &[(&str, Vec<usize>)], edit: impl Fn(&str, &mut safetensors::Dtype, &mut Vec<u8>)) {
+    let data: Vec<(String, Vec<usize>, safetensors::Dtype, Vec<u8>)> = tensors
         .iter()
         .enumerate()
         .map(|(i, (n, s))| {
             let count: usize = s.iter().product();
-            let bytes = (0..count).flat_map(|j| (((i * 7 + j) % 13) as f32 * 0.01).to_le_bytes()).collect();
-            (n.to_string(), s.clone(), bytes)
+            let mut bytes = (0..count).flat_map(|j| (((i * 7 + j) % 13) as f32 * 0.01).to_le_bytes()).collect();
+            let mut dtype = safetensors::Dtype::F32;
+            edit(n, &mut dtype, &mut bytes);
+            (n.to_string(), s.clone(), dtype, bytes)
         })
         .collect();
-    let views: Vec<(String, TensorView)> = data
-        .iter()
-        .map(|(n, s, b)| (n.clone(), TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap()))
-        .collect();
+    let views: Vec<(String, TensorView)> =
+        data.iter().map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, None, path).unwrap();
 }
 
@@ -154,6 +159,35 @@ fn weight_problems_name_the_file_or_tensor() {
     // No weights at all.
     std::fs::remove_file(&st).unwrap();
     assert!(load_err(d.path()).contains("no .safetensors weights"));
+}
+
+#[test]
+fn nan_and_wrongly_typed_weights_are_refused_at_load_naming_the_tensor() {
+    let d = tempfile::tempdir().unwrap();
+    good_model(d.path());
+    let st = d.path().join("model.safetensors");
+    let set_value = |target: &'static str, value: f32| {
+        move |name: &str, _: &mut safetensors::Dtype, bytes: &mut Vec<u8>| {
+            if name == target {
+                bytes[4..8].copy_from_slice(&value.to_le_bytes());
+            }
+        }
+    };
+    write_weights_edited(&st, &shapes(), set_value("model.layers.0.mlp.up_proj.weight", f32::NAN));
+    let e = load_err(d.path());
+    assert!(e.contains("model.safetensors") && e.contains("model.layers.0.mlp.up_proj.weight") && e.contains("NaN"), "{e}");
+    write_weights_edited(&st, &shapes(), set_value("model.norm.weight", f32::INFINITY));
+    let e = load_err(d.path());
+    assert!(e.contains("model.norm.weight") && e.contains("infinite"), "{e}");
+
+    // The right shape and byte count, the wrong type: int32 where floats belong.
+    write_weights_edited(&st, &shapes(), |name, dtype, _| {
+        if name == "model.layers.0.self_attn.k_proj.weight" {
+            *dtype = safetensors::Dtype::I32;
+        }
+    });
+    let e = load_err(d.path());
+    assert!(e.contains("model.layers.0.self_attn.k_proj.weight") && e.contains("Int32") && e.contains("Float32"), "{e}");
 }
 
 #[test]

@@ -7,37 +7,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use common::models::{long_context_model, model, quantizable_kv_model};
 use common::server::{sse_events, TestServer};
 use mlx_serve::metrics::counter_value;
 use serde_json::{json, Value};
-
-/// A tiny float32 Qwen3 (float32: batched and single decoding agree exactly on CPU).
-fn model() -> std::path::PathBuf {
-    model_with_context("server_qwen3", 2048)
-}
-
-/// The same shape with a context long enough for streams that outlast a test.
-fn long_context_model() -> std::path::PathBuf {
-    model_with_context("server_qwen3_long", 1 << 24)
-}
-
-fn model_with_context(name: &str, context: u64) -> std::path::PathBuf {
-    qwen3_fixture(name, context, 16)
-}
-
-/// Heads of 32: MLX quantizes in groups of at least 32, so --kv-bits needs them.
-fn quantizable_kv_model() -> std::path::PathBuf {
-    qwen3_fixture("server_qwen3_hd32", 2048, 32)
-}
-
-fn qwen3_fixture(name: &str, context: u64, head_dim: u64) -> std::path::PathBuf {
-    let config = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim, "rms_norm_eps": 1e-6,
-                        "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
-                        "max_position_embeddings": context});
-    common::fixture(name, &json!({"config": config, "dtype": "float32", "quantize": null,
-                                  "prompt_tokens": 8, "max_tokens": 4, "seed": 5}))
-}
 
 fn chat_body(content: &str, extra: Value) -> Value {
     let mut body = json!({"messages": [{"role": "user", "content": content}], "max_tokens": 16, "ignore_eos": true});
@@ -394,7 +367,7 @@ fn a_full_queue_answers_503_with_retry_after() {
     // Two held streams: one running, one queued behind it.
     let open = |body: &str| {
         let mut c = TcpStream::connect(&addr).unwrap();
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
         c
     };
     let _running = open(&long);

@@ -9,9 +9,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, off_the_event_loop, token_text, usage_json, ChunkWriter};
+use super::generation::{self, error_chunk, token_text, usage_json, with_cut_error, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_request};
+use super::shutdown::CUT_FINISH_REASON;
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
@@ -68,8 +69,14 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let messages = template_messages(&req.messages)?;
     let tools = active_tools(&req)?;
     let tool_format = tools.as_ref().and(state.tool_format);
-    let tokenizer = state.tokenizer.clone();
-    let prompt = off_the_event_loop(move || tokenizer.encode_chat(&messages, tools.as_ref())).await?;
+    let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
+    let text_bytes = messages_bytes(&messages);
+    let prompt = state
+        .tokenize_pool
+        .run(text_bytes, move || {
+            tokenizer.encode_chat_checked(&messages, tools.as_ref(), |text| limit.check_text(text.len(), "messages"))
+        })
+        .await?;
     let mut params = common.generation(state, prompt, top)?;
     params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
     let rx = generation::submit(state, params)?;
@@ -82,9 +89,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
             calls: 0,
             include_usage: common.include_usage(),
         };
-        return Ok(generation::sse_response(rx, writer));
+        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
-    let done = generation::collect(rx).await?;
+    let done = generation::collect(rx, &state.shutdown).await?;
     let (message, finish) = chat_message(tool_format, done.text, done.finish_reason.as_str());
     let logprobs = match top {
         Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),
@@ -98,6 +105,16 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
         "usage": usage_json(&done.usage),
     })))
+}
+
+/// Bytes of text in the messages (what the template renders, roughly).
+fn messages_bytes(messages: &Value) -> usize {
+    match messages {
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(messages_bytes).sum(),
+        Value::Object(fields) => fields.values().map(messages_bytes).sum(),
+        _ => 0,
+    }
 }
 
 /// The assistant message of a whole answer, tool calls read out of its text
@@ -223,6 +240,10 @@ impl ChunkWriter for ChatStream {
             Event::Error(message) => out.push(error_chunk(&message)),
         }
         out
+    }
+
+    fn cut(&mut self, message: &str) -> Vec<Value> {
+        vec![with_cut_error(self.chunk(json!({}), Value::Null, json!(CUT_FINISH_REASON)), message)]
     }
 }
 

@@ -8,8 +8,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, off_the_event_loop, token_text, usage_json, ChunkWriter};
+use super::generation::{self, error_chunk, token_text, usage_json, with_cut_error, ChunkWriter};
 use super::params::{fields, read_request};
+use super::prompt_limit::PromptLimit;
+use super::shutdown::CUT_FINISH_REASON;
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -33,9 +35,11 @@ struct CompletionRequest {
 }
 
 /// The prompt's token ids (text is encoded with the tokenizer's special
-/// tokens, as mlx_lm.server does) and its text, for `echo`.
-fn prompt_tokens(prompt: &PromptField, tokenizer: &Tokenizer, vocab_size: usize) -> Result<(Vec<u32>, String), ApiError> {
+/// tokens, as mlx_lm.server does) and its text, for `echo`. A prompt that
+/// cannot fit the context is refused before it is encoded or decoded.
+fn prompt_tokens(prompt: &PromptField, tokenizer: &Tokenizer, vocab_size: usize, limit: PromptLimit) -> Result<(Vec<u32>, String), ApiError> {
     let ids = |ids: &[i64]| -> Result<(Vec<u32>, String), ApiError> {
+        limit.check_tokens(ids.len(), "prompt")?;
         let ids = ids
             .iter()
             .map(|&t| {
@@ -48,7 +52,10 @@ fn prompt_tokens(prompt: &PromptField, tokenizer: &Tokenizer, vocab_size: usize)
         let text = tokenizer.decode(&ids, false)?;
         Ok((ids, text))
     };
-    let text = |t: &str| -> Result<(Vec<u32>, String), ApiError> { Ok((tokenizer.encode(t, true)?, t.to_string())) };
+    let text = |t: &str| -> Result<(Vec<u32>, String), ApiError> {
+        limit.check_text(t.len(), "prompt")?;
+        Ok((tokenizer.encode(t, true)?, t.to_string()))
+    };
     let one = |n: usize| -> Result<(), ApiError> {
         if n == 1 {
             Ok(())
@@ -72,6 +79,18 @@ fn prompt_tokens(prompt: &PromptField, tokenizer: &Tokenizer, vocab_size: usize)
         return Err(ApiError::bad_param("prompt", "the prompt is empty"));
     }
     Ok((tokens, text))
+}
+
+impl PromptField {
+    /// Bytes of prompt text (ids count as the few bytes each takes in JSON).
+    fn bytes(&self) -> usize {
+        match self {
+            PromptField::Text(t) => t.len(),
+            PromptField::Texts(v) => v.iter().map(String::len).sum(),
+            PromptField::Tokens(ids) => ids.len() * 4,
+            PromptField::TokenLists(v) => v.iter().map(|ids| ids.len() * 4).sum(),
+        }
+    }
 }
 
 /// The legacy `logprobs` object for some tokens, text offsets counted from
@@ -103,8 +122,10 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         }
         n => n.map(|n| n as usize),
     };
-    let (tokenizer, vocab_size) = (state.tokenizer.clone(), state.vocab_size);
-    let (prompt, prompt_text) = off_the_event_loop(move || prompt_tokens(&req.prompt, &tokenizer, vocab_size)).await?;
+    let (tokenizer, vocab_size, limit) = (state.tokenizer.clone(), state.vocab_size, state.prompt_limit);
+    let prompt_bytes = req.prompt.bytes();
+    let (prompt, prompt_text) =
+        state.tokenize_pool.run(prompt_bytes, move || prompt_tokens(&req.prompt, &tokenizer, vocab_size, limit)).await?;
     let params = common.generation(state, prompt, top)?;
     let rx = generation::submit(state, params)?;
     let echo = if req.echo { prompt_text } else { String::new() };
@@ -119,9 +140,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
             chars: 0,
             include_usage: common.include_usage(),
         };
-        return Ok(generation::sse_response(rx, writer));
+        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
-    let done = generation::collect(rx).await?;
+    let done = generation::collect(rx, &state.shutdown).await?;
     let logprobs = match top {
         Some(_) => legacy_logprobs(&state.tokenizer, &done.logprobs, echo.chars().count()),
         None => Value::Null,
@@ -202,5 +223,9 @@ impl ChunkWriter for CompletionStream {
             }
             Event::Error(message) => vec![error_chunk(&message)],
         }
+    }
+
+    fn cut(&mut self, message: &str) -> Vec<Value> {
+        vec![with_cut_error(self.chunk(String::new(), Value::Null, json!(CUT_FINISH_REASON)), message)]
     }
 }

@@ -5,6 +5,9 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use serde_json::json;
 
+/// What a request cut by the shutdown is told.
+pub const SHUTTING_DOWN: &str = "the server is shutting down; the request was stopped";
+
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -14,6 +17,8 @@ pub struct ApiError {
     code: Option<&'static str>,
     /// Seconds, for 503 (the `Retry-After` header).
     retry_after: Option<u32>,
+    /// Close the connection after this answer (the rest of the body is never read).
+    close: bool,
 }
 
 impl std::fmt::Display for ApiError {
@@ -24,7 +29,7 @@ impl std::fmt::Display for ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None, close: false }
     }
 
     /// 400: the request is malformed or asks for something impossible.
@@ -39,6 +44,37 @@ impl ApiError {
 
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
         ApiError { code: Some("invalid_api_key"), ..ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message) }
+    }
+
+    /// 403: the request may not be served at all (e.g. an unexpected Host).
+    pub fn forbidden(message: impl Into<String>, code: &'static str) -> ApiError {
+        ApiError { code: Some(code), ..ApiError::new(StatusCode::FORBIDDEN, "invalid_request_error", message) }
+    }
+
+    /// 415: a POST body that does not say it is JSON.
+    pub fn not_json(content_type: Option<&str>) -> ApiError {
+        let got = content_type.map(|c| format!("got {c:?}")).unwrap_or_else(|| "none was sent".into());
+        ApiError {
+            code: Some("unsupported_media_type"),
+            ..ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "invalid_request_error",
+                format!("the request body must be JSON with `Content-Type: application/json` ({got})"),
+            )
+        }
+    }
+
+    /// 408: the body did not arrive in time; the connection is closed.
+    pub fn body_timeout(seconds: u64) -> ApiError {
+        ApiError {
+            close: true,
+            code: Some("request_timeout"),
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!("the request body did not arrive within {seconds} s"),
+            )
+        }
     }
 
     pub fn not_found(message: impl Into<String>, code: &'static str) -> ApiError {
@@ -71,6 +107,14 @@ impl ApiError {
         }
     }
 
+    /// 503: the server stopped this request because it is shutting down.
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            code: Some("server_shutting_down"),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", SHUTTING_DOWN)
+        }
+    }
+
     /// 500: the engine failed on this request (the server keeps serving).
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
@@ -90,6 +134,9 @@ impl ResponseError for ApiError {
         let mut res = HttpResponse::build(self.status);
         if let Some(s) = self.retry_after {
             res.insert_header(("Retry-After", s.to_string()));
+        }
+        if self.close {
+            res.force_close();
         }
         res.json(self.body())
     }

@@ -9,31 +9,23 @@ use futures_util::stream;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::error::ApiError;
+use super::error::{ApiError, SHUTTING_DOWN};
+use super::shutdown::Shutdown;
 use super::AppState;
 use crate::engine::{Event, FinishReason, Generation, Request, SubmitError, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
 
 /// Queues `params` with the engine; its events arrive on the returned receiver.
 pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if state.shutdown.is_cut() {
+        state.shutdown.record_cut();
+        return Err(ApiError::shutting_down());
+    }
     let (tx, rx) = unbounded_channel();
     match state.engine.submit(Request { params, arrived: Instant::now(), events: tx }) {
         Ok(()) => Ok(rx),
         Err(SubmitError::QueueFull) => Err(ApiError::overloaded(state.engine.queued())),
         Err(SubmitError::Stopped) => Err(ApiError::internal("the engine has stopped")),
-    }
-}
-
-/// Runs `work` (template rendering, tokenizing: CPU-bound for long prompts)
-/// on actix's blocking pool, so it never stalls the workers' other requests.
-pub async fn off_the_event_loop<T, E>(work: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, ApiError>
-where
-    T: Send + 'static,
-    E: Into<ApiError> + Send + 'static,
-{
-    match web::block(work).await {
-        Ok(result) => result.map_err(Into::into),
-        Err(e) => Err(ApiError::internal(format!("the tokenizer task failed: {e}"))),
     }
 }
 
@@ -45,24 +37,33 @@ pub struct Collected {
     pub usage: Usage,
 }
 
-/// Waits for the whole generation.
-pub async fn collect(mut rx: UnboundedReceiver<Event>) -> Result<Collected, ApiError> {
+/// Waits for the whole generation; 503 if the shutdown cuts it first. (A
+/// client that disconnects drops this future, and with it the receiver: the
+/// engine stops the sequence at its next step.)
+pub async fn collect(mut rx: UnboundedReceiver<Event>, shutdown: &Shutdown) -> Result<Collected, ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
-    while let Some(event) = rx.recv().await {
+    loop {
+        let event = tokio::select! {
+            event = rx.recv() => event,
+            () = shutdown.cut() => {
+                shutdown.record_cut();
+                return Err(ApiError::shutting_down());
+            }
+        };
         match event {
-            Event::Token { text: t, logprob, .. } => {
+            Some(Event::Token { text: t, logprob, .. }) => {
                 text.push_str(&t);
                 logprobs.extend(logprob);
             }
-            Event::Done { text: t, finish_reason, usage } => {
+            Some(Event::Done { text: t, finish_reason, usage }) => {
                 text.push_str(&t);
                 return Ok(Collected { text, logprobs, finish_reason, usage });
             }
-            Event::Error(message) => return Err(ApiError::internal(message)),
+            Some(Event::Error(message)) => return Err(ApiError::internal(message)),
+            None => return Err(ApiError::internal("the engine dropped the request")),
         }
     }
-    Err(ApiError::internal("the engine dropped the request"))
 }
 
 /// Formats one endpoint's stream: each event becomes zero or more JSON chunks.
@@ -70,6 +71,9 @@ pub trait ChunkWriter: Unpin + 'static {
     /// Chunks sent before any token (the chat role).
     fn start(&mut self) -> Vec<Value>;
     fn write(&mut self, event: Event) -> Vec<Value>;
+    /// The last chunks of a stream the shutdown cuts: a finish_reason
+    /// (`shutdown::CUT_FINISH_REASON`) and the error `message`.
+    fn cut(&mut self, message: &str) -> Vec<Value>;
 }
 
 enum Phase {
@@ -93,29 +97,41 @@ fn sse(chunks: &[Value], done: bool) -> web::Bytes {
 
 /// An SSE response fed by the engine's events. When the client goes away,
 /// actix drops this stream and with it the receiver: the engine notices and
-/// stops the sequence.
-pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W) -> HttpResponse {
-    let body = stream::unfold((rx, writer, Phase::Start), |(mut rx, mut writer, phase)| async move {
-        match phase {
-            Phase::Start => {
-                let chunks = writer.start();
-                Some((Ok::<_, actix_web::Error>(sse(&chunks, false)), (rx, writer, Phase::Running)))
+/// stops the sequence. When the shutdown cuts it, it ends with the writer's
+/// cut chunks and `[DONE]`.
+pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, shutdown: Shutdown) -> HttpResponse {
+    let body = stream::unfold((rx, writer, Phase::Start), move |(mut rx, mut writer, phase)| {
+        let shutdown = shutdown.clone();
+        async move {
+            match phase {
+                Phase::Start => {
+                    let chunks = writer.start();
+                    Some((Ok::<_, actix_web::Error>(sse(&chunks, false)), (rx, writer, Phase::Running)))
+                }
+                Phase::Running => loop {
+                    let event = tokio::select! {
+                        event = rx.recv() => event,
+                        () = shutdown.cut() => {
+                            shutdown.record_cut();
+                            let chunks = writer.cut(SHUTTING_DOWN);
+                            return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
+                        }
+                    };
+                    let Some(event) = event else {
+                        let err = json!({"error": {"message": "the engine dropped the request", "type": "server_error"}});
+                        return Some((Ok(sse(&[err], true)), (rx, writer, Phase::Ended)));
+                    };
+                    let last = matches!(event, Event::Done { .. } | Event::Error(_));
+                    let chunks = writer.write(event);
+                    if last {
+                        return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
+                    }
+                    if !chunks.is_empty() {
+                        return Some((Ok(sse(&chunks, false)), (rx, writer, Phase::Running)));
+                    }
+                },
+                Phase::Ended => None,
             }
-            Phase::Running => loop {
-                let Some(event) = rx.recv().await else {
-                    let err = json!({"error": {"message": "the engine dropped the request", "type": "server_error"}});
-                    return Some((Ok(sse(&[err], true)), (rx, writer, Phase::Ended)));
-                };
-                let last = matches!(event, Event::Done { .. } | Event::Error(_));
-                let chunks = writer.write(event);
-                if last {
-                    return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
-                }
-                if !chunks.is_empty() {
-                    return Some((Ok(sse(&chunks, false)), (rx, writer, Phase::Running)));
-                }
-            },
-            Phase::Ended => None,
         }
     });
     HttpResponse::Ok()
@@ -128,6 +144,12 @@ pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W) -> 
 /// The error chunk of a stream that failed after it started.
 pub fn error_chunk(message: &str) -> Value {
     json!({"error": {"message": message, "type": "server_error", "param": null, "code": null}})
+}
+
+/// `chunk` (a finish chunk) with the error of a stream cut by the shutdown.
+pub fn with_cut_error(mut chunk: Value, message: &str) -> Value {
+    chunk["error"] = json!({"message": message, "type": "server_error", "param": null, "code": "server_shutting_down"});
+    chunk
 }
 
 /// A token as text, for log-probability reports.

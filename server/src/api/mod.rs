@@ -1,17 +1,23 @@
 //! The OpenAI-compatible HTTP API (actix-web). Handlers validate, tokenize and
 //! hand requests to the engine thread over a channel; they never touch MLX.
 
+pub mod auth;
 mod chat;
 pub use chat::tool_format;
 mod completions;
+pub mod cors;
 pub mod error;
 pub(crate) mod generation;
+pub mod host_check;
 mod messages;
 mod params;
+pub mod prompt_limit;
+pub mod shutdown;
+pub mod tokenize_pool;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde_json::{json, Value};
@@ -21,7 +27,12 @@ use crate::metrics::{self, Metrics};
 use crate::system_info::SystemInfo;
 use crate::tokenizer::tool_calls::ToolCallFormat;
 use crate::tokenizer::Tokenizer;
+use auth::{Access, ApiKey};
 use error::ApiError;
+use host_check::AllowedHosts;
+use prompt_limit::PromptLimit;
+use shutdown::Shutdown;
+use tokenize_pool::TokenizePool;
 
 /// What every handler shares.
 pub struct AppState {
@@ -35,9 +46,16 @@ pub struct AppState {
     pub context_length: Option<usize>,
     /// Token ids below this are valid.
     pub vocab_size: usize,
+    /// What a prompt may hold, checked before tokenizing.
+    pub prompt_limit: PromptLimit,
     pub default_max_tokens: usize,
     pub max_body_bytes: usize,
-    pub api_key: Option<String>,
+    /// How long a client may take to send a request body.
+    pub body_timeout: Duration,
+    pub api_key: ApiKey,
+    pub allowed_hosts: AllowedHosts,
+    pub tokenize_pool: TokenizePool,
+    pub shutdown: Shutdown,
     pub tool_format: Option<ToolCallFormat>,
     pub system: SystemInfo,
     pub config: EngineConfig,
@@ -53,22 +71,6 @@ pub struct KvFootprint {
 }
 
 impl AppState {
-    /// 401 unless the request carries the API key (when one is set).
-    fn authorize(&self, req: &HttpRequest) -> std::result::Result<(), ApiError> {
-        let Some(key) = &self.api_key else { return Ok(()) };
-        let given = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
-            Some(g) if g == key => Ok(()),
-            Some(_) => Err(ApiError::unauthorized("Incorrect API key provided")),
-            None => Err(ApiError::unauthorized("Missing API key: send it as `Authorization: Bearer <key>`")),
-        }
-    }
-
     /// 404 for a model this server does not serve (no model named is fine).
     pub fn check_model(&self, model: Option<&str>) -> std::result::Result<(), ApiError> {
         match model {
@@ -96,7 +98,7 @@ impl AppState {
 
 async fn chat_completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
-    let res = match state.authorize(&req) {
+    let res = match state.api_key.require(&req).and_then(|()| params::require_json(&req)) {
         Ok(()) => chat::handle(payload, &state).await,
         Err(e) => Err(e),
     };
@@ -105,7 +107,7 @@ async fn chat_completions(req: HttpRequest, payload: web::Payload, state: web::D
 
 async fn completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
-    let res = match state.authorize(&req) {
+    let res = match state.api_key.require(&req).and_then(|()| params::require_json(&req)) {
         Ok(()) => completions::handle(payload, &state).await,
         Err(e) => Err(e),
     };
@@ -118,23 +120,34 @@ fn model_card(state: &AppState) -> Value {
 
 async fn list_models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
-    let res = state.authorize(&req).map(|()| HttpResponse::Ok().json(json!({"object": "list", "data": [model_card(&state)]})));
+    let res = state.api_key.require(&req).map(|()| HttpResponse::Ok().json(json!({"object": "list", "data": [model_card(&state)]})));
     state.finish(&req, "/v1/models", start, res)
 }
 
 async fn get_model(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
     let res = state
-        .authorize(&req)
+        .api_key
+        .require(&req)
         .and_then(|()| state.check_model(Some(path.as_str())))
         .map(|()| HttpResponse::Ok().json(model_card(&state)));
     state.finish(&req, "/v1/models/{model}", start, res)
 }
 
+/// `GET /health`: with `--api-key`, a request without credentials gets only
+/// `{"status": "ok"}` (a liveness probe); the details need the key.
 async fn health(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
+    let res = state.api_key.access(&req).map(|access| match access {
+        Access::Granted => HttpResponse::Ok().json(health_details(&state)),
+        Access::Anonymous => HttpResponse::Ok().json(json!({"status": "ok"})),
+    });
+    state.finish(&req, "/health", start, res)
+}
+
+fn health_details(state: &AppState) -> Value {
     let s = state.engine.stats.read();
-    let body = json!({
+    json!({
         "status": "ok",
         "model": state.model_id,
         "mlx_version": state.system.mlx_version,
@@ -174,15 +187,16 @@ async fn health(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
             "turbo_kv": state.config.kv_compression.and_then(|c| c.turbo_preset()).map(|p| p.name()),
             "context_length": state.context_length,
         },
-    });
-    state.finish(&req, "/health", start, Ok(HttpResponse::Ok().json(body)))
+    })
 }
 
 async fn metrics_text(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
-    state.metrics.observe_engine(&state.engine.stats.read(), state.engine.queued());
-    let res = HttpResponse::Ok().content_type(metrics::CONTENT_TYPE).body(state.metrics.render());
-    state.finish(&req, "/metrics", start, Ok(res))
+    let res = state.api_key.require(&req).map(|()| {
+        state.metrics.observe_engine(&state.engine.stats.read(), state.engine.queued());
+        HttpResponse::Ok().content_type(metrics::CONTENT_TYPE).body(state.metrics.render())
+    });
+    state.finish(&req, "/metrics", start, res)
 }
 
 async fn unknown_route(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {

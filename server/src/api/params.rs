@@ -4,7 +4,10 @@
 
 use std::collections::HashMap;
 
-use actix_web::web;
+use std::time::Duration;
+
+use actix_web::http::header;
+use actix_web::{mime, web, HttpRequest};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -13,17 +16,41 @@ use super::error::ApiError;
 use super::AppState;
 use crate::engine::{Generation, SamplingParams};
 
-/// Reads the whole body, refusing it past `limit` bytes.
-async fn read_body(mut payload: web::Payload, limit: usize) -> Result<web::BytesMut, ApiError> {
+/// Reads the whole body, refusing it past `limit` bytes (413) or when it has
+/// not all arrived by `deadline` (408: a client trickling a body, or sending
+/// an endless chunked one, must not hold a connection and its buffer forever).
+async fn read_body(mut payload: web::Payload, limit: usize, timeout: Duration) -> Result<web::BytesMut, ApiError> {
+    let deadline = tokio::time::Instant::now() + timeout;
     let mut body = web::BytesMut::new();
-    while let Some(chunk) = payload.next().await {
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline, payload.next()).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => return Ok(body),
+            Err(_) => return Err(ApiError::body_timeout(timeout.as_secs())),
+        };
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::too_large(limit));
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body)
+}
+
+/// 415 unless the request says its body is JSON (`application/json`, or a
+/// `+json` type). Besides telling a client what we read, this stops a web
+/// page from posting to the API: browsers send such a Content-Type across
+/// origins only after a CORS preflight, which the server answers only for
+/// `--cors-origin` origins.
+pub fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+    let header = req.headers().get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or("(not text)"));
+    let is_json = header.and_then(|h| h.parse::<mime::Mime>().ok()).is_some_and(|m| {
+        m.type_() == mime::APPLICATION && (m.subtype() == mime::JSON || m.suffix() == Some(mime::JSON))
+    });
+    if is_json {
+        Ok(())
+    } else {
+        Err(ApiError::not_json(header))
+    }
 }
 
 /// The body as a JSON object (400 when it is not one).
@@ -63,7 +90,7 @@ pub fn fields<T: DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiErr
 /// A generation request's body: the whole JSON object (for the endpoint's own
 /// fields) and the shared fields, with the model and `n` checked.
 pub async fn read_request(payload: web::Payload, state: &AppState) -> Result<(serde_json::Value, CommonParams), ApiError> {
-    let body = parse_object(&read_body(payload, state.max_body_bytes).await?)?;
+    let body = parse_object(&read_body(payload, state.max_body_bytes, state.body_timeout).await?)?;
     let common: CommonParams = fields(&body)?;
     state.check_model(common.model.as_deref())?;
     common.check_n()?;

@@ -27,7 +27,7 @@ impl QuantizedWeight {
         let packed = cols * params.bits / 32;
         let groups = cols / params.group_size;
         Ok(Some(QuantizedWeight {
-            weight: w.take_shaped(&format!("{prefix}.weight"), &[rows, packed])?,
+            weight: w.take_packed(&format!("{prefix}.weight"), &[rows, packed])?,
             scales: w.take_shaped(&format!("{prefix}.scales"), &[rows, groups])?,
             biases: w.take_shaped(&format!("{prefix}.biases"), &[rows, groups])?,
             params,
@@ -49,7 +49,7 @@ impl QuantizedWeight {
         let params = quant.for_layer(prefix)?;
         let (packed, groups) = (cols * params.bits / 32, cols / params.group_size);
         Ok(Some(QuantizedWeight {
-            weight: w.take_shaped(&format!("{prefix}.weight"), &[experts, rows, packed])?,
+            weight: w.take_packed(&format!("{prefix}.weight"), &[experts, rows, packed])?,
             scales: w.take_shaped(&format!("{prefix}.scales"), &[experts, rows, groups])?,
             biases: w.take_shaped(&format!("{prefix}.biases"), &[experts, rows, groups])?,
             params,

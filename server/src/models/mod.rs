@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::kv::{KvKind, ModelCache, AFFINE_BITS, AFFINE_GROUP_SIZES};
-use config::ConfigFile;
+pub use config::ConfigFile;
 use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
@@ -123,5 +123,7 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
         Error::model_file(&config_path, format!("model_type {model_type:?} is not supported; supported: {}", supported().join(", ")))
     })?;
     let model = load(&ConfigFile { value: &config, path: &config_path }, weights, &quant)?;
+    // The weight checks' temporaries: not kept for reuse.
+    mlx_rs_safe::memory::clear_cache()?;
     Ok((model, config))
 }

@@ -144,7 +144,7 @@ fn stack_experts(w: &mut Weights, prefix: &str, n: i32, names: &[(&str, &str); 3
                 continue;
             }
             let parts = (0..n)
-                .map(|e| w.take(&format!("{prefix}.experts.{e}.{hf}.{part}")))
+                .map(|e| w.take_unchecked(&format!("{prefix}.experts.{e}.{hf}.{part}")))
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Array> = parts.iter().collect();
             w.insert(format!("{prefix}.switch_mlp.{ours}.{part}"), ops::stack(&refs, 0)?);

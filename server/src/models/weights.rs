@@ -9,10 +9,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use mlx_rs_safe::io::SafetensorsFile;
-use mlx_rs_safe::Array;
+use mlx_rs_safe::{ops, Array, Dtype};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+
+/// How a tensor is stored.
+#[derive(Debug, Clone, Copy)]
+enum Stored {
+    /// Float values.
+    Float,
+    /// A quantized matrix's packed integers.
+    Packed,
+}
 
 pub struct Weights {
     tensors: HashMap<String, Array>,
@@ -71,23 +80,66 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
-    /// Removes and returns tensor `name`.
-    pub fn take(&mut self, name: &str) -> Result<Array> {
+    /// Removes tensor `name`, unchecked.
+    fn remove(&mut self, name: &str) -> Result<Array> {
         self.tensors.remove(name).ok_or_else(|| Error::ModelFile {
             file: "weights".into(),
             message: format!("missing tensor {name}"),
         })
     }
 
-    /// Removes tensor `name`, checking its shape.
-    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
-        let a = self.take(name)?;
-        if a.shape() != shape {
-            return Err(Error::ModelFile {
-                file: self.origin.get(name).cloned().unwrap_or_else(|| "weights".into()),
-                message: format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape()),
-            });
+    fn error(&self, name: &str, message: String) -> Error {
+        Error::ModelFile { file: self.origin.get(name).cloned().unwrap_or_else(|| "weights".into()), message }
+    }
+
+    /// Refuses a tensor that cannot be what the model takes: a float tensor
+    /// must be float16/bfloat16/float32 and finite (a NaN or infinity would
+    /// turn every answer into garbage, far from its cause); a quantized
+    /// matrix is packed as uint32.
+    fn check(&self, name: &str, a: &Array, stored: Stored) -> Result<()> {
+        let dtype = a.dtype();
+        match stored {
+            Stored::Packed if dtype != Dtype::Uint32 => {
+                Err(self.error(name, format!("tensor {name} is {dtype:?}; a quantized weight is packed as Uint32")))
+            }
+            Stored::Packed => Ok(()),
+            Stored::Float if !matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) => Err(self.error(
+                name,
+                format!("tensor {name} is {dtype:?}; expected Float16, Bfloat16 or Float32"),
+            )),
+            Stored::Float => {
+                // Reads the tensor now rather than at the first request.
+                if ops::all_all(&ops::isfinite(a)?, false)?.item::<bool>()? {
+                    Ok(())
+                } else {
+                    Err(self.error(name, format!("tensor {name} holds NaN or infinite values")))
+                }
+            }
         }
+    }
+
+    /// Removes tensor `name` without checking it: parts stacked into a tensor
+    /// that is checked when taken.
+    pub fn take_unchecked(&mut self, name: &str) -> Result<Array> {
+        self.remove(name)
+    }
+
+    /// Removes float tensor `name`, checking its shape and values.
+    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        self.take_stored(name, shape, Stored::Float)
+    }
+
+    /// Removes the packed (uint32) matrix of a quantized layer, checking its shape.
+    pub fn take_packed(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        self.take_stored(name, shape, Stored::Packed)
+    }
+
+    fn take_stored(&mut self, name: &str, shape: &[i32], stored: Stored) -> Result<Array> {
+        let a = self.remove(name)?;
+        if a.shape() != shape {
+            return Err(self.error(name, format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape())));
+        }
+        self.check(name, &a, stored)?;
         Ok(a)
     }
 

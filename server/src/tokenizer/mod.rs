@@ -5,6 +5,7 @@
 //! `chat_template.jinja` or `chat_template.json` file when present, and the eos ids
 //! of `config.json` and `generation_config.json`.
 
+mod byte_bound;
 mod chat_template;
 mod detokenizer;
 pub mod tool_calls;
@@ -26,6 +27,8 @@ pub struct Tokenizer {
     template_source: Option<String>,
     tokens: TemplateTokens,
     eos_ids: BTreeSet<u32>,
+    /// The most bytes of text one token stands for, where the tokenizer bounds it.
+    max_bytes_per_token: Option<usize>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
@@ -87,8 +90,11 @@ impl Tokenizer {
         if !tok_path.exists() {
             return Err(Error::model_file(&tok_path, "missing: the model folder has no tokenizer.json"));
         }
-        let inner = tokenizers::Tokenizer::from_file(&tok_path)
-            .map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
+        let text = std::fs::read_to_string(&tok_path).map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
+        let inner: tokenizers::Tokenizer =
+            text.parse().map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
+        // The tokenizers crate parsed it, so it is JSON.
+        let max_bytes_per_token = serde_json::from_str(&text).ok().as_ref().and_then(byte_bound::max_bytes_per_token);
         let config = read_json(&dir.join("tokenizer_config.json"))?;
         let tokens = TemplateTokens {
             bos_token: token_text(config.as_ref().and_then(|c| c.get("bos_token"))),
@@ -111,7 +117,7 @@ impl Tokenizer {
         if let Some(id) = tokens.eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }
-        Ok(Tokenizer { inner, template, template_source: source, tokens, eos_ids })
+        Ok(Tokenizer { inner, template, template_source: source, tokens, eos_ids, max_bytes_per_token })
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -126,6 +132,12 @@ impl Tokenizer {
         self.template_source.as_deref()
     }
 
+    /// The most bytes of text one token can stand for (None: not bounded for
+    /// this tokenizer), so a text longer than `context × this` cannot fit.
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        self.max_bytes_per_token
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()
     }
@@ -133,7 +145,8 @@ impl Tokenizer {
     /// Token ids of `text`; `add_special_tokens` adds what the tokenizer's
     /// post-processor adds (e.g. BOS), as transformers' `encode` does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        // encode_fast: the same ids without character offsets, which we never read.
+        let enc = self.inner.encode_fast(text, add_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -158,8 +171,20 @@ impl Tokenizer {
     /// Token ids of a chat, as mlx-lm tokenizes it: the rendered template already
     /// holds the special tokens, so none are added.
     pub fn encode_chat(&self, messages: &Value, tools: Option<&Value>) -> Result<Vec<u32>> {
+        self.encode_chat_checked(messages, tools, |_| Ok::<(), Error>(()))
+    }
+
+    /// [`Self::encode_chat`], with `check` seeing the rendered text first: it
+    /// may refuse the text before the (costly) tokenizing.
+    pub fn encode_chat_checked<E: From<Error>>(
+        &self,
+        messages: &Value,
+        tools: Option<&Value>,
+        check: impl FnOnce(&str) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Vec<u32>, E> {
         let text = self.apply_chat_template(messages, tools, true)?;
-        self.encode(&text, false)
+        check(&text)?;
+        Ok(self.encode(&text, false)?)
     }
 
     pub fn new_detokenizer(&self) -> StreamingDetokenizer {

@@ -55,4 +55,5 @@ pub fn fixture(name: &str, spec: &Value) -> PathBuf {
 }
 
 pub mod engine;
+pub mod models;
 pub mod server;

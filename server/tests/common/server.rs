@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -12,6 +12,8 @@ use serde_json::Value;
 pub struct TestServer {
     child: Child,
     pub base: String,
+    /// Every line the server wrote to stderr so far.
+    stderr: Arc<Mutex<Vec<String>>>,
 }
 
 pub fn binary() -> String {
@@ -65,9 +67,12 @@ impl TestServer {
             .expect("start mlx-serve");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = lines.clone();
         // Reads the listening line, then keeps draining so the pipe never fills.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line.clone());
                 if let Some(addr) = line.strip_prefix("mlx-serve: listening on ") {
                     let _ = tx.send(Ok(addr.to_string()));
                 } else if line.starts_with("mlx-serve: ") {
@@ -81,7 +86,33 @@ impl TestServer {
             Ok(Err(line)) => panic!("the server failed to start: {line}"),
             Err(_) => panic!("the server did not start within 120 s"),
         };
-        TestServer { child, base }
+        TestServer { child, base, stderr: lines }
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// host:port, for raw connections.
+    pub fn addr(&self) -> String {
+        self.base.strip_prefix("http://").unwrap().to_string()
+    }
+
+    /// A field of /proc/PID/status in KiB (VmRSS: resident now, VmHWM: the peak).
+    pub fn proc_status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap_or_else(|| panic!("no {field} in {status}"));
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Opens a connection and sends a JSON POST on it, leaving the answer unread.
+    pub fn send_raw_post(&self, path: &str, body: &str) -> std::net::TcpStream {
+        use std::io::Write;
+        let addr = self.addr();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(c, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        c
     }
 
     pub fn pid(&self) -> u32 {
