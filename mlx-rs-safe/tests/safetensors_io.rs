@@ -84,7 +84,7 @@ fn write_raw(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::Path
 fn header_file(header: &str, data: usize) -> Vec<u8> {
     let mut v = (header.len() as u64).to_le_bytes().to_vec();
     v.extend_from_slice(header.as_bytes());
-    v.extend(std::iter::repeat(0u8).take(data));
+    v.extend(std::iter::repeat_n(0u8, data));
     v
 }
 

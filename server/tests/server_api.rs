@@ -214,7 +214,7 @@ fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
     }
     assert_eq!(s.get("/health").json()["engine"]["kv_cache_bytes"], 0);
     // And the server still serves.
-    assert_eq!(complete(&s, "hello", 3).is_empty(), false);
+    assert!(!complete(&s, "hello", 3).is_empty());
 }
 
 #[test]

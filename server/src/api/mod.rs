@@ -15,7 +15,7 @@ pub mod prompt_limit;
 pub mod shutdown;
 pub mod tokenize_pool;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,7 +75,7 @@ impl AppState {
     pub fn check_model(&self, model: Option<&str>) -> std::result::Result<(), ApiError> {
         match model {
             None | Some("") | Some("default_model") => Ok(()),
-            Some(m) if m == self.model_id || PathBuf::from(m) == self.model_dir => Ok(()),
+            Some(m) if m == self.model_id || Path::new(m) == self.model_dir => Ok(()),
             Some(m) => Err(ApiError::model_not_found(m, &self.model_id)),
         }
     }

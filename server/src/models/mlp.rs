@@ -76,7 +76,7 @@ fn call_compiled(f: &'static std::thread::LocalKey<Option<Compiled>>, graph: fn(
         // Compilation unavailable: the same graph, unfused.
         None => graph(&[gate.clone(), x.clone()]),
     })?;
-    out.into_iter().next().ok_or_else(|| crate::error::Error::Internal("the activation kernel returned no output"))
+    out.into_iter().next().ok_or(crate::error::Error::Internal("the activation kernel returned no output"))
 }
 
 /// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, compiled.
