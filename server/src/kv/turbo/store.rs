@@ -138,11 +138,23 @@ impl KvStore for TurboStore {
         let dtype = keys.dtype();
         let rot = &self.codec.rotation;
         let body = &self.body;
-        let mask = masks.get(body.mask_key("turbo", n, args.window), || with_sinks(body.mask(n, args.window)?))?;
+        // Rows padded alike (one row, or rows of one length) lose their
+        // common padding: the keys are then one unpadded sequence and
+        // attention takes the causal mode instead of a [B, 1, n, keys] mask
+        // (which a GPU attends to without its fused kernel).
+        let pads = body.left_pad();
+        let common_pad = pads.iter().all(|&p| p == pads[0]).then_some(pads[0]).filter(|_| args.window.is_none());
+        let mask = match common_pad {
+            Some(_) => AttentionMask::for_len(n),
+            None => masks.get(body.mask_key("turbo", n, args.window), || with_sinks(body.mask(n, args.window)?))?,
+        };
         let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
         let mut columns = self.codec.encode_keys(&kr, dtype)?;
         columns.extend(self.codec.encode_values(&vr)?);
-        let views = self.body.append(&columns)?;
+        let mut views = self.body.append(&columns)?;
+        if let Some(pad) = common_pad.filter(|&p| p > 0) {
+            views = views.iter().map(|c| Ok(ops::slice_axis(c, 2, pad, c.dim(2)?)?)).collect::<Result<_>>()?;
+        }
         let (k, v) = if n > 1 {
             // History decoded, the chunk's own positions as computed.
             let before = views[0].dim(2)? - n;

@@ -139,3 +139,37 @@ fn the_gpu_kernels_pass_their_start_up_check_wherever_a_gpu_backend_runs_them() 
     let gpu = mlx_rs_safe::kernels::gpu_backend();
     assert_eq!(super::kernels::usable(), gpu.is_some(), "backend {gpu:?}");
 }
+
+#[test]
+fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
+    // Alone (or beside rows of its length) a row's keys are one unpadded
+    // sequence and attention runs in causal mode; beside a shorter row the
+    // batch is left-padded and a mask array says what each row sees. Both
+    // must give the same output, for a decode step and for a prefill chunk
+    // attending to the compressed history.
+    let (kv_heads, gqa, d) = (2, 2, 64);
+    let format = TurboPreset::Balanced.format(3, 8, 4);
+    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None };
+    let compressed = |len: i32, seed: u64| {
+        let mut cache = LayerCache::new(&KvKind::Dense).unwrap();
+        let kv = |s| normal(&[1, kv_heads, len, d], s);
+        cache.attend(&normal(&[1, kv_heads * gqa, len, d], seed), &kv(seed + 1), &kv(seed + 2), &args, &StepMemo::default()).unwrap();
+        cache.compress(|_, _| Some(KvKind::Turbo(format))).unwrap();
+        cache.row(0).unwrap()
+    };
+    let (long, short) = (compressed(40, 10), compressed(21, 20));
+    for n in [1, 6] {
+        let q = |seed| normal(&[1, kv_heads * gqa, n, d], seed);
+        let kv = |seed| normal(&[1, kv_heads, n, d], seed);
+        let (qa, ka, va) = (q(30), kv(31), kv(32));
+        let (qb, kb, vb) = (q(40), kv(41), kv(42));
+        let mut alone = KvKind::Turbo(format).store(&[long.clone()]).unwrap();
+        let one = alone.attend(&qa, &ka, &va, &args, &StepMemo::default()).unwrap();
+        let mut batch = KvKind::Turbo(format).store(&[long.clone(), short.clone()]).unwrap();
+        let cat = |a: &Array, b: &Array| ops::concatenate(&[a, b], 0).unwrap();
+        let both = batch.attend(&cat(&qa, &qb), &cat(&ka, &kb), &cat(&va, &vb), &args, &StepMemo::default()).unwrap();
+        let first = ops::slice_axis(&both, 0, 0, 1).unwrap();
+        let err = relative_error(&first, &one);
+        assert!(err < 1e-5, "{n} new tokens: {err}");
+    }
+}
