@@ -1,0 +1,408 @@
+//! A GGUF reader (llama.cpp's model file format, version 2 and 3) that
+//! validates the whole header before any tensor is read and makes MLX arrays
+//! from file regions.
+//!
+//! Written here rather than taken from MLX's own GGUF loader because that
+//! loader opens files read-write (a read-only model file fails), aborts the
+//! process on some malformed headers, reads every tensor eagerly and drops
+//! tensors of types it does not know without an error. Here every length and
+//! offset is checked against the file's size, errors name the file and the
+//! field, and tensors stay lazy where MLX can take their bytes as they are:
+//! F32, F16 and BF16 become [`pread_into`] arrays (read when evaluated).
+//! Q4_0, Q4_1 and Q8_0 blocks are repacked into MLX's affine quantization
+//! (group size 32: a packed uint32 matrix, float16 scales and biases), which
+//! represents them exactly. Other block types are refused by name.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use half::f16;
+
+use crate::array::Array;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::ext::pread_into;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    /// Any unsigned integer type (u8..u64) and bool (0 or 1).
+    Uint(u64),
+    /// Any signed integer type.
+    Int(i64),
+    /// float32 or float64.
+    Float(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<GgufValue>),
+}
+
+impl GgufValue {
+    /// The value as an unsigned integer, if it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::Uint(v) => Some(v),
+            GgufValue::Int(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            GgufValue::Float(v) => Some(v),
+            GgufValue::Uint(v) => Some(v as f64),
+            GgufValue::Int(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[GgufValue]> {
+        match self {
+            GgufValue::Array(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// How a tensor's values are stored (ggml's type ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgufType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    /// A type this reader cannot turn into MLX arrays (K-quants, IQ*, ...).
+    Other(u32),
+}
+
+impl GgufType {
+    fn from_id(id: u32) -> GgufType {
+        match id {
+            0 => GgufType::F32,
+            1 => GgufType::F16,
+            2 => GgufType::Q4_0,
+            3 => GgufType::Q4_1,
+            8 => GgufType::Q8_0,
+            30 => GgufType::Bf16,
+            other => GgufType::Other(other),
+        }
+    }
+
+    /// (elements, bytes) of one storage block; None for types not read here.
+    fn block(self) -> Option<(u64, u64)> {
+        Some(match self {
+            GgufType::F32 => (1, 4),
+            GgufType::F16 | GgufType::Bf16 => (1, 2),
+            GgufType::Q4_0 => (32, 18),
+            GgufType::Q4_1 => (32, 20),
+            GgufType::Q8_0 => (32, 34),
+            GgufType::Other(_) => return None,
+        })
+    }
+}
+
+/// One tensor's place in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GgufTensorInfo {
+    pub ggml_type: GgufType,
+    /// Row-major shape (GGUF lists dimensions innermost first; this is reversed).
+    pub shape: Vec<i32>,
+    /// Absolute byte offset of the data in the file.
+    pub offset: u64,
+    /// Bytes of data, where the type is one this reader knows.
+    pub nbytes: Option<u64>,
+}
+
+/// A tensor as MLX arrays.
+pub enum GgufTensor {
+    /// Values as stored (F32, F16, BF16), read when evaluated.
+    Plain(Array),
+    /// MLX affine quantization of a Q4_0/Q4_1/Q8_0 matrix: packed uint32
+    /// `[.., cols * bits / 32]`, float16 scales and biases `[.., cols / 32]`.
+    Quantized { weight: Array, scales: Array, biases: Array, bits: i32, group_size: i32 },
+}
+
+/// An open GGUF file with its header read and checked.
+pub struct GgufFile {
+    path: PathBuf,
+    file: File,
+    version: u32,
+    metadata: HashMap<String, GgufValue>,
+    /// Tensor names in file order.
+    names: Vec<String>,
+    tensors: HashMap<String, GgufTensorInfo>,
+}
+
+/// Header fields past this size are refused (no real model comes near them;
+/// a corrupt length would otherwise ask for gigabytes).
+const MAX_STRING: u64 = 1 << 30;
+const MAX_DIMS: u32 = 8;
+
+/// Reads the header, counting bytes against the file's size.
+struct Header<R> {
+    r: R,
+    pos: u64,
+    len: u64,
+    path: String,
+}
+
+impl<R: Read> Header<R> {
+    fn bad(&self, message: String) -> Error {
+        Error::Weights { path: self.path.clone(), message }
+    }
+
+    fn bytes(&mut self, n: u64, what: &str) -> Result<Vec<u8>> {
+        if n > self.len.saturating_sub(self.pos) {
+            return Err(self.bad(format!("{what}: {n} bytes at offset {} run past the end of the file ({} bytes): truncated?", self.pos, self.len)));
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.r.read_exact(&mut buf).map_err(|e| Error::Io { context: format!("reading {} ({what})", self.path), source: e })?;
+        self.pos += n;
+        Ok(buf)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let b = self.bytes(N as u64, what)?;
+        let mut out = [0u8; N];
+        out.copy_from_slice(&b);
+        Ok(out)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let n = self.u64(what)?;
+        if n > MAX_STRING {
+            return Err(self.bad(format!("{what}: a string of {n} bytes")));
+        }
+        let b = self.bytes(n, what)?;
+        String::from_utf8(b).map_err(|_| self.bad(format!("{what}: not UTF-8")))
+    }
+
+    fn value(&mut self, ty: u32, what: &str, depth: u32) -> Result<GgufValue> {
+        Ok(match ty {
+            0 => GgufValue::Uint(self.array::<1>(what)?[0] as u64),
+            1 => GgufValue::Int(self.array::<1>(what)?[0] as i8 as i64),
+            2 => GgufValue::Uint(u16::from_le_bytes(self.array(what)?) as u64),
+            3 => GgufValue::Int(i16::from_le_bytes(self.array(what)?) as i64),
+            4 => GgufValue::Uint(self.u32(what)? as u64),
+            5 => GgufValue::Int(i32::from_le_bytes(self.array(what)?) as i64),
+            6 => GgufValue::Float(f32::from_le_bytes(self.array(what)?) as f64),
+            7 => GgufValue::Bool(self.array::<1>(what)?[0] != 0),
+            8 => GgufValue::String(self.string(what)?),
+            9 if depth == 0 => {
+                let elem = self.u32(what)?;
+                let n = self.u64(what)?;
+                // Every element takes at least one byte: a count beyond the
+                // bytes left is corrupt, whatever the element type.
+                if n > self.len.saturating_sub(self.pos) {
+                    return Err(self.bad(format!("{what}: an array of {n} elements in {} bytes left", self.len - self.pos)));
+                }
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    v.push(self.value(elem, what, depth + 1)?);
+                }
+                GgufValue::Array(v)
+            }
+            10 => GgufValue::Uint(self.u64(what)?),
+            11 => GgufValue::Int(i64::from_le_bytes(self.array(what)?)),
+            12 => GgufValue::Float(f64::from_le_bytes(self.array(what)?)),
+            other => return Err(self.bad(format!("{what}: value type {other} is not a GGUF type{}", if other == 9 { " here (nested array)" } else { "" }))),
+        })
+    }
+}
+
+impl GgufFile {
+    /// Opens `path` and reads and checks its whole header: metadata, tensor
+    /// names, shapes, types and that every tensor's data lies inside the file.
+    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
+        let path = path.as_ref().to_path_buf();
+        let shown = path.display().to_string();
+        let mut file = File::open(&path).map_err(|e| Error::Io { context: format!("opening {shown}"), source: e })?;
+        let len = file.metadata().map_err(|e| Error::Io { context: format!("reading the size of {shown}"), source: e })?.len();
+        let mut h = Header { r: BufReader::new(&mut file), pos: 0, len, path: shown.clone() };
+        if h.array::<4>("magic")? != *b"GGUF" {
+            return Err(h.bad("not a GGUF file (no GGUF magic at its start)".into()));
+        }
+        let version = h.u32("version")?;
+        if !(2..=3).contains(&version) {
+            return Err(h.bad(format!("GGUF version {version}; versions 2 and 3 are read")));
+        }
+        let n_tensors = h.u64("tensor count")?;
+        let n_kv = h.u64("metadata count")?;
+        let mut metadata = HashMap::new();
+        for i in 0..n_kv {
+            let key = h.string(&format!("metadata key {i}"))?;
+            let ty = h.u32(&key)?;
+            let value = h.value(ty, &key, 0)?;
+            metadata.insert(key, value);
+        }
+        let mut infos = Vec::new();
+        for i in 0..n_tensors {
+            let name = h.string(&format!("tensor name {i}"))?;
+            let n_dims = h.u32(&name)?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(h.bad(format!("tensor {name}: {n_dims} dimensions")));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(h.u64(&name)?);
+            }
+            let ty = GgufType::from_id(h.u32(&name)?);
+            let offset = h.u64(&name)?;
+            infos.push((name, dims, ty, offset));
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => v.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| h.bad(format!("general.alignment {v:?} is not a power of two")))?,
+        };
+        let data_start = h.pos.div_ceil(alignment) * alignment;
+        let mut names = Vec::with_capacity(infos.len());
+        let mut tensors = HashMap::with_capacity(infos.len());
+        for (name, dims, ty, rel) in infos {
+            let shape: Vec<i32> = dims
+                .iter()
+                .rev()
+                .map(|&d| i32::try_from(d).ok().filter(|&d| d > 0))
+                .collect::<Option<_>>()
+                .ok_or_else(|| h.bad(format!("tensor {name}: dimensions {dims:?}")))?;
+            let elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or_else(|| h.bad(format!("tensor {name}: dimensions {dims:?}")))?;
+            let offset = data_start.checked_add(rel).ok_or_else(|| h.bad(format!("tensor {name}: offset {rel}")))?;
+            let nbytes = match ty.block() {
+                Some((per, bytes)) => {
+                    if dims[0] % per != 0 {
+                        return Err(h.bad(format!("tensor {name}: {ty:?} rows of {} values are not whole blocks of {per}", dims[0])));
+                    }
+                    let n = elements / per * bytes;
+                    if offset.checked_add(n).is_none_or(|end| end > len) {
+                        return Err(h.bad(format!("tensor {name}: {n} bytes at offset {offset} run past the end of the file ({len} bytes): truncated?")));
+                    }
+                    Some(n)
+                }
+                None => None,
+            };
+            if tensors.insert(name.clone(), GgufTensorInfo { ggml_type: ty, shape, offset, nbytes }).is_some() {
+                return Err(h.bad(format!("tensor {name} is listed twice")));
+            }
+            names.push(name);
+        }
+        drop(h);
+        Ok(GgufFile { path, file, version, metadata, names, tensors })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, GgufValue> {
+        &self.metadata
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata.get(key)
+    }
+
+    /// Tensor names in file order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    pub fn info(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensors.get(name)
+    }
+
+    fn bad(&self, message: String) -> Error {
+        Error::Weights { path: self.path.display().to_string(), message }
+    }
+
+    /// Tensor `name` as MLX arrays (see [`GgufTensor`]).
+    pub fn load(&self, name: &str) -> Result<GgufTensor> {
+        let info = self.tensors.get(name).ok_or_else(|| self.bad(format!("no tensor named {name}")))?;
+        let plain = |dtype| Ok(GgufTensor::Plain(pread_into(&self.file, info.offset, &info.shape, dtype)?));
+        match info.ggml_type {
+            GgufType::F32 => plain(Dtype::Float32),
+            GgufType::F16 => plain(Dtype::Float16),
+            GgufType::Bf16 => plain(Dtype::Bfloat16),
+            GgufType::Q4_0 | GgufType::Q4_1 | GgufType::Q8_0 => self.repack(name, info),
+            GgufType::Other(id) => Err(self.bad(format!("tensor {name}: ggml type {id} is not one this reader converts (F32, F16, BF16, Q4_0, Q4_1, Q8_0)"))),
+        }
+    }
+
+    /// Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization, exactly: a block's
+    /// scale d and minimum (Q4_1: m; Q4_0: -8d; Q8_0: -128d, the int8 codes
+    /// shifted to 0..255) become one group's scale and bias.
+    fn repack(&self, name: &str, info: &GgufTensorInfo) -> Result<GgufTensor> {
+        let ty = info.ggml_type;
+        let nbytes = info.nbytes.ok_or_else(|| self.bad(format!("tensor {name}: no size")))?;
+        let mut raw = vec![0u8; nbytes as usize];
+        self.file
+            .read_exact_at(&mut raw, info.offset)
+            .map_err(|e| Error::Io { context: format!("reading tensor {name} of {}", self.path.display()), source: e })?;
+        let (block_bytes, bits) = match ty {
+            GgufType::Q4_0 => (18, 4),
+            GgufType::Q4_1 => (20, 4),
+            _ => (34, 8),
+        };
+        let blocks = raw.len() / block_bytes;
+        let per_word = 32 / bits as usize;
+        let mut words = vec![0u32; blocks * 32 / per_word];
+        let mut scales = Vec::with_capacity(blocks);
+        let mut biases = Vec::with_capacity(blocks);
+        for (b, block) in raw.chunks_exact(block_bytes).enumerate() {
+            let d = f16::from_le_bytes([block[0], block[1]]);
+            let codes: [u32; 32] = match ty {
+                GgufType::Q8_0 => std::array::from_fn(|e| (block[2 + e] ^ 0x80) as u32),
+                _ => {
+                    let qs = &block[block_bytes - 16..];
+                    // Values 0..15 are the low nibbles, 16..31 the high ones.
+                    std::array::from_fn(|e| if e < 16 { (qs[e] & 15) as u32 } else { (qs[e - 16] >> 4) as u32 })
+                }
+            };
+            let bias = match ty {
+                GgufType::Q4_1 => f16::from_le_bytes([block[2], block[3]]),
+                GgufType::Q4_0 => f16::from_f32(-8.0 * d.to_f32()),
+                _ => f16::from_f32(-128.0 * d.to_f32()),
+            };
+            scales.push(d);
+            biases.push(bias);
+            for (e, &c) in codes.iter().enumerate() {
+                words[(b * 32 + e) / per_word] |= c << (bits as usize * (e % per_word));
+            }
+        }
+        let mut shape = info.shape.clone();
+        let cols = *shape.last().unwrap_or(&0);
+        let last = shape.len() - 1;
+        shape[last] = cols * bits / 32;
+        let weight = Array::from_slice(&words, &shape)?;
+        shape[last] = cols / 32;
+        Ok(GgufTensor::Quantized {
+            weight,
+            scales: Array::from_slice(&scales, &shape)?,
+            biases: Array::from_slice(&biases, &shape)?,
+            bits,
+            group_size: 32,
+        })
+    }
+}
