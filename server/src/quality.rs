@@ -207,7 +207,8 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
             let question = "What is the special magic number mentioned in the text above? Answer with the number only.";
             let messages = json!([{"role": "user", "content": format!("{body}\n\n{question}")}]);
             let prompt = tok.encode_chat(&messages, None)?;
-            let said = answers(model.as_ref(), &tok, &prompt, &formats, args.prefill_size, 12)?;
+            // Room for a lead-in and five digits (many tokenizers spell numbers digit by digit).
+            let said = answers(model.as_ref(), &tok, &prompt, &formats, args.prefill_size, 32)?;
             for (r, s) in said.iter().enumerate() {
                 needles[r] += usize::from(s.contains(&number.to_string()));
             }
