@@ -95,25 +95,25 @@ pub struct StepMemo {
     arrays: RefCell<Vec<(MaskKey, Array)>>,
 }
 
+/// The entry of `list` for `key`, made and kept the first time it is asked for.
+fn memo<T: Clone>(list: &RefCell<Vec<(MaskKey, T)>>, key: MaskKey, make: impl FnOnce() -> Result<T>) -> Result<T> {
+    if let Some((_, v)) = list.borrow().iter().find(|(k, _)| *k == key) {
+        return Ok(v.clone());
+    }
+    let v = make()?;
+    list.borrow_mut().push((key, v.clone()));
+    Ok(v)
+}
+
 impl StepMemo {
     /// The mask for `key`, built with `make` the first time it is asked for.
     pub fn get(&self, key: MaskKey, make: impl FnOnce() -> Result<AttentionMask>) -> Result<AttentionMask> {
-        if let Some((_, m)) = self.entries.borrow().iter().find(|(k, _)| *k == key) {
-            return Ok(m.clone());
-        }
-        let mask = make()?;
-        self.entries.borrow_mut().push((key, mask.clone()));
-        Ok(mask)
+        memo(&self.entries, key, make)
     }
 
     /// The array for `key`, built with `make` the first time it is asked for.
     pub fn array(&self, key: MaskKey, make: impl FnOnce() -> Result<Array>) -> Result<Array> {
-        if let Some((_, a)) = self.arrays.borrow().iter().find(|(k, _)| *k == key) {
-            return Ok(a.clone());
-        }
-        let a = make()?;
-        self.arrays.borrow_mut().push((key, a.clone()));
-        Ok(a)
+        memo(&self.arrays, key, make)
     }
 
     /// Forgets what the previous pass built.

@@ -39,3 +39,9 @@ pub enum Positions {
 
 #[cfg(test)]
 mod tests;
+
+/// An array's values as f32, for the tests of the caches.
+#[cfg(test)]
+fn values(a: &Array) -> Vec<f32> {
+    mlx_rs_safe::ops::astype(a, mlx_rs_safe::Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
+}

@@ -175,16 +175,13 @@ impl PaddedRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::values;
     use mlx_rs_safe::Dtype;
 
     /// [1, 1, len, 2] with values start, start+1, ...
     fn row(start: f32, len: i32) -> Array {
         let v: Vec<f32> = (0..len * 2).map(|i| start + i as f32).collect();
         Array::from_slice(&v, &[1, 1, len, 2]).unwrap()
-    }
-
-    fn values(a: &Array) -> Vec<f32> {
-        ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
     }
 
     #[test]

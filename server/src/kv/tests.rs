@@ -5,6 +5,7 @@
 use mlx_rs_safe::{ops, random, Array, Dtype};
 
 use super::turbo::SINKS;
+use super::values;
 use super::{AttendArgs, CompressAt, KvCompression, KvKind, LayerCache, StepMemo, Phase, TurboPreset};
 
 const Q_HEADS: i32 = 4;
@@ -68,10 +69,6 @@ fn step(cache: &mut LayerCache, rows: &[&Row], pos: &[i32]) -> Vec<Array> {
     };
     let out = cache.attend(&pick(|r| &r.q), &pick(|r| &r.k), &pick(|r| &r.v), &args(), &StepMemo::default()).unwrap();
     (0..rows.len() as i32).map(|b| ops::slice_axis(&out, 0, b, b + 1).unwrap()).collect()
-}
-
-fn values(a: &Array) -> Vec<f32> {
-    ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
 }
 
 fn assert_close(a: &Array, b: &Array, what: &str) {

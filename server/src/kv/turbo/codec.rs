@@ -15,6 +15,7 @@
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
 use super::codebook::Codebook;
+use super::f32s;
 use super::rotation::Rotation;
 use crate::error::Result;
 
@@ -90,10 +91,6 @@ pub struct Tables {
     pub key_centroids: Array,
     pub value_bounds: Array,
     pub value_centroids: Array,
-}
-
-fn f32s(x: &Array) -> Result<Array> {
-    Ok(ops::astype(x, Dtype::Float32)?)
 }
 
 fn scalar(v: f32) -> Array {
@@ -278,11 +275,8 @@ impl Codec {
 mod tests {
     use super::super::codebook::expected_mse;
     use super::*;
+    use crate::kv::values;
     use mlx_rs_safe::random;
-
-    fn values(a: &Array) -> Vec<f32> {
-        ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
-    }
 
     #[test]
     fn packing_round_trips_every_width() {

@@ -13,5 +13,10 @@ pub use codec::{affine_group, pack, unpack, Codec, KeyCode, TurboFormat, SINKS};
 pub use rotation::Rotation;
 pub use store::{prefix, servable, TurboStore};
 
+/// `x` as float32, the type the codec and the rotation compute in.
+fn f32s(x: &mlx_rs_safe::Array) -> mlx_rs_safe::Result<mlx_rs_safe::Array> {
+    mlx_rs_safe::ops::astype(x, mlx_rs_safe::Dtype::Float32)
+}
+
 #[cfg(test)]
 mod tests;

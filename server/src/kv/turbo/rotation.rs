@@ -8,8 +8,9 @@
 //! The signs are fixed by a seeded generator (the same in every process and on
 //! every backend): a cache compressed by one run is read by the next.
 
-use mlx_rs_safe::{ops, quantized, Array, Dtype};
+use mlx_rs_safe::{ops, quantized, Array};
 
+use super::f32s;
 use crate::error::Result;
 
 #[derive(Clone)]
@@ -50,41 +51,34 @@ impl Rotation {
         Ok(quantized::hadamard_transform(x, Some(1.0 / (self.dim as f32).sqrt()))?)
     }
 
-    fn f32(x: &Array) -> Result<Array> {
-        Ok(ops::astype(x, Dtype::Float32)?)
-    }
-
     /// R(x) over the last axis, float32.
     pub fn apply(&self, x: &Array) -> Result<Array> {
-        let h = self.hadamard(&ops::multiply(&Self::f32(x)?, &self.s1)?)?;
+        let h = self.hadamard(&ops::multiply(&f32s(x)?, &self.s1)?)?;
         Ok(ops::multiply(&h, &self.s2)?)
     }
 
     /// Rᵀ(y) over the last axis, float32.
     pub fn invert(&self, y: &Array) -> Result<Array> {
-        let h = self.hadamard(&ops::multiply(&Self::f32(y)?, &self.s2)?)?;
+        let h = self.hadamard(&ops::multiply(&f32s(y)?, &self.s2)?)?;
         Ok(ops::multiply(&h, &self.s1)?)
     }
 
     /// The QJL sketch S(x) = H(s3 ⊙ x)/√d.
     pub fn sketch(&self, x: &Array) -> Result<Array> {
-        self.hadamard(&ops::multiply(&Self::f32(x)?, &self.s3)?)
+        self.hadamard(&ops::multiply(&f32s(x)?, &self.s3)?)
     }
 
     /// Sᵀ(z) = s3 ⊙ H(z)/√d.
     pub fn sketch_transpose(&self, z: &Array) -> Result<Array> {
-        Ok(ops::multiply(&self.hadamard(&Self::f32(z)?)?, &self.s3)?)
+        Ok(ops::multiply(&self.hadamard(&f32s(z)?)?, &self.s3)?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_rs_safe::random;
-
-    fn values(a: &Array) -> Vec<f32> {
-        ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
-    }
+    use crate::kv::values;
+    use mlx_rs_safe::{random, Dtype};
 
     #[test]
     fn the_rotation_is_orthogonal_and_inverts_exactly() {

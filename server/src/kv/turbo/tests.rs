@@ -7,14 +7,10 @@
 use mlx_rs_safe::{fast, ops, random, Array, Dtype};
 
 use super::{Codec, TurboFormat, SINKS};
-use crate::kv::{AttendArgs, KvKind, LayerCache, StepMemo, TurboPreset};
+use crate::kv::{values, AttendArgs, KvKind, LayerCache, StepMemo, TurboPreset};
 
 fn normal(shape: &[i32], seed: u64) -> Array {
     random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
-}
-
-fn values(a: &Array) -> Vec<f32> {
-    ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap()
 }
 
 /// Keys (and values) with a few channels 20x larger than the rest, as real
@@ -163,7 +159,7 @@ fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
         let kv = |seed| normal(&[1, kv_heads, n, d], seed);
         let (qa, ka, va) = (q(30), kv(31), kv(32));
         let (qb, kb, vb) = (q(40), kv(41), kv(42));
-        let mut alone = KvKind::Turbo(format).store(&[long.clone()]).unwrap();
+        let mut alone = KvKind::Turbo(format).store(std::slice::from_ref(&long)).unwrap();
         let one = alone.attend(&qa, &ka, &va, &args, &StepMemo::default()).unwrap();
         let mut batch = KvKind::Turbo(format).store(&[long.clone(), short.clone()]).unwrap();
         let cat = |a: &Array, b: &Array| ops::concatenate(&[a, b], 0).unwrap();
