@@ -6,50 +6,11 @@ use half::f16;
 use mlx_rs_safe::io::{GgufFile, GgufTensor, GgufType, GgufValue};
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
-/// A GGUF v3 file: metadata (key, type id, encoded value) and tensors
-/// (name, GGUF dims innermost first, ggml type id, data).
-fn gguf(metadata: &[(&str, u32, Vec<u8>)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
-    let s = |x: &str| [(x.len() as u64).to_le_bytes().to_vec(), x.as_bytes().to_vec()].concat();
-    let mut out = b"GGUF".to_vec();
-    out.extend(3u32.to_le_bytes());
-    out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend((metadata.len() as u64).to_le_bytes());
-    for (k, ty, v) in metadata {
-        out.extend(s(k));
-        out.extend(ty.to_le_bytes());
-        out.extend(v);
-    }
-    let mut offset = 0u64;
-    let mut data = Vec::new();
-    for (name, dims, ty, bytes) in tensors {
-        out.extend(s(name));
-        out.extend((dims.len() as u32).to_le_bytes());
-        for d in dims {
-            out.extend(d.to_le_bytes());
-        }
-        out.extend(ty.to_le_bytes());
-        out.extend(offset.to_le_bytes());
-        data.extend(bytes);
-        while !data.len().is_multiple_of(32) {
-            data.push(0);
-        }
-        offset = data.len() as u64;
-    }
-    while !out.len().is_multiple_of(32) {
-        out.push(0);
-    }
-    out.extend(data);
-    out
-}
+mod common;
+use common::{gguf, write};
 
 fn string(x: &str) -> Vec<u8> {
     [(x.len() as u64).to_le_bytes().to_vec(), x.as_bytes().to_vec()].concat()
-}
-
-fn write(bytes: &[u8]) -> tempfile::NamedTempFile {
-    let f = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(f.path(), bytes).unwrap();
-    f
 }
 
 fn floats(a: &Array) -> Vec<f32> {
@@ -161,9 +122,9 @@ fn damaged_files_are_refused_naming_the_file_and_the_field() {
     let nine = gguf(&[], &[("w", vec![1; 9], 0, vec![0; 4])]);
     assert!(err(&nine).contains("tensor w: 9 dimensions"));
     // A block type this reader does not convert: the header opens, loading names it.
-    let k = write(&gguf(&[], &[("k", vec![256], 12, vec![0; 144])]));
+    let k = write(&gguf(&[], &[("k", vec![256], 17, vec![0; 74])]));
     let g = GgufFile::open(k.path()).unwrap();
     let e = g.load("k").err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.contains("tensor k: ggml type 12"), "{e}");
+    assert!(e.contains("tensor k: IQ2_XS is not supported"), "{e}");
     assert!(g.load("missing").is_err());
 }

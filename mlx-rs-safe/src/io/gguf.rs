@@ -11,7 +11,10 @@
 //! F32, F16 and BF16 become [`pread_into`] arrays (read when evaluated).
 //! Q4_0, Q4_1 and Q8_0 blocks are repacked into MLX's affine quantization
 //! (group size 32: a packed uint32 matrix, float16 scales and biases), which
-//! represents them exactly. Other block types are refused by name.
+//! represents them exactly. Q5_0, Q5_1 and the K-quants (Q2_K..Q6_K), which
+//! MLX's quantization cannot hold exactly (Q6_K has 16-value sub-blocks, the
+//! K-quants two levels of scales), are dequantized at load into float arrays
+//! (gguf_dequant.rs). Other types are refused by name.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,10 +22,12 @@ use std::io::{BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use half::f16;
+use half::{bf16, f16};
 
+use super::gguf_dequant::{self, FromF32};
+use super::gguf_type::GgufType;
 use crate::array::Array;
-use crate::dtype::Dtype;
+use crate::dtype::{Dtype, Element};
 use crate::error::{Error, Result};
 use crate::ext::pread_into;
 
@@ -74,45 +79,6 @@ impl GgufValue {
     }
 }
 
-/// How a tensor's values are stored (ggml's type ids).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgufType {
-    F32,
-    F16,
-    Bf16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-    /// A type this reader cannot turn into MLX arrays (K-quants, IQ*, ...).
-    Other(u32),
-}
-
-impl GgufType {
-    fn from_id(id: u32) -> GgufType {
-        match id {
-            0 => GgufType::F32,
-            1 => GgufType::F16,
-            2 => GgufType::Q4_0,
-            3 => GgufType::Q4_1,
-            8 => GgufType::Q8_0,
-            30 => GgufType::Bf16,
-            other => GgufType::Other(other),
-        }
-    }
-
-    /// (elements, bytes) of one storage block; None for types not read here.
-    fn block(self) -> Option<(u64, u64)> {
-        Some(match self {
-            GgufType::F32 => (1, 4),
-            GgufType::F16 | GgufType::Bf16 => (1, 2),
-            GgufType::Q4_0 => (32, 18),
-            GgufType::Q4_1 => (32, 20),
-            GgufType::Q8_0 => (32, 34),
-            GgufType::Other(_) => return None,
-        })
-    }
-}
-
 /// One tensor's place in the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgufTensorInfo {
@@ -127,7 +93,8 @@ pub struct GgufTensorInfo {
 
 /// A tensor as MLX arrays.
 pub enum GgufTensor {
-    /// Values as stored (F32, F16, BF16), read when evaluated.
+    /// Values as stored (F32, F16, BF16), read when evaluated; or the
+    /// dequantized values of a type MLX cannot hold exactly.
     Plain(Array),
     /// MLX affine quantization of a Q4_0/Q4_1/Q8_0 matrix: packed uint32
     /// `[.., cols * bits / 32]`, float16 scales and biases `[.., cols / 32]`.
@@ -149,6 +116,14 @@ pub struct GgufFile {
 /// a corrupt length would otherwise ask for gigabytes).
 const MAX_STRING: u64 = 1 << 30;
 const MAX_DIMS: u32 = 8;
+
+/// The float types tensors are dequantized to.
+fn check_float(float: Dtype) -> Result<()> {
+    match float {
+        Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16 => Ok(()),
+        other => Err(Error::InvalidArgument(format!("GGUF tensors are dequantized to Float32, Float16 or Bfloat16, not {other:?}"))),
+    }
+}
 
 /// Reads the header, counting bytes against the file's size.
 struct Header<R> {
@@ -289,7 +264,7 @@ impl GgufFile {
             let nbytes = match ty.block() {
                 Some((per, bytes)) => {
                     if dims[0] % per != 0 {
-                        return Err(h.bad(format!("tensor {name}: {ty:?} rows of {} values are not whole blocks of {per}", dims[0])));
+                        return Err(h.bad(format!("tensor {name}: {} rows of {} values are not whole blocks of {per}", ty.name(), dims[0])));
                     }
                     let n = elements / per * bytes;
                     if offset.checked_add(n).is_none_or(|end| end > len) {
@@ -337,17 +312,71 @@ impl GgufFile {
         Error::Weights { path: self.path.display().to_string(), message }
     }
 
-    /// Tensor `name` as MLX arrays (see [`GgufTensor`]).
+    fn tensor(&self, name: &str) -> Result<&GgufTensorInfo> {
+        self.tensors.get(name).ok_or_else(|| self.bad(format!("no tensor named {name}")))
+    }
+
+    /// Tensor `name` as MLX arrays (see [`GgufTensor`]): the types MLX holds
+    /// exactly as they are, the others dequantized to bfloat16.
     pub fn load(&self, name: &str) -> Result<GgufTensor> {
-        let info = self.tensors.get(name).ok_or_else(|| self.bad(format!("no tensor named {name}")))?;
+        self.load_as(name, Dtype::Bfloat16)
+    }
+
+    /// As [`load`](Self::load), with the types that are not
+    /// [exact in MLX](GgufType::exact_in_mlx) dequantized to `float`
+    /// (Float32, Float16 or Bfloat16) as a [`GgufTensor::Plain`] array.
+    pub fn load_as(&self, name: &str, float: Dtype) -> Result<GgufTensor> {
+        let info = self.tensor(name)?;
+        check_float(float)?;
         let plain = |dtype| Ok(GgufTensor::Plain(pread_into(&self.file, info.offset, &info.shape, dtype)?));
         match info.ggml_type {
             GgufType::F32 => plain(Dtype::Float32),
             GgufType::F16 => plain(Dtype::Float16),
             GgufType::Bf16 => plain(Dtype::Bfloat16),
             GgufType::Q4_0 | GgufType::Q4_1 | GgufType::Q8_0 => self.repack(name, info),
-            GgufType::Other(id) => Err(self.bad(format!("tensor {name}: ggml type {id} is not one this reader converts (F32, F16, BF16, Q4_0, Q4_1, Q8_0)"))),
+            _ => Ok(GgufTensor::Plain(self.dequantize(name, float)?)),
         }
+    }
+
+    /// Any readable tensor (the exact types included) as `float` values
+    /// (Float32, Float16 or Bfloat16), computed as ggml computes them in f32
+    /// and rounded to nearest-even. Memory: the tensor's bytes and its values
+    /// in `float`, then MLX's copy of the values.
+    pub fn dequantize(&self, name: &str, float: Dtype) -> Result<Array> {
+        let info = self.tensor(name)?;
+        check_float(float)?;
+        let raw = self.read(name, info)?;
+        match float {
+            Dtype::Float32 => self.decode::<f32>(name, info, raw),
+            Dtype::Float16 => self.decode::<f16>(name, info, raw),
+            // check_float lets only Bfloat16 through besides those two.
+            _ => self.decode::<bf16>(name, info, raw),
+        }
+    }
+
+    fn unsupported(&self, name: &str, ty: GgufType) -> Error {
+        self.bad(format!(
+            "tensor {name}: {} is not supported (readable: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
+            ty.name()
+        ))
+    }
+
+    /// The tensor's bytes, as stored.
+    fn read(&self, name: &str, info: &GgufTensorInfo) -> Result<Vec<u8>> {
+        let nbytes = info.nbytes.ok_or_else(|| self.unsupported(name, info.ggml_type))?;
+        let mut raw = vec![0u8; nbytes as usize];
+        self.file
+            .read_exact_at(&mut raw, info.offset)
+            .map_err(|e| Error::Io { context: format!("reading tensor {name} of {}", self.path.display()), source: e })?;
+        Ok(raw)
+    }
+
+    fn decode<T: FromF32 + Element>(&self, name: &str, info: &GgufTensorInfo, raw: Vec<u8>) -> Result<Array> {
+        let elements: usize = info.shape.iter().map(|&d| d as usize).product();
+        let mut values = vec![T::default(); elements];
+        gguf_dequant::dequantize(info.ggml_type, &raw, &mut values).map_err(|m| self.bad(format!("tensor {name}: {m}")))?;
+        drop(raw);
+        Array::from_slice(&values, &info.shape)
     }
 
     /// Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization, exactly: a block's
@@ -355,11 +384,7 @@ impl GgufFile {
     /// shifted to 0..255) become one group's scale and bias.
     fn repack(&self, name: &str, info: &GgufTensorInfo) -> Result<GgufTensor> {
         let ty = info.ggml_type;
-        let nbytes = info.nbytes.ok_or_else(|| self.bad(format!("tensor {name}: no size")))?;
-        let mut raw = vec![0u8; nbytes as usize];
-        self.file
-            .read_exact_at(&mut raw, info.offset)
-            .map_err(|e| Error::Io { context: format!("reading tensor {name} of {}", self.path.display()), source: e })?;
+        let raw = self.read(name, info)?;
         let (block_bytes, bits) = match ty {
             GgufType::Q4_0 => (18, 4),
             GgufType::Q4_1 => (20, 4),

@@ -1,7 +1,10 @@
 //! Weights I/O.
 
 mod gguf;
+mod gguf_dequant;
+mod gguf_type;
 mod safetensors;
 
-pub use self::gguf::{GgufFile, GgufTensor, GgufTensorInfo, GgufType, GgufValue};
+pub use self::gguf::{GgufFile, GgufTensor, GgufTensorInfo, GgufValue};
+pub use self::gguf_type::GgufType;
 pub use self::safetensors::{SafetensorsFile, TensorMeta};
