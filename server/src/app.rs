@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use actix_web::web;
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::api::auth::ApiKey;
 use crate::api::host_check::AllowedHosts;
@@ -83,18 +82,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.max_concurrency == 0 {
         return Err(Error::Config("--max-concurrency must be at least 1".into()));
     }
-    let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
+    let (model, model_id) = crate::cli::model_or_default(args.model.as_deref())?;
+    let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
     let template = match &args.chat_template {
         Some(path) => Some(std::fs::read_to_string(path).map_err(|e| Error::model_file(path, format!("cannot read the chat template: {e}")))?),
         None => None,
     };
     let tokenizer = Arc::new(Tokenizer::load(&dir, template.as_deref())?);
     let tool_format = api::tool_format(args.tool_call_parser.as_deref(), &tokenizer)?;
-    let config_path = dir.join("config.json");
-    let config: Value = std::fs::read_to_string(&config_path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| Error::model_file(&config_path, "missing or not valid JSON"))?;
+    let (config, config_path) = models::read_config(&dir)?;
     let fields: ServingFields = models::ConfigFile { value: &config, path: &config_path }.parse()?;
     let tokenizer_vocab = tokenizer.inner().get_vocab_size(true);
     let vocab_size = fields.vocab_size.map_or(tokenizer_vocab, |v| tokenizer_vocab.min(v));
@@ -107,7 +103,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         kv_compression,
     };
     let metrics = Arc::new(Metrics::new());
-    log::info!("loading {} from {}", args.model, dir.display());
+    log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
     let layout = Arc::new(Mutex::new(None));
     let loaded_layout = layout.clone();
@@ -144,7 +140,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let state = web::Data::new(AppState {
         tokenizer,
         metrics,
-        model_id: args.model.clone(),
+        model_id,
         model_dir: PathBuf::from(&dir),
         context_length: fields.context_length(),
         prompt_limit,

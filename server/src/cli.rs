@@ -2,8 +2,37 @@
 
 use clap::{Args, Parser, Subcommand};
 
-/// The model served when `--model` is not given: a small 4-bit instruct model.
-pub const DEFAULT_MODEL: &str = "mlx-community/Qwen2.5-0.5B-Instruct-4bit";
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+
+/// The model served when `--model` is not given: SmolLM2-135M-Instruct
+/// (Apache-2.0) as a Q4_1 GGUF file, which ./build.sh takes from a PyPI wheel
+/// into vendor/models, so that no model hub is needed.
+pub const DEFAULT_MODEL_FILE: &str = "vendor/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The name the API gives the default model.
+pub const DEFAULT_MODEL_ID: &str = "SmolLM2-135M-Instruct";
+
+/// `--model`, or the default model where it is not given: (what to load, the
+/// API's name for it). The default is looked up beside the binary
+/// (target/release/../../vendor) and in the checkout it was built from.
+pub fn model_or_default(model: Option<&str>) -> Result<(String, String)> {
+    if let Some(m) = model {
+        return Ok((m.to_string(), m.to_string()));
+    }
+    let beside_binary = std::env::current_exe().ok().and_then(|exe| Some(exe.parent()?.parent()?.parent()?.join(DEFAULT_MODEL_FILE)));
+    let checkout = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(DEFAULT_MODEL_FILE);
+    beside_binary
+        .into_iter()
+        .chain([checkout])
+        .find(|p| p.is_file())
+        .map(|p| (p.display().to_string(), DEFAULT_MODEL_ID.to_string()))
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "no --model given and the default model ({DEFAULT_MODEL_FILE}) is not there: run ./build.sh, or pass --model (a folder, a .gguf file or a Hugging Face repo id)"
+            ))
+        })
+}
 
 /// `mlx-serve [--model M ...]` serves (as `mlx-serve serve`); the other
 /// subcommands are tools.
@@ -70,9 +99,10 @@ pub struct KvQualityArgs {
 /// also come from the environment variable named in `--help`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// A local model folder or a Hugging Face repo id (downloaded into the HF cache).
-    #[arg(long, env = "MLX_SERVE_MODEL", default_value = DEFAULT_MODEL)]
-    pub model: String,
+    /// A local model folder, a GGUF file, or a Hugging Face repo id (downloaded
+    /// into the HF cache). Default: SmolLM2-135M-Instruct, from vendor/models.
+    #[arg(long, env = "MLX_SERVE_MODEL")]
+    pub model: Option<String>,
     #[arg(long, env = "MLX_SERVE_HOST", default_value = "127.0.0.1")]
     pub host: String,
     /// 0 picks a free port (printed when listening).
@@ -157,11 +187,12 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// A local model folder (config.json, tokenizer, safetensors) or a Hugging
-    /// Face repo id, downloaded into the HF cache (HF_ENDPOINT, HF_TOKEN,
-    /// HF_HUB_CACHE/HF_HOME and HF_HUB_OFFLINE apply).
+    /// A local model folder (config.json, tokenizer, safetensors), a GGUF
+    /// file, or a Hugging Face repo id, downloaded into the HF cache
+    /// (HF_ENDPOINT, HF_TOKEN, HF_HUB_CACHE/HF_HOME and HF_HUB_OFFLINE apply).
+    /// Default: SmolLM2-135M-Instruct, from vendor/models.
     #[arg(long)]
-    pub model: String,
+    pub model: Option<String>,
     /// The prompt ("-" reads standard input).
     #[arg(long, default_value = "hello")]
     pub prompt: String,

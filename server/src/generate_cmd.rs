@@ -104,7 +104,8 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         Some(preset) => Some(KvCompression::turbo(preset, args.turbo_kv_prefill_threshold)?),
         None => args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?,
     };
-    let dir = hub::resolve(&args.model, &hub::HubOptions::from_env())?;
+    let (model, _) = crate::cli::model_or_default(args.model.as_deref())?;
+    let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
     let (model, _config) = models::load_with(&dir, &load)?;
     let tok = Arc::new(Tokenizer::load(&dir, None)?);
     let prompt = prompt_tokens(&tok, args)?;

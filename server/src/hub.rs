@@ -109,7 +109,7 @@ pub fn is_needed_file(name: &str) -> bool {
     !name.contains('/') && (NEEDED_FILES.contains(&name) || name.ends_with(".safetensors"))
 }
 
-/// The model folder for `model`: an existing local directory (canonicalized), or the cache
+/// The model folder for `model`: an existing local directory or GGUF file (canonicalized), or the cache
 /// snapshot of the Hugging Face repo `model`, downloading the needed files that are missing.
 pub fn resolve(model: &str, opts: &HubOptions) -> Result<PathBuf> {
     let looks_like_path = model.starts_with(['/', '~'])
@@ -122,11 +122,10 @@ pub fn resolve(model: &str, opts: &HubOptions) -> Result<PathBuf> {
         Ok(meta) if meta.is_dir() => {
             return path.canonicalize().map_err(|e| Error::model_file(&path, e.to_string()))
         }
+        // A file must be GGUF (locate says why not otherwise).
         Ok(_) => {
-            return Err(Error::model_file(
-                &path,
-                "is a file; expected a model directory (config.json, *.safetensors, tokenizer)",
-            ))
+            crate::gguf::locate(&path)?;
+            return path.canonicalize().map_err(|e| Error::model_file(&path, e.to_string()));
         }
         Err(e) if looks_like_path || e.kind() != std::io::ErrorKind::NotFound => {
             return Err(Error::model_file(&path, format!("cannot open the model directory: {e}")))

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod engine;
 pub mod error;
 pub mod generate_cmd;
+pub mod gguf;
 pub mod http_server;
 pub mod hub;
 pub mod kv;

@@ -47,6 +47,10 @@ pub enum RopeScaling {
     /// Phi-3's "su"/"longrope": per-frequency factors (the long ones are used),
     /// and the context lengths that fix the input scale.
     LongRope { long_factor: Vec<f32>, long_mscale: Option<f32>, max_position_embeddings: i32, original_max_position_embeddings: i32 },
+    /// Each rotated pair's period multiplied by a stored factor: how GGUF files
+    /// hold Llama 3.1's smoothed frequencies (`rope_freqs`; the type
+    /// "freq_factors" is ours, written by the GGUF loader).
+    FreqFactors { factors: Vec<f32> },
 }
 
 /// A number or a list of numbers (Phi-3's factors come either way).
@@ -69,6 +73,7 @@ struct RawRopeScaling {
     original_max_position_embeddings: Option<f32>,
     long_factor: Option<Factors>,
     long_mscale: Option<f32>,
+    factors: Option<Vec<f32>>,
 }
 
 impl RopeScaling {
@@ -99,6 +104,13 @@ impl RopeScaling {
                     return Err(format!("rope_scaling.long_factor has {} entries, rotary dims/2 is {rotary_half}", long_factor.len()));
                 }
                 RopeScaling::LongRope { long_factor, long_mscale: raw.long_mscale, max_position_embeddings: max_pos, original_max_position_embeddings: orig }
+            }
+            "freq_factors" => {
+                let factors = raw.factors.ok_or("rope_scaling of type freq_factors needs factors")?;
+                if factors.len() != rotary_half {
+                    return Err(format!("rope_scaling.factors has {} entries, rotary dims/2 is {rotary_half}", factors.len()));
+                }
+                RopeScaling::FreqFactors { factors }
             }
             other => return Err(format!("rope_scaling type {other:?} is not supported yet")),
         })

@@ -154,9 +154,12 @@ impl RmsNorm {
     }
 
     /// Gemma's norm: rms_norm(x, 1 + weight), the sum taken once at load (the
-    /// same array mlx-lm computes at every call).
+    /// same array mlx-lm computes at every call), or stored so (GGUF files).
     pub fn load_plus_one(w: &mut Weights, prefix: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         let weight = w.take_shaped(&format!("{prefix}.weight"), &[dim])?;
+        if w.norms_hold_one() {
+            return Ok(RmsNorm { weight, eps });
+        }
         let one = ops::astype(&Array::scalar(1.0f32), weight.dtype())?;
         Ok(RmsNorm { weight: ops::add(&one, &weight)?, eps })
     }

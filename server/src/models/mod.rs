@@ -21,7 +21,7 @@ mod rope;
 mod switch;
 pub mod weights;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use mlx_rs_safe::Array;
 use serde_json::Value;
@@ -85,24 +85,43 @@ pub struct LoadOptions {
     pub quantize: Option<quant::QuantParams>,
 }
 
-/// Loads the model in folder `dir` (config.json + safetensors).
+/// Loads the model in folder `dir` (config.json + safetensors), or the GGUF
+/// file `dir` stands for (see [`crate::gguf::locate`]).
 pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
     load_with(dir, &LoadOptions::default())
 }
 
-/// [`load`] with options.
-pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageModel>, Value)> {
+/// The model's config.json (for a GGUF file, what its metadata amounts to),
+/// and the file errors about it should name.
+pub fn read_config(dir: &Path) -> Result<(Value, PathBuf)> {
+    if let Some(file) = crate::gguf::locate(dir)? {
+        let config = crate::gguf::GgufModel::open(&file)?.config()?;
+        return Ok((config, file));
+    }
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|e| Error::model_file(&config_path, format!("cannot read: {e}")))?;
-    let config: Value =
-        serde_json::from_str(&text).map_err(|e| Error::model_file(&config_path, format!("invalid JSON: {e}")))?;
+    let config = serde_json::from_str(&text).map_err(|e| Error::model_file(&config_path, format!("invalid JSON: {e}")))?;
+    Ok((config, config_path))
+}
+
+/// [`load`] with options.
+pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageModel>, Value)> {
+    let (config, config_path, mut weights) = match crate::gguf::locate(dir)? {
+        Some(file) => {
+            let gguf = crate::gguf::GgufModel::open(&file)?;
+            (gguf.config()?, file, gguf.weights()?)
+        }
+        None => {
+            let (config, path) = read_config(dir)?;
+            (config, path, Weights::load(dir)?)
+        }
+    };
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
         .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
     let mut quant = QuantConfig::from_config(&config)?;
-    let mut weights = Weights::load(dir)?;
     if let Some(q) = opts.quantize {
         if quant.is_quantized() {
             return Err(Error::Config(format!(

@@ -35,11 +35,9 @@ impl Rope {
             RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
                 RopeKind::Freqs(llama3_freqs(dims, base, *factor, *low_freq_factor, *high_freq_factor, *original_max_position_embeddings)?)
             }
+            RopeScaling::FreqFactors { factors } => RopeKind::Freqs(scaled_periods(dims, base, factors)?),
             RopeScaling::LongRope { long_factor, long_mscale, max_position_embeddings, original_max_position_embeddings } => {
-                // base ** (arange(0, dims, 2, float32) / dims), then × long_factor.
-                let idx = ops::arange(0.0, dims as f64, 2.0, Dtype::Float32)?;
-                let freqs = ops::power(&Array::scalar(base), &ops::divide(&idx, &Array::scalar(dims as f32))?)?;
-                let freqs = ops::multiply(&Array::from_vec(long_factor)?, &freqs)?;
+                let freqs = scaled_periods(dims, base, long_factor)?;
                 let factor = *max_position_embeddings as f64 / *original_max_position_embeddings as f64;
                 let input_scale = match long_mscale {
                     Some(m) if *m != 0.0 => *m,
@@ -81,6 +79,13 @@ impl Rope {
             }
         })
     }
+}
+
+/// base ** (arange(0, dims, 2, float32) / dims), each × its factor.
+fn scaled_periods(dims: i32, base: f32, factors: &[f32]) -> Result<Array> {
+    let idx = ops::arange(0.0, dims as f64, 2.0, Dtype::Float32)?;
+    let freqs = ops::power(&Array::scalar(base), &ops::divide(&idx, &Array::scalar(dims as f32))?)?;
+    Ok(ops::multiply(&Array::from_vec(factors)?, &freqs)?)
 }
 
 /// Llama 3.1's frequency smoothing, computed with the same MLX ops (and so the

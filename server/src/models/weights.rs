@@ -27,6 +27,9 @@ pub struct Weights {
     tensors: HashMap<String, Array>,
     /// Which file each tensor came from, for error messages.
     origin: HashMap<String, String>,
+    /// Gemma's RMS norm weights are stored as 1 + w already (llama.cpp's
+    /// converter adds the one), so the model takes them as they are.
+    norms_hold_one: bool,
 }
 
 #[derive(Deserialize)]
@@ -73,7 +76,19 @@ impl Weights {
                 tensors.insert(name, array);
             }
         }
-        Ok(Weights { tensors, origin })
+        Ok(Weights { tensors, origin, norms_hold_one: false })
+    }
+
+    /// Tensors already named as Hugging Face names them, all from `origin`
+    /// (a GGUF file); `norms_hold_one`: Gemma norms stored as 1 + w.
+    pub fn from_tensors(tensors: HashMap<String, Array>, origin: &str, norms_hold_one: bool) -> Weights {
+        let origin = tensors.keys().map(|k| (k.clone(), origin.to_string())).collect();
+        Weights { tensors, origin, norms_hold_one }
+    }
+
+    /// Whether Gemma-style (1 + w) norm weights are stored with the one added.
+    pub fn norms_hold_one(&self) -> bool {
+        self.norms_hold_one
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -1,4 +1,5 @@
-//! Tokenizer, chat template and end-of-sequence ids of a model folder.
+//! Tokenizer, chat template and end-of-sequence ids of a model folder (or of
+//! a GGUF file: see `crate::gguf`).
 //!
 //! Reads what transformers' AutoTokenizer reads: `tokenizer.json` (the `tokenizers`
 //! crate), `tokenizer_config.json` (special tokens, `chat_template`), a
@@ -83,18 +84,20 @@ fn template_source(dir: &Path, config: Option<&Value>) -> Result<Option<String>>
 }
 
 impl Tokenizer {
-    /// Loads the tokenizer of the model folder `dir`. `template_override` replaces
-    /// the model's chat template (the `--chat-template` file's text).
+    /// Loads the tokenizer of the model folder (or GGUF file) `dir`.
+    /// `template_override` replaces the model's chat template (the
+    /// `--chat-template` file's text).
     pub fn load(dir: &Path, template_override: Option<&str>) -> Result<Tokenizer> {
+        if let Some(file) = crate::gguf::locate(dir)? {
+            let parts = crate::gguf::GgufModel::open(&file)?.tokenizer()?;
+            let source = template_override.map(str::to_string).or(parts.chat_template);
+            return Tokenizer::assemble(&file, &parts.json, parts.tokens, source, parts.eos_ids.into_iter().collect());
+        }
         let tok_path = dir.join("tokenizer.json");
         if !tok_path.exists() {
             return Err(Error::model_file(&tok_path, "missing: the model folder has no tokenizer.json"));
         }
         let text = std::fs::read_to_string(&tok_path).map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
-        let inner: tokenizers::Tokenizer =
-            text.parse().map_err(|e| Error::model_file(&tok_path, format!("cannot load: {e}")))?;
-        // The tokenizers crate parsed it, so it is JSON.
-        let max_bytes_per_token = serde_json::from_str(&text).ok().as_ref().and_then(byte_bound::max_bytes_per_token);
         let config = read_json(&dir.join("tokenizer_config.json"))?;
         let tokens = TemplateTokens {
             bos_token: token_text(config.as_ref().and_then(|c| c.get("bos_token"))),
@@ -106,14 +109,23 @@ impl Tokenizer {
             Some(s) => Some(s.to_string()),
             None => template_source(dir, config.as_ref())?,
         };
-        let template = source.as_deref().map(ChatTemplate::new).transpose()?;
-
         let mut eos_ids = BTreeSet::new();
         for file in ["config.json", "generation_config.json"] {
             if let Some(v) = read_json(&dir.join(file))? {
                 eos_ids.extend(ids_of(v.get("eos_token_id")));
             }
         }
+        Tokenizer::assemble(&tok_path, &text, tokens, source, eos_ids)
+    }
+
+    /// A tokenizer from tokenizer.json's text (read from `origin`, named in
+    /// errors), its special tokens, chat template and end-of-sequence ids.
+    fn assemble(origin: &Path, text: &str, tokens: TemplateTokens, source: Option<String>, mut eos_ids: BTreeSet<u32>) -> Result<Tokenizer> {
+        let inner: tokenizers::Tokenizer =
+            text.parse().map_err(|e| Error::model_file(origin, format!("cannot load the tokenizer: {e}")))?;
+        // The tokenizers crate parsed it, so it is JSON.
+        let max_bytes_per_token = serde_json::from_str(text).ok().as_ref().and_then(byte_bound::max_bytes_per_token);
+        let template = source.as_deref().map(ChatTemplate::new).transpose()?;
         if let Some(id) = tokens.eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }

@@ -58,9 +58,18 @@ fn send(req: ureq::Request, body: Option<&str>) -> Reply {
 impl TestServer {
     /// Starts the server on `model` with extra flags; returns once it listens.
     pub fn start(model: &Path, extra: &[&str]) -> TestServer {
+        let mut args = vec!["--model", model.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        TestServer::start_with(&args)
+    }
+
+    /// Starts the server with exactly these flags (and a free port, quiet
+    /// logs); without --model it serves the default model.
+    pub fn start_with(flags: &[&str]) -> TestServer {
         let mut child = Command::new(binary())
-            .args(["--model", model.to_str().unwrap(), "--port", "0", "--log-level", "warn"])
-            .args(extra)
+            .env_remove("MLX_SERVE_MODEL")
+            .args(["--port", "0", "--log-level", "warn"])
+            .args(flags)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
