@@ -2,7 +2,12 @@
 llama.cpp's converter lays one out, so the GGUF loader can be checked against
 mlx-lm's tokens on the same weights.
 
-usage: python hf_to_gguf.py FIXTURE_DIR OUT.gguf
+usage: python hf_to_gguf.py FIXTURE_DIR OUT.gguf [q5_0 DEQUANT_DIR]
+
+With `q5_0`, float weight matrices are written as Q5_0 blocks (a type MLX
+cannot hold, so the loader dequantizes it), and DEQUANT_DIR receives the
+fixture with those matrices replaced by their dequantized values in bfloat16:
+what loading the GGUF file must amount to.
 
 What llama.cpp's converter does and this mirrors: tensor names (token_embd,
 blk.N.attn_q, ...), the rows of q and k permuted for the Llama converter's
@@ -17,12 +22,14 @@ blocks, which hold exactly the same values. Other quantizations are refused.
 """
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize, quantize
 
 ARCH = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
         "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "olmoe": "olmoe", "phi3": "phi3",
@@ -58,6 +65,10 @@ def gguf_name(hf, gemma):
 def permute(w, heads):
     """llama.cpp's row order for q/k: each head's rows as (index, pair half)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, heads):
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def to_numpy(a):
@@ -97,6 +108,8 @@ def llama3_factors(dims, base, s):
 
 def main():
     src, out = Path(sys.argv[1]), sys.argv[2]
+    requant = len(sys.argv) > 3 and sys.argv[3] == "q5_0"
+    dequantized = {}
     cfg = json.loads((src / "config.json").read_text())
     mt = cfg["model_type"]
     arch = ARCH[mt]
@@ -171,6 +184,13 @@ def main():
             continue
         if gemma and name.endswith("norm.weight"):
             a = 1.0 + a  # in the stored dtype, as mlx-lm's Gemma adds it
+        if requant and a.ndim >= 2 and a.shape[-1] % 32 == 0:
+            values = np.array(a.astype(mx.float32))
+            blocks = quantize(permute(values, n_perm) if n_perm else values, GGMLQuantizationType.Q5_0)
+            w.add_tensor(target, blocks, raw_dtype=GGMLQuantizationType.Q5_0)
+            back = dequantize(blocks, GGMLQuantizationType.Q5_0).reshape(values.shape)
+            dequantized[name] = mx.array(unpermute(back, n_perm) if n_perm else back).astype(mx.bfloat16)
+            continue
         values, ty = to_numpy(a)
         if n_perm:
             values = permute(values, n_perm)
@@ -191,6 +211,14 @@ def main():
     w.add_pad_token_id(vocab[tcfg["pad_token"]])
     w.add_add_bos_token(False)
     w.add_chat_template(tcfg["chat_template"])
+
+    if requant:
+        folder = Path(sys.argv[4])
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(src / f, folder / f)
+        mx.save_safetensors(str(folder / "model.safetensors"), {**weights, **dequantized}, metadata={"format": "mlx"})
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

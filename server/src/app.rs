@@ -105,11 +105,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
+    let load_options = args.load.options();
     let layout = Arc::new(Mutex::new(None));
     let loaded_layout = layout.clone();
     let engine = EngineHandle::spawn(
         Box::new(move || {
-            let (model, _) = models::load(&load_dir)?;
+            let (model, _) = models::load_with(&load_dir, &load_options)?;
             *loaded_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(model.kv_layout());
             Ok(model)
         }),

@@ -103,6 +103,8 @@ pub struct ServeArgs {
     /// into the HF cache). Default: SmolLM2-135M-Instruct, from vendor/models.
     #[arg(long, env = "MLX_SERVE_MODEL")]
     pub model: Option<String>,
+    #[command(flatten)]
+    pub load: LoadArgs,
     #[arg(long, env = "MLX_SERVE_HOST", default_value = "127.0.0.1")]
     pub host: String,
     /// 0 picks a free port (printed when listening).
@@ -216,12 +218,8 @@ pub struct GenerateArgs {
     /// Prompt tokens per prefill step.
     #[arg(long, default_value_t = 512)]
     pub prefill_size: usize,
-    /// Quantize an unquantized model's weights at load to this many bits (4 or 8).
-    #[arg(long)]
-    pub quantize: Option<i32>,
-    /// Group size for --quantize.
-    #[arg(long, default_value_t = 64)]
-    pub quantize_group_size: i32,
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Quantize the KV cache to this many bits (e.g. 4 or 8).
     #[arg(long)]
     pub kv_bits: Option<i32>,
@@ -253,4 +251,25 @@ pub struct GenerateArgs {
     /// Print one JSON object (ids, text, timings, memory) instead of streaming text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How the weights are loaded (serve and generate alike).
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Quantize the model's float weight matrices at load to this many bits
+    /// (2, 3, 4, 5, 6 or 8), as mlx_lm.convert would: a float model, or the
+    /// tensors of a GGUF file that were dequantized at load.
+    #[arg(long, env = "MLX_SERVE_QUANTIZE")]
+    pub quantize: Option<i32>,
+    /// Group size for --quantize.
+    #[arg(long, env = "MLX_SERVE_QUANTIZE_GROUP_SIZE", default_value_t = 64)]
+    pub quantize_group_size: i32,
+}
+
+impl LoadArgs {
+    pub fn options(&self) -> crate::models::LoadOptions {
+        crate::models::LoadOptions {
+            quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
+        }
+    }
 }

@@ -97,9 +97,7 @@ fn generate_once(engine: &mut Engine, params: Generation, mut on_text: impl FnMu
 }
 
 pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
-    let load = models::LoadOptions {
-        quantize: args.quantize.map(|bits| models::quant::QuantParams { bits, group_size: args.quantize_group_size }),
-    };
+    let load = args.load.options();
     let kv_compression = match &args.turbo_kv {
         Some(preset) => Some(KvCompression::turbo(preset, args.turbo_kv_prefill_threshold)?),
         None => args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?,

@@ -19,8 +19,12 @@ use serde_json::{json, Value};
 
 /// The fixture `name` as a GGUF file beside its folder.
 fn as_gguf(dir: &Path) -> PathBuf {
-    let out = dir.with_extension("gguf");
-    let run = Command::new(python()).arg(repo().join("parity/hf_to_gguf.py")).arg(dir).arg(&out).output().unwrap();
+    convert(dir, &[])
+}
+
+fn convert(dir: &Path, extra: &[&Path]) -> PathBuf {
+    let out = dir.with_extension(if extra.is_empty() { "gguf" } else { "q5_0.gguf" });
+    let run = Command::new(python()).arg(repo().join("parity/hf_to_gguf.py")).arg(dir).arg(&out).args(extra).output().unwrap();
     assert!(run.status.success(), "hf_to_gguf.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
     out
 }
@@ -165,4 +169,26 @@ fn the_gguf_tokenizer_is_the_folders() {
     let chat = json!([{"role": "user", "content": "hello"}]);
     assert_eq!(b.encode_chat(&chat, None).unwrap(), a.encode_chat(&chat, None).unwrap());
     assert_eq!(b.eos_ids(), a.eos_ids());
+}
+
+// Q5_0 blocks, which MLX cannot hold: dequantized to bfloat16 at load, the
+// file decodes what a folder of those bfloat16 values decodes; with
+// --quantize 4 both quantize to the same arrays and decode alike too.
+#[test]
+fn a_block_type_mlx_lacks_is_dequantized_and_can_be_requantized() {
+    let dir = fixture("gguf_llama_f32", &spec(llama(), "float32", None));
+    let folder = dir.with_extension("dequantized");
+    let gguf = convert(&dir, &[Path::new("q5_0"), &folder]);
+    let r = reference(&dir);
+    let prompt = &r.prompt[..40];
+    let tokens = |model: &Path, load: models::LoadOptions| {
+        let (mut e, _) = engine(&dir, model, &spec(llama(), "float32", None), &load);
+        drive(&mut e, &[(prompt, 24)], &[0], None).remove(0).tokens
+    };
+    let plain = tokens(&gguf, models::LoadOptions::default());
+    assert_eq!(plain, tokens(&folder, models::LoadOptions::default()), "the dequantized GGUF differs from its values in a folder");
+    let q4 = || models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 32 }) };
+    let requantized = tokens(&gguf, q4());
+    assert_eq!(requantized, tokens(&folder, q4()), "--quantize 4 on the GGUF differs from it on the folder");
+    assert_ne!(plain, requantized, "--quantize changed nothing");
 }

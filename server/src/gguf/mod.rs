@@ -218,7 +218,9 @@ impl GgufModel {
         let mut config = self.arch.config(&meta, self.file.info("output.weight").is_some(), vocab, self.rope_factors()?)?;
         let quantized = self.quantized_layers(&meta);
         if !quantized.is_empty() {
-            // The most common kind is the default; the others are named per layer.
+            // Every quantized layer is named (so that `--quantize` can give
+            // the dequantized ones another default); the most common kind is
+            // also the default, as mlx-lm writes it.
             let mut counts: BTreeMap<(i32, i32), usize> = BTreeMap::new();
             for q in quantized.values() {
                 *counts.entry(*q).or_default() += 1;
@@ -228,9 +230,7 @@ impl GgufModel {
             section.insert("group_size".into(), json!(group));
             section.insert("bits".into(), json!(bits));
             for (layer, &(b, g)) in &quantized {
-                if (b, g) != (bits, group) {
-                    section.insert(layer.clone(), json!({"group_size": g, "bits": b}));
-                }
+                section.insert(layer.clone(), json!({"group_size": g, "bits": b}));
             }
             config["quantization"] = Value::Object(section);
         }

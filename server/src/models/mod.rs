@@ -107,10 +107,11 @@ pub fn read_config(dir: &Path) -> Result<(Value, PathBuf)> {
 
 /// [`load`] with options.
 pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageModel>, Value)> {
-    let (config, config_path, mut weights) = match crate::gguf::locate(dir)? {
+    let gguf = crate::gguf::locate(dir)?;
+    let (config, config_path, mut weights) = match &gguf {
         Some(file) => {
-            let gguf = crate::gguf::GgufModel::open(&file)?;
-            (gguf.config()?, file, gguf.weights()?)
+            let model = crate::gguf::GgufModel::open(file)?;
+            (model.config()?, file.clone(), model.weights()?)
         }
         None => {
             let (config, path) = read_config(dir)?;
@@ -123,7 +124,9 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
         .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
     let mut quant = QuantConfig::from_config(&config)?;
     if let Some(q) = opts.quantize {
-        if quant.is_quantized() {
+        // A GGUF file may mix blocks MLX keeps (Q4_0, Q4_1, Q8_0: named per
+        // layer in its config) with ones dequantized at load: those are quantized.
+        if quant.is_quantized() && gguf.is_none() {
             return Err(Error::Config(format!(
                 "{} is already quantized; --quantize applies to float models",
                 dir.display()
@@ -135,8 +138,10 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
                 q.bits, q.group_size
             )));
         }
-        weights.quantize_in_place(q.group_size, q.bits)?;
-        quant = QuantConfig::uniform(q);
+        if weights.quantize_in_place(q.group_size, q.bits)? == 0 {
+            return Err(Error::Config(format!("--quantize: {} has no float weight matrix to quantize", dir.display())));
+        }
+        quant = quant.with_default(q);
     }
     let load = REGISTRY.iter().find(|(name, _)| *name == model_type).map(|(_, load)| load).ok_or_else(|| {
         Error::model_file(&config_path, format!("model_type {model_type:?} is not supported; supported: {}", supported().join(", ")))

@@ -60,9 +60,10 @@ impl QuantConfig {
         self.default.ok_or_else(|| bad(&format!("{path} is quantized but config.json has no quantization settings")))
     }
 
-    /// A config that quantizes every layer with `params` (`--quantize` at load).
-    pub fn uniform(params: QuantParams) -> QuantConfig {
-        QuantConfig { default: Some(params), overrides: Default::default() }
+    /// This config with `params` for every layer it does not name
+    /// (`--quantize` at load).
+    pub fn with_default(self, params: QuantParams) -> QuantConfig {
+        QuantConfig { default: Some(params), overrides: self.overrides }
     }
 }
 
