@@ -391,31 +391,22 @@ impl GgufFile {
             _ => (34, 8),
         };
         let blocks = raw.len() / block_bytes;
-        let per_word = 32 / bits as usize;
-        let mut words = vec![0u32; blocks * 32 / per_word];
-        let mut scales = Vec::with_capacity(blocks);
-        let mut biases = Vec::with_capacity(blocks);
-        for (b, block) in raw.chunks_exact(block_bytes).enumerate() {
-            let d = f16::from_le_bytes([block[0], block[1]]);
-            let codes: [u32; 32] = match ty {
-                GgufType::Q8_0 => std::array::from_fn(|e| (block[2 + e] ^ 0x80) as u32),
-                _ => {
-                    let qs = &block[block_bytes - 16..];
-                    // Values 0..15 are the low nibbles, 16..31 the high ones.
-                    std::array::from_fn(|e| if e < 16 { (qs[e] & 15) as u32 } else { (qs[e - 16] >> 4) as u32 })
-                }
-            };
-            let bias = match ty {
-                GgufType::Q4_1 => f16::from_le_bytes([block[2], block[3]]),
-                GgufType::Q4_0 => f16::from_f32(-8.0 * d.to_f32()),
-                _ => f16::from_f32(-128.0 * d.to_f32()),
-            };
-            scales.push(d);
-            biases.push(bias);
-            for (e, &c) in codes.iter().enumerate() {
-                words[(b * 32 + e) / per_word] |= c << (bits as usize * (e % per_word));
+        let words_per_block = bits as usize; // 32 codes of `bits` bits = `bits` words
+        let mut words = vec![0u32; blocks * words_per_block];
+        let mut scales = vec![f16::ZERO; blocks];
+        let mut biases = vec![f16::ZERO; blocks];
+        // Blocks are independent: large tensors are split across threads.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(blocks / REPACK_BLOCKS_PER_THREAD).max(1);
+        let per = blocks.div_ceil(threads);
+        std::thread::scope(|scope| {
+            let parts = raw
+                .chunks(per * block_bytes)
+                .zip(words.chunks_mut(per * words_per_block))
+                .zip(scales.chunks_mut(per).zip(biases.chunks_mut(per)));
+            for ((raw, words), (scales, biases)) in parts {
+                scope.spawn(move || repack_blocks(ty, block_bytes, raw, words, scales, biases));
             }
-        }
+        });
         let mut shape = info.shape.clone();
         let cols = *shape.last().unwrap_or(&0);
         let last = shape.len() - 1;
@@ -429,5 +420,50 @@ impl GgufFile {
             bits,
             group_size: 32,
         })
+    }
+}
+
+/// Below this many blocks per thread, splitting costs more than it saves.
+const REPACK_BLOCKS_PER_THREAD: usize = 1 << 14;
+
+/// Eight 4-bit codes held one per byte (low nibbles of `x`'s bytes, in
+/// order) as one word, code i at bits 4i: MLX's 4-bit packing.
+fn pack_nibbles(x: u64) -> u32 {
+    let x = x & 0x0F0F_0F0F_0F0F_0F0F;
+    let x = (x | (x >> 4)) & 0x00FF_00FF_00FF_00FF;
+    let x = (x | (x >> 8)) & 0x0000_FFFF_0000_FFFF;
+    ((x | (x >> 16)) & 0xFFFF_FFFF) as u32
+}
+
+/// Q4_0/Q4_1/Q8_0 blocks → MLX affine words, scales and biases (one group of
+/// 32 per block): a block's scale d and minimum (Q4_1: m; Q4_0: -8d; Q8_0:
+/// -128d, the int8 codes shifted to 0..255) become the group's scale and bias.
+fn repack_blocks(ty: GgufType, block_bytes: usize, raw: &[u8], words: &mut [u32], scales: &mut [f16], biases: &mut [f16]) {
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    for (b, block) in raw.chunks_exact(block_bytes).enumerate() {
+        let d = f16::from_le_bytes([block[0], block[1]]);
+        scales[b] = d;
+        biases[b] = match ty {
+            GgufType::Q4_1 => f16::from_le_bytes([block[2], block[3]]),
+            GgufType::Q4_0 => f16::from_f32(-8.0 * d.to_f32()),
+            _ => f16::from_f32(-128.0 * d.to_f32()),
+        };
+        match ty {
+            GgufType::Q8_0 => {
+                for (w, codes) in words[b * 8..b * 8 + 8].iter_mut().zip(block[2..].chunks_exact(4)) {
+                    *w = u32::from_le_bytes(codes.try_into().expect("4 bytes")) ^ 0x8080_8080;
+                }
+            }
+            _ => {
+                // Values 0..15 are the low nibbles of the 16 bytes, 16..31 the high ones.
+                let qs = &block[block_bytes - 16..];
+                let (lo, hi) = (u64_at(qs), u64_at(&qs[8..]));
+                let w = &mut words[b * 4..b * 4 + 4];
+                w[0] = pack_nibbles(lo);
+                w[1] = pack_nibbles(hi);
+                w[2] = pack_nibbles(lo >> 4);
+                w[3] = pack_nibbles(hi >> 4);
+            }
+        }
     }
 }
