@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::engine::{drive, engine, reference};
+use common::configs::{gemma3, llama, mixtral, olmoe, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::{fixture, python, repo};
 use mlx_serve::models;
 use mlx_serve::tokenizer::Tokenizer;
@@ -29,10 +30,6 @@ fn convert(dir: &Path, extra: &[&Path]) -> PathBuf {
     out
 }
 
-fn spec(config: Value, dtype: &str, quantize: Option<Value>) -> Value {
-    json!({"config": config, "dtype": dtype, "quantize": quantize, "prompt_tokens": 600,
-           "max_tokens": 64, "prefill_size": 512, "seed": 0})
-}
 
 /// The GGUF copy of fixture `name` (its tokenizer and weights) decodes
 /// mlx-lm's greedy tokens for the folder.
@@ -46,11 +43,6 @@ fn check_gguf(name: &str, spec: Value) {
     eprintln!("{name}: GGUF file gives mlx-lm's {} tokens", r.tokens.len());
 }
 
-fn llama() -> Value {
-    json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-           "rope_theta": 10000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048})
-}
 
 // Q4_1 blocks (MLX 4-bit, group 32, float16 scales), embedding included; q/k
 // rows permuted in their quantized form.
@@ -70,94 +62,51 @@ fn llama_with_llama3_rope_as_freq_factors_matches_mlx_lm() {
 
 #[test]
 fn qwen2_bf16_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-                   "rope_theta": 1000000.0, "tie_word_embeddings": true, "max_position_embeddings": 2048});
-    check_gguf("qwen2_bf16", spec(c, "bfloat16", None));
+    check_gguf("qwen2_bf16", spec(qwen2(true), "bfloat16", None));
 }
 
 #[test]
 fn qwen3_bf16_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
-                   "max_position_embeddings": 2048});
-    check_gguf("qwen3_bf16", spec(c, "bfloat16", None));
+    check_gguf("qwen3_bf16", spec(qwen3(16, true), "bfloat16", None));
 }
 
 #[test]
 fn gemma3_bf16_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-                   "query_pre_attn_scalar": 32, "sliding_window": 128, "sliding_window_pattern": 2,
-                   "max_position_embeddings": 2048});
-    check_gguf("gemma3_bf16", spec(c, "bfloat16", None));
+    check_gguf("gemma3_bf16", spec(gemma3(), "bfloat16", None));
 }
 
 #[test]
 fn phi3_bf16_with_longrope_gguf_matches_mlx_lm() {
-    let factors: Vec<f64> = (0..16).map(|i| 1.0 + i as f64 * 0.25).collect();
-    let scaling = json!({"type": "longrope", "short_factor": vec![1.0; 16], "long_factor": factors});
-    let c = json!({"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-                   "rope_theta": 10000.0, "rope_scaling": scaling, "partial_rotary_factor": 1.0,
-                   "max_position_embeddings": 8192, "original_max_position_embeddings": 512,
-                   "tie_word_embeddings": false});
-    check_gguf("phi3_bf16_longrope", spec(c, "bfloat16", None));
+    check_gguf("phi3_bf16_longrope", spec(phi3_longrope(), "bfloat16", None));
 }
 
 // MoE families in float32 (MLX's CPU gather_mm takes nothing else).
 #[test]
 fn qwen3_moe_fp32_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-                   "max_position_embeddings": 2048, "num_experts": 8, "num_experts_per_tok": 2,
-                   "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 64,
-                   "norm_topk_prob": true});
-    check_gguf("qwen3_moe_fp32", spec(c, "float32", None));
+    check_gguf("qwen3_moe_fp32", spec(qwen3_moe(), "float32", None));
 }
 
 #[test]
 fn qwen2_moe_fp32_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-                   "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-                   "shared_expert_intermediate_size": 96, "tie_word_embeddings": false});
-    check_gguf("qwen2_moe_fp32", spec(c, "float32", None));
+    check_gguf("qwen2_moe_fp32", spec(qwen2_moe(), "float32", None));
 }
 
 // Mixtral is llama in GGUF (q/k permuted), with experts.
 #[test]
 fn mixtral_fp32_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-                   "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0});
-    check_gguf("mixtral_fp32", spec(c, "float32", None));
+    check_gguf("mixtral_fp32", spec(mixtral(), "float32", None));
 }
 
 #[test]
 fn olmoe_fp32_gguf_matches_mlx_lm() {
-    let c = json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-                   "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
-                   "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
-                   "tie_word_embeddings": false});
-    check_gguf("olmoe_fp32", spec(c, "float32", None));
+    check_gguf("olmoe_fp32", spec(olmoe(), "float32", None));
 }
 
 // The tokenizer a GGUF file describes is the folder's: same ids for plain
 // text, special tokens and non-ASCII text, same decoding, same chat prompt.
 #[test]
 fn the_gguf_tokenizer_is_the_folders() {
-    let dir = fixture("qwen3_bf16", &spec(
-        json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-               "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
-               "max_position_embeddings": 2048}),
-        "bfloat16",
-        None,
-    ));
+    let dir = fixture("qwen3_bf16", &spec(qwen3(16, true), "bfloat16", None));
     let gguf = as_gguf(&dir);
     let (a, b) = (Tokenizer::load(&dir, None).unwrap(), Tokenizer::load(&gguf, None).unwrap());
     for text in ["the model token server, 42 résumé 東京 🙂 ✓\n\n  spaces", "<|im_start|>user\nhello<|im_end|>", ""] {

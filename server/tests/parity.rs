@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use common::engine::{drive, engine, engine_with_prompt_cache, reference};
+use common::configs::{gemma3, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::fixture;
 use mlx_serve::metrics;
 use mlx_serve::models;
@@ -79,16 +80,7 @@ fn check_parity_of(
     eprintln!("{name}: 4 batched sequences identical to mlx-lm, mean batch size {:.2}", rows / steps);
 }
 
-fn base_llama() -> Value {
-    json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-           "rope_theta": 10000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048})
-}
 
-fn spec(config: Value, dtype: &str, quantize: Option<Value>) -> Value {
-    json!({"config": config, "dtype": dtype, "quantize": quantize, "prompt_tokens": 600,
-           "max_tokens": 64, "prefill_size": 512, "seed": 0})
-}
 
 // Tolerance: the engine runs the same MLX ops in the same order as mlx-lm, so
 // the log-probabilities agree to float rounding; 1e-3 leaves room for a
@@ -97,12 +89,12 @@ const TOL: f32 = 1e-3;
 
 #[test]
 fn llama_bf16_greedy_matches_mlx_lm() {
-    check_parity("llama_bf16", spec(base_llama(), "bfloat16", None), TOL);
+    check_parity("llama_bf16", spec(llama(), "bfloat16", None), TOL);
 }
 
 #[test]
 fn llama_4bit_with_llama3_rope_and_tied_embeddings_matches_mlx_lm() {
-    let mut c = base_llama();
+    let mut c = llama();
     c["tie_word_embeddings"] = json!(true);
     c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
@@ -111,46 +103,28 @@ fn llama_4bit_with_llama3_rope_and_tied_embeddings_matches_mlx_lm() {
 
 #[test]
 fn qwen2_bf16_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-                   "rope_theta": 1000000.0, "tie_word_embeddings": true, "max_position_embeddings": 2048});
+    let c = qwen2(true);
     check_parity("qwen2_bf16", spec(c, "bfloat16", None), TOL);
 }
 
 #[test]
 fn qwen2_4bit_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-                   "rope_theta": 1000000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048});
+    let c = qwen2(false);
     check_parity("qwen2_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
 }
 
 #[test]
 fn qwen3_bf16_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": true,
-                   "max_position_embeddings": 2048});
+    let c = qwen3(16, true);
     check_parity("qwen3_bf16", spec(c, "bfloat16", None), TOL);
 }
 
 #[test]
 fn qwen3_8bit_greedy_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-                   "max_position_embeddings": 2048});
+    let c = qwen3(32, false);
     check_parity("qwen3_q8", spec(c, "bfloat16", Some(json!({"bits": 8, "group_size": 32}))), TOL);
 }
 
-fn qwen3_moe() -> Value {
-    json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
-           "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-           "max_position_embeddings": 2048, "num_experts": 8, "num_experts_per_tok": 2,
-           "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 64,
-           "norm_topk_prob": true})
-}
 
 // MoE with more experts than top-k: the prefill routes ≥ 64 rows (the sorted
 // gather path), decode steps route 2 (the unsorted path).
@@ -168,11 +142,6 @@ fn qwen3_moe_4bit_with_a_dense_layer_matches_mlx_lm() {
     check_parity("qwen3_moe_q4", spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
 }
 
-fn mixtral() -> Value {
-    json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-           "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0})
-}
 
 #[test]
 fn mixtral_4bit_greedy_matches_mlx_lm() {
@@ -184,12 +153,6 @@ fn mixtral_fp32_greedy_matches_mlx_lm() {
     check_parity("mixtral_fp32", spec(mixtral(), "float32", None), TOL);
 }
 
-fn qwen2_moe() -> Value {
-    json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
-           "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-           "shared_expert_intermediate_size": 96, "tie_word_embeddings": false})
-}
 
 #[test]
 fn qwen2_moe_with_shared_expert_fp32_matches_mlx_lm() {
@@ -201,12 +164,6 @@ fn qwen2_moe_4bit_greedy_matches_mlx_lm() {
     check_parity("qwen2_moe_q4", spec(qwen2_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
 }
 
-fn olmoe() -> Value {
-    json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
-           "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
-           "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
-           "tie_word_embeddings": false})
-}
 
 #[test]
 fn olmoe_4bit_greedy_matches_mlx_lm() {
@@ -221,7 +178,7 @@ fn olmoe_fp32_greedy_matches_mlx_lm() {
 // --kv-bits 8: the cache is quantized after the first prefill chunk, so the
 // second chunk and every decode step attend through quantized matmuls.
 fn llama_kv8() -> Value {
-    let mut c = base_llama();
+    let mut c = llama();
     c["num_attention_heads"] = json!(2);
     c["num_key_value_heads"] = json!(1);
     let mut sp = spec(c, "bfloat16", None);
@@ -247,22 +204,12 @@ fn llama_with_8bit_kv_from_token_560_batches_quantized_and_plain_rows() {
 
 #[test]
 fn qwen3_with_4bit_kv_cache_matches_mlx_lm() {
-    let c = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6,
-                   "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
-                   "max_position_embeddings": 2048});
+    let c = qwen3(64, false);
     let mut sp = spec(c, "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
     sp["kv_bits"] = json!(4);
     check_parity("qwen3_q4_kv4", sp, TOL);
 }
 
-fn gemma3() -> Value {
-    json!({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
-           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,
-           "vocab_size": 512, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
-           "query_pre_attn_scalar": 32, "sliding_window": 128, "sliding_window_pattern": 2,
-           "max_position_embeddings": 2048})
-}
 
 // Sliding-window layers with a window (128) far shorter than the prompt (600):
 // rotating caches, windowed masks during prefill, round-robin writes when decoding.
@@ -302,20 +249,11 @@ fn gemma3_sliding_windows_come_back_from_the_prompt_cache_for_the_next_turn() {
     assert_eq!(reused[0].tokens, whole[0].tokens, "a restored sliding-window cache decodes differently");
 }
 
-fn phi3(rope_scaling: Value, partial: f64) -> Value {
-    json!({"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-           "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-           "rope_theta": 10000.0, "rope_scaling": rope_scaling, "partial_rotary_factor": partial,
-           "max_position_embeddings": 8192, "original_max_position_embeddings": 512,
-           "tie_word_embeddings": false})
-}
 
 // Fused qkv / gate_up, longrope scaling (input scale ≠ 1 since 8192 > 512).
 #[test]
 fn phi3_bf16_with_longrope_matches_mlx_lm() {
-    let factors: Vec<f64> = (0..16).map(|i| 1.0 + i as f64 * 0.25).collect();
-    let scaling = json!({"type": "longrope", "short_factor": vec![1.0; 16], "long_factor": factors});
-    check_parity("phi3_bf16_longrope", spec(phi3(scaling, 1.0), "bfloat16", None), TOL);
+    check_parity("phi3_bf16_longrope", spec(phi3_longrope(), "bfloat16", None), TOL);
 }
 
 #[test]
@@ -327,8 +265,8 @@ fn phi3_4bit_with_partial_rotary_matches_mlx_lm() {
 // same float weights (both fixtures start from the same seeded initialisation).
 #[test]
 fn quantizing_at_load_matches_mlx_lm_quantize_model() {
-    let float_dir = fixture("llama_bf16", &spec(base_llama(), "bfloat16", None));
-    let q_spec = spec(base_llama(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
+    let float_dir = fixture("llama_bf16", &spec(llama(), "bfloat16", None));
+    let q_spec = spec(llama(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
     let q_dir = fixture("llama_q4", &q_spec);
     let load = models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 64 }) };
     check_parity_of("llama_bf16 --quantize 4", &q_dir, &float_dir, &q_spec, &load, TOL);
@@ -382,7 +320,7 @@ fn check_server_parity(name: &str, spec: Value, flags: &[&str]) {
 
 #[test]
 fn llama_bf16_through_the_batching_server_matches_mlx_lm() {
-    check_server_parity("llama_bf16", spec(base_llama(), "bfloat16", None), &[]);
+    check_server_parity("llama_bf16", spec(llama(), "bfloat16", None), &[]);
 }
 
 #[test]

@@ -54,6 +54,7 @@ pub fn fixture(name: &str, spec: &Value) -> PathBuf {
     dir
 }
 
+pub mod configs;
 pub mod engine;
 pub mod models;
 pub mod server;

@@ -1,0 +1,82 @@
+//! The tiny model configurations of the parity tests (config.json fields),
+//! shared by every test that builds a fixture of one family.
+
+use serde_json::{json, Value};
+
+/// A fixture spec: `config`, weights in `dtype`, optionally quantized; a
+/// 600-token prompt (two prefill chunks of 512) and 64 greedy tokens.
+pub fn spec(config: Value, dtype: &str, quantize: Option<Value>) -> Value {
+    json!({"config": config, "dtype": dtype, "quantize": quantize, "prompt_tokens": 600,
+           "max_tokens": 64, "prefill_size": 512, "seed": 0})
+}
+
+pub fn llama() -> Value {
+    json!({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "rope_theta": 10000.0, "tie_word_embeddings": false, "max_position_embeddings": 2048})
+}
+
+pub fn qwen2(tie_word_embeddings: bool) -> Value {
+    json!({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+           "rope_theta": 1000000.0, "tie_word_embeddings": tie_word_embeddings, "max_position_embeddings": 2048})
+}
+
+pub fn qwen3(head_dim: i64, tie_word_embeddings: bool) -> Value {
+    json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": head_dim, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": tie_word_embeddings,
+           "max_position_embeddings": 2048})
+}
+
+pub fn qwen3_moe() -> Value {
+    json!({"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+           "max_position_embeddings": 2048, "num_experts": 8, "num_experts_per_tok": 2,
+           "decoder_sparse_step": 1, "mlp_only_layers": [], "moe_intermediate_size": 64,
+           "norm_topk_prob": true})
+}
+
+pub fn mixtral() -> Value {
+    json!({"model_type": "mixtral", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "num_local_experts": 6, "num_experts_per_tok": 2, "rope_theta": 1000000.0})
+}
+
+pub fn qwen2_moe() -> Value {
+    json!({"model_type": "qwen2_moe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": 512,
+           "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+           "shared_expert_intermediate_size": 96, "tie_word_embeddings": false})
+}
+
+pub fn olmoe() -> Value {
+    json!({"model_type": "olmoe", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": false,
+           "tie_word_embeddings": false})
+}
+
+pub fn gemma3() -> Value {
+    json!({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+           "query_pre_attn_scalar": 32, "sliding_window": 128, "sliding_window_pattern": 2,
+           "max_position_embeddings": 2048})
+}
+
+pub fn phi3(rope_scaling: Value, partial: f64) -> Value {
+    json!({"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
+           "rope_theta": 10000.0, "rope_scaling": rope_scaling, "partial_rotary_factor": partial,
+           "max_position_embeddings": 8192, "original_max_position_embeddings": 512,
+           "tie_word_embeddings": false})
+}
+
+/// Phi-3's longrope: 16 long factors rising from 1 (the input scale is not 1,
+/// as 8192 > 512 positions).
+pub fn phi3_longrope() -> Value {
+    let factors: Vec<f64> = (0..16).map(|i| 1.0 + i as f64 * 0.25).collect();
+    phi3(json!({"type": "longrope", "short_factor": vec![1.0; 16], "long_factor": factors}), 1.0)
+}
