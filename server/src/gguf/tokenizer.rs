@@ -27,6 +27,7 @@ pub struct TokenizerParts {
     pub eos_ids: Vec<u32>,
 }
 
+const NORMAL: i64 = 1;
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 const UNKNOWN: i64 = 2;
@@ -63,29 +64,71 @@ fn gpt2_pre(meta: &Metadata, pre: &str) -> Result<(Value, Value)> {
 /// SentencePiece BPE merges from piece scores: every split of a piece into two
 /// pieces of the vocabulary is a merge, ranked by the whole piece's score
 /// (higher first), ties in vocabulary order — transformers' SentencePiece
-/// extractor's order.
-fn spm_merges(vocab: &[&str], scores: &[f64], types: &[i64]) -> Vec<[String; 2]> {
-    let ids: HashMap<&str, usize> = vocab.iter().enumerate().map(|(i, t)| (*t, i)).collect();
-    let mut merges: Vec<(f64, usize, usize, [String; 2])> = Vec::new();
+/// extractor's order, and SentencePiece's own: its BPE joins first the
+/// adjacent pair whose join is the best-scored piece.
+///
+/// Ranked as ids, turned into strings once: a 262k vocabulary (Gemma 3) has
+/// ~500k merges.
+fn spm_merges(vocab: &[&str], ids: &HashMap<&str, usize>, scores: &[f64], types: &[i64]) -> Vec<Value> {
+    let mut merges: Vec<(f64, u32, u32)> = Vec::new();
     for (id, piece) in vocab.iter().enumerate() {
-        if types.get(id).is_some_and(|&t| t != 1) {
+        if types[id] != NORMAL {
             continue;
         }
-        let mut local = Vec::new();
+        let first = merges.len();
         for (cut, _) in piece.char_indices().skip(1) {
             let (l, r) = piece.split_at(cut);
-            if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
-                local.push((li, ri));
+            if let Some(&li) = ids.get(l) {
+                if let Some(&ri) = ids.get(r) {
+                    merges.push((scores[id], li as u32, ri as u32));
+                }
             }
         }
-        local.sort();
-        for (li, ri) in local {
-            merges.push((scores.get(id).copied().unwrap_or(0.0), li, ri, [vocab[li].to_string(), vocab[ri].to_string()]));
-        }
+        merges[first..].sort_unstable_by_key(|&(_, l, r)| (l, r));
     }
     // Stable: equal scores keep vocabulary order.
     merges.sort_by(|a, b| b.0.total_cmp(&a.0));
-    merges.into_iter().map(|m| m.3).collect()
+    merges.into_iter().map(|(_, l, r)| json!([vocab[l as usize], vocab[r as usize]])).collect()
+}
+
+/// `text` as a literal in an Oniguruma pattern (the tokenizers crate's regexes).
+fn regex_literal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A SentencePiece normalizer: spaces as "▁", with the dummy "▁" before the
+/// text when `prefix`.
+///
+/// SentencePiece puts the "▁" before the whole text and then splits off its
+/// user-defined symbols, which never merge: "<start_of_turn>user" is "▁",
+/// "<start_of_turn>", "user". Those symbols are added tokens matched in the
+/// normalized text ("normalized": true: a symbol "a b" is "a▁b" there), but
+/// the tokenizers crate normalizes the symbols themselves with the same
+/// normalizer to match them, and Prepend would make "<start_of_turn>" the
+/// pattern "▁<start_of_turn>", which then swallows the "▁" of a preceding
+/// space and misses the symbol right after a word. So the prefix is taken off
+/// again from a text that is exactly one symbol: the symbols' patterns stay
+/// themselves, and only a text (or a run between control tokens) that is
+/// nothing but one user-defined symbol loses SentencePiece's lone "▁" before it.
+fn spm_normalizer(prefix: bool, user_defined: &[&str]) -> Value {
+    let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
+    if !prefix {
+        return replace;
+    }
+    let mut normalizers = vec![json!({"type": "Prepend", "prepend": "▁"}), replace];
+    if !user_defined.is_empty() {
+        let symbols: Vec<String> = user_defined.iter().map(|t| regex_literal(&t.replace(' ', "▁"))).collect();
+        let pattern = format!("\\A▁(?=(?:{})\\z)", symbols.join("|"));
+        normalizers.push(json!({"type": "Replace", "pattern": {"Regex": pattern}, "content": ""}));
+    }
+    json!({"type": "Sequence", "normalizers": normalizers})
 }
 
 /// BOS/EOS added around a sequence, as the post-processor adds them.
@@ -155,14 +198,14 @@ pub fn build(meta: &Metadata) -> Result<TokenizerParts> {
             Value::Null
         }
     };
-    let tokenizer = if spm {
+    let (mut tokenizer, merges) = if spm {
         let scores = meta.numbers("tokenizer.ggml.scores")?.ok_or_else(|| meta.error("missing metadata tokenizer.ggml.scores (a llama tokenizer ranks its pieces by score)"))?;
         if scores.len() != n {
             return Err(meta.error(format!("tokenizer.ggml.scores has {} entries for {n} tokens", scores.len())));
         }
         let prefix = meta.opt_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-        let replace = json!({"type": "Replace", "pattern": {"String": " "}, "content": "▁"});
-        let normalizer = if prefix { json!({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, replace]}) } else { replace };
+        let user_defined: Vec<&str> = (0..n).filter(|&i| types[i] == USER_DEFINED).map(|i| vocab[i]).collect();
+        let normalizer = spm_normalizer(prefix, &user_defined);
         let mut decoders = vec![
             json!({"type": "Replace", "pattern": {"String": "▁"}, "content": " "}),
             json!({"type": "ByteFallback"}),
@@ -171,14 +214,14 @@ pub fn build(meta: &Metadata) -> Result<TokenizerParts> {
         if prefix {
             decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
         }
-        json!({
+        let tokenizer = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
             "normalizer": normalizer, "pre_tokenizer": null, "post_processor": post,
             "decoder": {"type": "Sequence", "decoders": decoders},
             "model": {"type": "BPE", "dropout": null, "unk_token": unk.map(|i| vocab[i]), "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                      "vocab": vocab_map, "merges": spm_merges(&vocab, &scores, &types)}
-        })
+                      "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false}
+        });
+        (tokenizer, spm_merges(&vocab, &ids, &scores, &types))
     } else {
         let merges = meta.strings("tokenizer.ggml.merges")?.ok_or_else(|| meta.error("missing metadata tokenizer.ggml.merges (a gpt2 tokenizer needs its merges)"))?;
         let merges: Vec<Value> = merges
@@ -187,16 +230,20 @@ pub fn build(meta: &Metadata) -> Result<TokenizerParts> {
             .collect::<Result<_>>()?;
         let pre = meta.opt_str("tokenizer.ggml.pre")?.unwrap_or_else(|| "default".into());
         let (pre_tokenizer, normalizer) = gpt2_pre(meta, &pre)?;
-        json!({
+        let tokenizer = json!({
             "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
             "normalizer": normalizer, "pre_tokenizer": pre_tokenizer,
             "post_processor": if post.is_null() { json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true}) } else { post },
             "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
             "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-                      "vocab": vocab_map, "merges": merges}
-        })
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false}
+        });
+        (tokenizer, merges)
     };
+    // Moved in, not written in json! above, which serializes a copy of what
+    // it is given: a 262k vocabulary (Gemma 3) has ~500k merges.
+    tokenizer["model"]["vocab"] = Value::Object(vocab_map);
+    tokenizer["model"]["merges"] = Value::Array(merges);
     let text = |i: Option<usize>| i.map(|i| vocab[i].to_string());
     let mut eos_ids: Vec<u32> = eos.into_iter().map(|i| i as u32).collect();
     for key in ["tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"] {
