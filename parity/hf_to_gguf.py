@@ -2,7 +2,10 @@
 llama.cpp's converter lays one out, so the GGUF loader can be checked against
 mlx-lm's tokens on the same weights.
 
-usage: python hf_to_gguf.py FIXTURE_DIR OUT.gguf [q5_0 DEQUANT_DIR]
+usage: python hf_to_gguf.py FIXTURE_DIR OUT.gguf [q5_0 DEQUANT_DIR | split N]
+
+With `split N`, the file is written as N shards as llama.cpp's gguf-split
+writes them (OUT-00001-of-0000N.gguf, ...: the metadata in the first).
 
 With `q5_0`, float weight matrices are written as Q5_0 blocks (a type MLX
 cannot hold, so the loader dequantizes it), and DEQUANT_DIR receives the
@@ -109,6 +112,7 @@ def llama3_factors(dims, base, s):
 def main():
     src, out = Path(sys.argv[1]), sys.argv[2]
     requant = len(sys.argv) > 3 and sys.argv[3] == "q5_0"
+    shards = int(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[3] == "split" else 1
     dequantized = {}
     cfg = json.loads((src / "config.json").read_text())
     mt = cfg["model_type"]
@@ -126,7 +130,8 @@ def main():
     head_dim = cfg.get("head_dim") or hidden // heads
     if mt in ("qwen2", "qwen2_moe", "mixtral", "phi3"):
         head_dim = hidden // heads  # mlx-lm derives it for these
-    w = GGUFWriter(out, arch)
+    n_tensors = sum(not k.endswith((".scales", ".biases")) for k in weights)
+    w = GGUFWriter(out, arch, split_max_tensors=-(-n_tensors // shards) if shards > 1 else 0)
     w.add_context_length(cfg.get("max_position_embeddings", 4096))
     w.add_embedding_length(hidden)
     w.add_block_count(cfg["num_hidden_layers"])

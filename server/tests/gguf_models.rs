@@ -141,3 +141,27 @@ fn a_block_type_mlx_lacks_is_dequantized_and_can_be_requantized() {
     assert_eq!(requantized, tokens(&folder, q4()), "--quantize 4 on the GGUF differs from it on the folder");
     assert_ne!(plain, requantized, "--quantize changed nothing");
 }
+
+// A split file (llama.cpp's gguf-split: three shards, the metadata in the
+// first) loads from any of its shards or from its folder; a missing shard is
+// named.
+#[test]
+fn a_split_gguf_file_loads_from_any_shard() {
+    let sp = spec(llama(), "float16", Some(json!({"bits": 4, "group_size": 32})));
+    let dir = fixture("gguf_llama_f16_q4g32", &sp);
+    let shards = dir.with_extension("shards");
+    let _ = std::fs::remove_dir_all(&shards);
+    std::fs::create_dir_all(&shards).unwrap();
+    let run = Command::new(python()).arg(repo().join("parity/hf_to_gguf.py")).arg(&dir).arg(shards.join("m.gguf")).args(["split", "3"]).output().unwrap();
+    assert!(run.status.success(), "hf_to_gguf.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
+    let r = reference(&dir);
+    let second = shards.join("m-00002-of-00003.gguf");
+    for model in [&second, &shards] {
+        let (mut e, _) = engine(model, model, &sp, &models::LoadOptions::default());
+        let out = drive(&mut e, &[(&r.prompt, r.tokens.len())], &[0], None);
+        assert_eq!(out[0].tokens, r.tokens, "{}: the split file decodes other tokens than mlx-lm", model.display());
+    }
+    std::fs::remove_file(shards.join("m-00003-of-00003.gguf")).unwrap();
+    let e = models::load(&shards.join("m-00001-of-00003.gguf")).err().unwrap().to_string();
+    assert!(e.contains("m-00003-of-00003.gguf"), "{e}");
+}

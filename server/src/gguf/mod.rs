@@ -29,7 +29,8 @@ pub fn locate(path: &Path) -> Result<Option<PathBuf>> {
         let mut magic = [0u8; 4];
         let read = std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic));
         return match read {
-            Ok(()) if &magic == b"GGUF" => Ok(Some(path.to_path_buf())),
+            // A later shard of a split file stands for the whole: its first shard.
+            Ok(()) if &magic == b"GGUF" => Ok(Some(split_name(path).map_or_else(|| path.to_path_buf(), |(prefix, _, n)| shard_path(&prefix, 1, n)))),
             Ok(()) | Err(_) if path.extension().is_some_and(|e| e == "gguf") => {
                 Err(Error::model_file(path, "not a GGUF file (no GGUF magic at its start)"))
             }
@@ -45,6 +46,13 @@ pub fn locate(path: &Path) -> Result<Option<PathBuf>> {
         .filter(|p| p.extension().is_some_and(|e| e == "gguf"))
         .collect();
     found.sort();
+    // The shards of one split file count as one file: its first shard.
+    let first = found.first().and_then(|p| split_name(p));
+    if let Some((prefix, 1, n)) = first {
+        if found.len() == n as usize && found.iter().all(|p| split_name(p).is_some_and(|(q, _, m)| q == prefix && m == n)) {
+            return Ok(Some(found.swap_remove(0)));
+        }
+    }
     match found.len() {
         0 => Ok(None),
         1 => Ok(found.pop()),
@@ -57,6 +65,27 @@ pub fn locate(path: &Path) -> Result<Option<PathBuf>> {
             ),
         )),
     }
+}
+
+/// llama.cpp's name for shard k of n: `{prefix}-{k:05}-of-{n:05}.gguf`.
+fn shard_path(prefix: &Path, k: u32, n: u32) -> PathBuf {
+    let mut name = prefix.as_os_str().to_owned();
+    name.push(format!("-{k:05}-of-{n:05}.gguf"));
+    PathBuf::from(name)
+}
+
+/// (prefix, k, n) of a shard's path, if it is named as one.
+fn split_name(path: &Path) -> Option<(PathBuf, u32, u32)> {
+    let text = path.to_str()?;
+    let stem = text.strip_suffix(".gguf")?;
+    let (rest, n) = stem.rsplit_once("-of-")?;
+    let (prefix, k) = rest.rsplit_once('-')?;
+    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(k) || !digits(n) {
+        return None;
+    }
+    let (k, n) = (k.parse().ok()?, n.parse().ok()?);
+    (k >= 1 && k <= n).then(|| (PathBuf::from(prefix), k, n))
 }
 
 /// A GGUF file's metadata, read with errors that name the file and the key.
@@ -165,9 +194,14 @@ impl<'a> Metadata<'a> {
     }
 }
 
-/// An open GGUF model: its architecture known and supported.
+/// An open GGUF model: its architecture known and supported; one file, or
+/// the shards of a split one (llama.cpp's `gguf-split`: the metadata in the
+/// first, the tensors spread over all).
 pub struct GgufModel {
+    /// The first (or only) file: the metadata.
     file: GgufFile,
+    /// The other shards, in order.
+    more: Vec<GgufFile>,
     arch: Arch,
 }
 
@@ -186,7 +220,47 @@ impl GgufModel {
                 Arch::supported()
             ))
         })?;
-        Ok(GgufModel { file, arch })
+        let more = Self::other_shards(&file, &meta)?;
+        Ok(GgufModel { file, more, arch })
+    }
+
+    /// Shards 2..n of a split file (none for a single file), each checked to
+    /// be the shard it is named as.
+    fn other_shards(file: &GgufFile, meta: &Metadata) -> Result<Vec<GgufFile>> {
+        let count = meta.opt_int("split.count")?.unwrap_or(1);
+        if count <= 1 {
+            return Ok(Vec::new());
+        }
+        let (prefix, k, n) = split_name(file.path())
+            .ok_or_else(|| meta.error(format!("split.count is {count}, but the file is not named as a shard (NAME-00001-of-{count:05}.gguf)")))?;
+        if k != 1 || i64::from(n) != count {
+            return Err(meta.error(format!("named shard {k} of {n}, but split.count is {count} and the metadata is in shard 1")));
+        }
+        (2..=n)
+            .map(|i| {
+                let path = shard_path(&prefix, i, n);
+                let shard = GgufFile::open(&path)?;
+                match shard.get("split.no").and_then(GgufValue::as_u64) {
+                    Some(no) if no + 1 == u64::from(i) => Ok(shard),
+                    other => Err(Error::model_file(&path, format!("split.no is {other:?}, expected {} for shard {i} of {n}", i - 1))),
+                }
+            })
+            .collect()
+    }
+
+    /// Every shard, the metadata's first.
+    fn shards(&self) -> impl Iterator<Item = &GgufFile> {
+        std::iter::once(&self.file).chain(&self.more)
+    }
+
+    /// The shard holding tensor `name`.
+    fn shard_of(&self, name: &str) -> Option<&GgufFile> {
+        self.shards().find(|f| f.info(name).is_some())
+    }
+
+    /// Every tensor name with its shard, in file order.
+    fn tensors(&self) -> impl Iterator<Item = (&GgufFile, &String)> {
+        self.shards().flat_map(|f| f.names().iter().map(move |n| (f, n)))
     }
 
     pub fn path(&self) -> &Path {
@@ -199,10 +273,10 @@ impl GgufModel {
 
     /// The per-pair rotary factors the file stores, if any.
     fn rope_factors(&self) -> Result<Option<Vec<f32>>> {
-        let Some(name) = ROPE_FACTORS.iter().find(|n| self.file.info(n).is_some()) else {
+        let Some((file, name)) = ROPE_FACTORS.iter().find_map(|n| Some((self.shard_of(n)?, n))) else {
             return Ok(None);
         };
-        let a = match self.file.load(name)? {
+        let a = match file.load(name)? {
             GgufTensor::Plain(a) => ops::astype(&a, Dtype::Float32)?,
             GgufTensor::Quantized { .. } => return Err(self.meta().error(format!("tensor {name} is quantized; rotary factors are floats"))),
         };
@@ -213,9 +287,9 @@ impl GgufModel {
     /// the tensors that stay quantized.
     pub fn config(&self) -> Result<Value> {
         let meta = self.meta();
-        let embed = self.file.info("token_embd.weight").ok_or_else(|| meta.error("no tensor token_embd.weight"))?;
+        let embed = self.shard_of("token_embd.weight").and_then(|f| f.info("token_embd.weight")).ok_or_else(|| meta.error("no tensor token_embd.weight"))?;
         let vocab = embed.shape[0] as i64;
-        let mut config = self.arch.config(&meta, self.file.info("output.weight").is_some(), vocab, self.rope_factors()?)?;
+        let mut config = self.arch.config(&meta, self.shard_of("output.weight").is_some(), vocab, self.rope_factors()?)?;
         let quantized = self.quantized_layers(&meta);
         if !quantized.is_empty() {
             // Every quantized layer is named (so that `--quantize` can give
@@ -239,11 +313,9 @@ impl GgufModel {
 
     /// HF layer path → (bits, group size) of each tensor that stays quantized.
     fn quantized_layers(&self, meta: &Metadata) -> BTreeMap<String, (i32, i32)> {
-        self.file
-            .names()
-            .iter()
-            .filter_map(|name| {
-                let bits = match self.file.info(name)?.ggml_type {
+        self.tensors()
+            .filter_map(|(file, name)| {
+                let bits = match file.info(name)?.ggml_type {
                     GgufType::Q4_0 | GgufType::Q4_1 => 4,
                     GgufType::Q8_0 => 8,
                     _ => return None,
@@ -263,14 +335,17 @@ impl GgufModel {
         let kv_heads = meta.arch_int_or("attention.head_count_kv", heads as i64)? as i32;
         let mut tensors = HashMap::new();
         let mut converted: BTreeMap<String, usize> = BTreeMap::new();
-        for name in self.file.names() {
+        for (file, name) in self.tensors() {
             if ROPE_FACTORS.contains(&name.as_str()) || UNUSED.contains(&name.as_str()) {
                 continue;
             }
             let hf = self.arch.hf_name(name, &meta).ok_or_else(|| {
                 meta.error(format!("tensor {name} is not one a {} model has", self.arch.gguf))
             })?;
-            let info = self.file.info(name).expect("listed by the file");
+            if tensors.contains_key(&hf) {
+                return Err(Error::model_file(file.path(), format!("tensor {name} is in two shards")));
+            }
+            let info = file.info(name).expect("listed by the file");
             // Rows of q and k in llama.cpp's order: heads for q, KV heads for k.
             let permute = match () {
                 _ if !self.arch.permute_qk => None,
@@ -287,7 +362,7 @@ impl GgufModel {
             if !info.ggml_type.exact_in_mlx() {
                 *converted.entry(info.ggml_type.name()).or_default() += 1;
             }
-            match self.file.load(name)? {
+            match file.load(name)? {
                 GgufTensor::Plain(a) => {
                     tensors.insert(hf, unpermute(a)?);
                 }

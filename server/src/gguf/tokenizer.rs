@@ -131,23 +131,23 @@ fn spm_normalizer(prefix: bool, user_defined: &[&str]) -> Value {
     json!({"type": "Sequence", "normalizers": normalizers})
 }
 
-/// BOS/EOS added around a sequence, as the post-processor adds them.
-fn post_processor(bos: Option<&str>, eos: Option<&str>, ids: &HashMap<&str, usize>) -> Value {
+/// BOS/EOS added around a sequence, as the post-processor adds them: each a
+/// (text, id) pair.
+fn post_processor(bos: Option<(&str, usize)>, eos: Option<(&str, usize)>) -> Value {
     let mut single = Vec::new();
     let mut pair = Vec::new();
     let mut special = serde_json::Map::new();
-    if let Some(b) = bos {
-        single.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": b, "type_id": 0}}));
-        special.insert(b.into(), json!({"id": b, "ids": [ids[b]], "tokens": [b]}));
-    }
+    let mut add = |token: Option<(&str, usize)>, single: &mut Vec<Value>, pair: &mut Vec<Value>| {
+        if let Some((text, id)) = token {
+            single.push(json!({"SpecialToken": {"id": text, "type_id": 0}}));
+            pair.push(json!({"SpecialToken": {"id": text, "type_id": 0}}));
+            special.insert(text.into(), json!({"id": text, "ids": [id], "tokens": [text]}));
+        }
+    };
+    add(bos, &mut single, &mut pair);
     single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
     pair.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    if let Some(e) = eos {
-        single.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
-        pair.push(json!({"SpecialToken": {"id": e, "type_id": 0}}));
-        special.insert(e.into(), json!({"id": e, "ids": [ids[e]], "tokens": [e]}));
-    }
+    add(eos, &mut single, &mut pair);
     pair.push(json!({"Sequence": {"id": "B", "type_id": 1}}));
     json!({"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": special})
 }
@@ -190,10 +190,10 @@ pub fn build(meta: &Metadata) -> Result<TokenizerParts> {
         .collect();
     let vocab_map: serde_json::Map<String, Value> = vocab.iter().enumerate().map(|(i, t)| (t.to_string(), json!(i))).collect();
     let post = {
-        let b = bos.filter(|_| add_bos).map(|i| vocab[i]);
-        let e = eos.filter(|_| add_eos).map(|i| vocab[i]);
+        let b = bos.filter(|_| add_bos).map(|i| (vocab[i], i));
+        let e = eos.filter(|_| add_eos).map(|i| (vocab[i], i));
         if b.is_some() || e.is_some() {
-            post_processor(b, e, &ids)
+            post_processor(b, e)
         } else {
             Value::Null
         }
