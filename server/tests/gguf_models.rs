@@ -8,8 +8,10 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use common::engine::{drive, engine, reference};
 use common::configs::{gemma3, llama, mixtral, olmoe, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
@@ -23,10 +25,16 @@ fn as_gguf(dir: &Path) -> PathBuf {
     convert(dir, &[])
 }
 
+/// Written once per test run (tests sharing a fixture share its file: one
+/// writes it while the others wait, so none reads a file being rewritten).
 fn convert(dir: &Path, extra: &[&Path]) -> PathBuf {
+    static WRITTEN: Mutex<BTreeSet<PathBuf>> = Mutex::new(BTreeSet::new());
+    let mut written = WRITTEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let out = dir.with_extension(if extra.is_empty() { "gguf" } else { "q5_0.gguf" });
-    let run = Command::new(python()).arg(repo().join("parity/hf_to_gguf.py")).arg(dir).arg(&out).args(extra).output().unwrap();
-    assert!(run.status.success(), "hf_to_gguf.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
+    if written.insert(out.clone()) {
+        let run = Command::new(python()).arg(repo().join("parity/hf_to_gguf.py")).arg(dir).arg(&out).args(extra).output().unwrap();
+        assert!(run.status.success(), "hf_to_gguf.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
+    }
     out
 }
 

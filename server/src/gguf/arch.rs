@@ -240,7 +240,7 @@ impl Metadata<'_> {
     }
 }
 
-/// A metadata value as JSON (for errors and the config).
+/// A metadata value as an error message shows it.
 pub fn describe(v: &GgufValue) -> String {
     match v {
         GgufValue::String(s) => format!("{s:?}"),
