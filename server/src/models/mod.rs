@@ -98,6 +98,11 @@ pub fn read_config(dir: &Path) -> Result<(Value, PathBuf)> {
         let config = crate::gguf::GgufModel::open(&file)?.config()?;
         return Ok((config, file));
     }
+    folder_config(dir)
+}
+
+/// config.json of the model folder `dir`, and its path.
+fn folder_config(dir: &Path) -> Result<(Value, PathBuf)> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|e| Error::model_file(&config_path, format!("cannot read: {e}")))?;
@@ -114,7 +119,7 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
             (model.config()?, file.clone(), model.weights()?)
         }
         None => {
-            let (config, path) = read_config(dir)?;
+            let (config, path) = folder_config(dir)?;
             (config, path, Weights::load(dir)?)
         }
     };
