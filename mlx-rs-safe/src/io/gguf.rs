@@ -385,18 +385,15 @@ impl GgufFile {
     fn repack(&self, name: &str, info: &GgufTensorInfo) -> Result<GgufTensor> {
         let ty = info.ggml_type;
         let raw = self.read(name, info)?;
-        let (block_bytes, bits) = match ty {
-            GgufType::Q4_0 => (18, 4),
-            GgufType::Q4_1 => (20, 4),
-            _ => (34, 8),
-        };
+        let block_bytes = ty.block().map(|(_, bytes)| bytes as usize).ok_or_else(|| self.unsupported(name, ty))?;
+        let bits = if ty == GgufType::Q8_0 { 8 } else { 4 };
         let blocks = raw.len() / block_bytes;
         let words_per_block = bits as usize; // 32 codes of `bits` bits = `bits` words
         let mut words = vec![0u32; blocks * words_per_block];
         let mut scales = vec![f16::ZERO; blocks];
         let mut biases = vec![f16::ZERO; blocks];
         // Blocks are independent: large tensors are split across threads.
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(blocks / REPACK_BLOCKS_PER_THREAD).max(1);
+        let threads = gguf_dequant::threads_for(blocks, REPACK_BLOCKS_PER_THREAD);
         let per = blocks.div_ceil(threads);
         std::thread::scope(|scope| {
             let parts = raw

@@ -68,6 +68,12 @@ const CHUNK: usize = 4096;
 /// Below this many values per thread, splitting costs more than it saves.
 const MIN_PER_THREAD: usize = 1 << 18;
 
+/// How many threads `units` of work take: one per core, each with at least
+/// `min_per_thread` units (one thread for small tensors).
+pub(crate) fn threads_for(units: usize, min_per_thread: usize) -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(units / min_per_thread).max(1)
+}
+
 /// Decodes `raw` (whole blocks of `ty`) into `out`, one value per element,
 /// splitting large tensors across threads. Errs (with a message) for a type
 /// that is not readable or sizes that do not match.
@@ -77,7 +83,7 @@ pub(crate) fn dequantize<T: FromF32>(ty: GgufType, raw: &[u8], out: &mut [T]) ->
     if !out.len().is_multiple_of(per) || raw.len() != out.len() / per * bytes {
         return Err(format!("{} bytes of {} do not hold {} values", raw.len(), ty.name(), out.len()));
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(out.len() / MIN_PER_THREAD).max(1);
+    let threads = threads_for(out.len(), MIN_PER_THREAD);
     if threads == 1 {
         decode_serial(decode, per, bytes, raw, out);
         return Ok(());
