@@ -90,10 +90,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let tokenizer = Arc::new(Tokenizer::load(&dir, template.as_deref())?);
     let tool_format = api::tool_format(args.tool_call_parser.as_deref(), &tokenizer)?;
-    let (config, config_path) = models::read_config(&dir)?;
-    let fields: ServingFields = models::ConfigFile { value: &config, path: &config_path }.parse()?;
-    let tokenizer_vocab = tokenizer.inner().get_vocab_size(true);
-    let vocab_size = fields.vocab_size.map_or(tokenizer_vocab, |v| tokenizer_vocab.min(v));
     let system = SystemInfo::collect()?;
     let engine_config = EngineConfig {
         prefill_size: args.prefill_size.max(1),
@@ -106,12 +102,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
     let load_options = args.load.options();
-    let layout = Arc::new(Mutex::new(None));
-    let loaded_layout = layout.clone();
+    // The loader hands back what the server reads of the model: its KV
+    // layout and its config (read once, with the weights).
+    let loaded = Arc::new(Mutex::new(None));
+    let handed_back = loaded.clone();
     let engine = EngineHandle::spawn(
         Box::new(move || {
-            let (model, _) = models::load_with(&load_dir, &load_options)?;
-            *loaded_layout.lock().unwrap_or_else(|e| e.into_inner()) = Some(model.kv_layout());
+            let (model, config) = models::load_with(&load_dir, &load_options)?;
+            *handed_back.lock().unwrap_or_else(|e| e.into_inner()) = Some((model.kv_layout(), config));
             Ok(model)
         }),
         tokenizer.clone(),
@@ -119,7 +117,12 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         metrics.clone(),
     )?;
     // Set by the loader before the engine reported the model loaded.
-    let layout = layout.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout"))?;
+    let (layout, config) = loaded.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout and config"))?;
+    // Errors name the file the config came from: config.json, or the GGUF file.
+    let config_path = crate::gguf::locate(&dir)?.unwrap_or_else(|| dir.join("config.json"));
+    let fields: ServingFields = models::ConfigFile { value: &config, path: &config_path }.parse()?;
+    let tokenizer_vocab = tokenizer.inner().get_vocab_size(true);
+    let vocab_size = fields.vocab_size.map_or(tokenizer_vocab, |v| tokenizer_vocab.min(v));
     // The policy in force: fitted to the model's head dimension.
     let kv_compression = engine.config.kv_compression;
     let kv_footprint = KvFootprint {

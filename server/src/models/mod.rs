@@ -91,16 +91,6 @@ pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
     load_with(dir, &LoadOptions::default())
 }
 
-/// The model's config.json (for a GGUF file, what its metadata amounts to),
-/// and the file errors about it should name.
-pub fn read_config(dir: &Path) -> Result<(Value, PathBuf)> {
-    if let Some(file) = crate::gguf::locate(dir)? {
-        let config = crate::gguf::GgufModel::open(&file)?.config()?;
-        return Ok((config, file));
-    }
-    folder_config(dir)
-}
-
 /// config.json of the model folder `dir`, and its path.
 fn folder_config(dir: &Path) -> Result<(Value, PathBuf)> {
     let config_path = dir.join("config.json");
