@@ -58,6 +58,28 @@ impl Array {
         Ok(Array { raw })
     }
 
+    /// An array holding a copy of `bytes`, read as `dtype` values of the given
+    /// shape (e.g. a tensor's bytes as they lie in a weights file).
+    pub fn from_bytes(bytes: &[u8], shape: &[i32], dtype: Dtype) -> Result<Array> {
+        let expected = shape_len(shape)?
+            .checked_mul(dtype.size_of())
+            .ok_or_else(|| Error::InvalidArgument(format!("shape {shape:?} overflows")))?;
+        if expected != bytes.len() {
+            return Err(Error::InvalidArgument(format!(
+                "shape {shape:?} of {dtype:?} holds {expected} bytes, data has {}",
+                bytes.len()
+            )));
+        }
+        init();
+        let ndim = c_int::try_from(shape.len())
+            .map_err(|_| Error::InvalidArgument("too many dimensions".into()))?;
+        // SAFETY: `bytes` holds exactly prod(shape) * size_of(dtype) bytes; mlx-c
+        // copies them (any bit pattern is a valid value of every MLX dtype but
+        // bool, which MLX reads as zero / non-zero).
+        let raw = unsafe { sys::mlx_array_new_data(bytes.as_ptr().cast(), shape.as_ptr(), ndim, dtype.to_sys()) };
+        Ok(Array { raw })
+    }
+
     /// A 0-d array.
     pub fn scalar<T: Element>(value: T) -> Array {
         // A 0-d shape always matches one element.

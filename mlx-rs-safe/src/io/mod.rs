@@ -4,6 +4,7 @@ mod gguf;
 mod gguf_dequant;
 mod gguf_type;
 mod safetensors;
+pub mod uncached;
 
 pub use self::gguf::{GgufFile, GgufTensor, GgufTensorInfo, GgufValue};
 pub use self::gguf_type::GgufType;
