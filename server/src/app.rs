@@ -98,10 +98,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         prompt_cache_bytes: args.prompt_cache_bytes,
         kv_compression,
     };
-    let metrics = Arc::new(Metrics::new());
+    let load_options = args.load.options()?;
+    let mut metrics = Metrics::new();
+    let expert_counters = load_options.experts.as_ref().map(|e| e.counters.clone());
+    if let Some(c) = &expert_counters {
+        metrics.register_experts(c);
+    }
+    let metrics = Arc::new(metrics);
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
-    let load_options = args.load.options();
     // The loader hands back what the server reads of the model: its KV
     // layout and its config (read once, with the weights).
     let loaded = Arc::new(Mutex::new(None));
@@ -142,6 +147,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         None => log::info!("no byte bound for this model's prompts: each is tokenized before its length is checked"),
     }
     let state = web::Data::new(AppState {
+        experts: expert_counters,
         tokenizer,
         metrics,
         model_id,

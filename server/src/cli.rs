@@ -264,12 +264,43 @@ pub struct LoadArgs {
     /// Group size for --quantize.
     #[arg(long, env = "MLX_SERVE_QUANTIZE_GROUP_SIZE", default_value_t = 64)]
     pub quantize_group_size: i32,
+    /// Keep a MoE model's routed experts on disk and read them on demand into
+    /// a fixed cache of expert slots (models larger than memory).
+    #[arg(long, env = "MLX_SERVE_STREAM_EXPERTS")]
+    pub stream_experts: bool,
+    /// With --stream-experts: memory for cached experts, in bytes (4000000000,
+    /// 4g, 512m) or as a share of all routed experts (25%). Default: half of
+    /// what MLX may use after the resident weights.
+    #[arg(long, env = "MLX_SERVE_EXPERT_CACHE_BYTES", requires = "stream_experts")]
+    pub expert_cache_bytes: Option<String>,
+    /// With --stream-experts: direct (bypass the page cache: O_DIRECT on Linux,
+    /// F_NOCACHE on macOS) or buffered (each range dropped from the page cache
+    /// after its read). Direct falls back to buffered where the file system
+    /// refuses it; /health shows the mode in force.
+    #[arg(long, env = "MLX_SERVE_EXPERT_IO", default_value = "direct", requires = "stream_experts")]
+    pub expert_io: String,
+    /// With --stream-experts: reader threads, i.e. expert reads in flight at once.
+    #[arg(long, env = "MLX_SERVE_EXPERT_READERS", default_value_t = 8, requires = "stream_experts")]
+    pub expert_readers: usize,
 }
 
 impl LoadArgs {
-    pub fn options(&self) -> crate::models::LoadOptions {
-        crate::models::LoadOptions {
-            quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
+    pub fn options(&self) -> crate::error::Result<crate::models::LoadOptions> {
+        let experts = match self.stream_experts {
+            true => Some(crate::experts::ExpertOptions {
+                budget: self.expert_cache_bytes.as_deref().map(crate::experts::CacheBudget::parse).transpose()?,
+                io: crate::experts::IoMode::parse(&self.expert_io)?,
+                readers: self.expert_readers,
+                counters: crate::experts::ExpertCounters::default(),
+            }),
+            false => None,
+        };
+        if self.expert_readers == 0 {
+            return Err(crate::error::Error::Config("--expert-readers must be at least 1".into()));
         }
+        Ok(crate::models::LoadOptions {
+            quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
+            experts,
+        })
     }
 }

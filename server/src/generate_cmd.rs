@@ -18,6 +18,7 @@ use crate::kv::KvCompression;
 use crate::metrics::Metrics;
 use crate::models;
 use crate::tokenizer::Tokenizer;
+use crate::experts::ExpertCounters;
 
 #[derive(Debug, Serialize)]
 pub struct GenerateReport {
@@ -29,6 +30,11 @@ pub struct GenerateReport {
     pub generation_tps: f64,
     pub ttft_ms: f64,
     pub peak_memory_bytes: usize,
+    /// With --stream-experts: the expert cache's counters (as /health shows
+    /// them) when the first token came and at the end: totals since the load,
+    /// so a warm-up run is included.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<serde_json::Value>,
 }
 
 /// The prompt's token ids, as mlx_lm.generate builds them.
@@ -61,18 +67,23 @@ struct Run {
     /// From the start to the first token (or the end).
     ttft: f64,
     total: f64,
+    /// The expert counters when the first token came (the prefill's share).
+    experts_at_first_token: Option<serde_json::Value>,
 }
 
-fn generate_once(engine: &mut Engine, params: Generation, mut on_text: impl FnMut(&str)) -> Result<Run> {
+fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&ExpertCounters>, mut on_text: impl FnMut(&str)) -> Result<Run> {
     let (tx, mut rx) = unbounded_channel();
     let start = Instant::now();
     engine.submit(Request { params, arrived: start, events: tx });
-    let mut run = Run { ids: Vec::new(), text: String::new(), finish: FinishReason::Length, ttft: 0.0, total: 0.0 };
+    let mut run = Run { ids: Vec::new(), text: String::new(), finish: FinishReason::Length, ttft: 0.0, total: 0.0, experts_at_first_token: None };
     let mut first = None;
     loop {
         engine.step();
         while let Ok(event) = rx.try_recv() {
-            first.get_or_insert_with(|| start.elapsed());
+            first.get_or_insert_with(|| {
+                run.experts_at_first_token = experts.map(ExpertCounters::summary);
+                start.elapsed()
+            });
             match event {
                 Event::Token { token, text, .. } => {
                     run.ids.push(token);
@@ -97,7 +108,7 @@ fn generate_once(engine: &mut Engine, params: Generation, mut on_text: impl FnMu
 }
 
 pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
-    let load = args.load.options();
+    let load = args.load.options()?;
     let kv_compression = match &args.turbo_kv {
         Some(preset) => Some(KvCompression::turbo(preset, args.turbo_kv_prefill_threshold)?),
         None => args.kv_bits.map(|bits| KvCompression::affine(bits, args.kv_group_size, args.quantized_kv_start)).transpose()?,
@@ -139,11 +150,12 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         // The whole generation once: MLX's GPU backends compile kernels per
         // shape as the cache grows, which a fresh process would otherwise pay
         // inside the timed run (a long-running Python process has them already).
-        generate_once(&mut engine, params(SamplingParams { seed: Some(0), ..Default::default() }), |_| {})?;
+        generate_once(&mut engine, params(SamplingParams { seed: Some(0), ..Default::default() }), None, |_| {})?;
     }
     memory::reset_peak_memory()?;
     let mut out = std::io::stdout();
-    let run = generate_once(&mut engine, params(sampling), |text| {
+    let counters = load.experts.as_ref().map(|e| &e.counters);
+    let run = generate_once(&mut engine, params(sampling), counters, |text| {
         if !args.json {
             let _ = out.write_all(text.as_bytes());
             let _ = out.flush();
@@ -160,5 +172,6 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         peak_memory_bytes: memory::peak_memory()?,
         generated_token_ids: run.ids,
         text: run.text,
+        experts: counters.map(|c| serde_json::json!({"after_prefill": run.experts_at_first_token, "at_end": c.summary()})),
     })
 }

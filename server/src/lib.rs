@@ -6,6 +6,7 @@ pub mod app;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod experts;
 pub mod generate_cmd;
 pub mod gguf;
 pub mod http_server;

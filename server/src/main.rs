@@ -53,6 +53,9 @@ fn main() -> ExitCode {
                     r.generation_tps
                 );
                 println!("Peak memory: {:.3} GB", r.peak_memory_bytes as f64 / 1e9);
+                if let Some(e) = &r.experts {
+                    println!("Experts: {e}");
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => fail(e),

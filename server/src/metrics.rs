@@ -297,6 +297,11 @@ impl Metrics {
         }
     }
 
+    /// Adds the expert-streaming metrics (`--stream-experts`).
+    pub fn register_experts(&mut self, counters: &crate::experts::ExpertCounters) {
+        counters.register(&mut self.registry);
+    }
+
     /// One decode step (one model call) over `rows` sequences.
     pub fn record_decode_step(&self, rows: u64) {
         self.decode_steps.inc();

@@ -8,10 +8,8 @@
 
 mod common;
 
-use std::collections::BTreeSet;
-use std::path::Path;
 
-use common::engine::{drive, engine, engine_with_prompt_cache, reference};
+use common::engine::{check_parity_of, drive, engine, engine_with_prompt_cache, reference};
 use common::configs::{gemma3, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::fixture;
 use mlx_serve::metrics;
@@ -25,62 +23,6 @@ fn check_parity(name: &str, spec: Value, logprob_tol: f32) {
     let dir = fixture(name, &spec);
     check_parity_of(name, &dir, &dir, &spec, &models::LoadOptions::default(), logprob_tol);
 }
-
-/// Compares our engine on the model in `model_dir` (loaded with `load`) with the
-/// reference of fixture `reference_dir`.
-fn check_parity_of(
-    name: &str,
-    reference_dir: &Path,
-    model_dir: &Path,
-    spec: &Value,
-    load: &models::LoadOptions,
-    logprob_tol: f32,
-) {
-    let r = reference(reference_dir);
-    let prefill = spec["prefill_size"].as_u64().unwrap_or(512) as usize;
-    assert!(r.prompt.len() > prefill, "the prompt must span several prefill chunks");
-    assert!(r.tokens.len() >= 64);
-    // A reference that repeats one token would hide most mistakes.
-    let distinct: BTreeSet<_> = r.tokens.iter().collect();
-    assert!(distinct.len() >= 8, "{name}: the fixture's greedy output is degenerate ({} distinct tokens)", distinct.len());
-
-    let (mut alone, _) = engine(reference_dir, model_dir, spec, load);
-    let vocab = r.first_logprobs.len();
-    let out = drive(&mut alone, &[(&r.prompt, r.tokens.len())], &[0], Some(vocab));
-    assert_eq!(out[0].tokens, r.tokens, "{name}: greedy tokens differ from mlx-lm");
-    let first = out[0].first.as_ref().expect("log-probabilities were asked for");
-    let mut lp = vec![f32::NEG_INFINITY; vocab];
-    for &(token, logprob) in &first.top {
-        lp[token as usize] = logprob;
-    }
-    let max_diff = lp
-        .iter()
-        .zip(&r.first_logprobs)
-        .map(|(a, b)| match b {
-            Some(b) => (a - b).abs(),
-            None if !a.is_finite() => 0.0,
-            None => f32::INFINITY,
-        })
-        .fold(0.0f32, f32::max);
-    eprintln!("{name}: {} tokens identical, first-step logprob max diff {max_diff}", out[0].tokens.len());
-    assert!(max_diff <= logprob_tol, "{name}: first-step logprobs differ by {max_diff} > {logprob_tol}");
-
-    let (mut batched, metrics) = engine(reference_dir, model_dir, spec, load);
-    let mut prompts: Vec<(&[u32], usize)> = vec![(&r.prompt, r.tokens.len())];
-    prompts.extend(r.batch.iter().map(|(p, t)| (p.as_slice(), t.len())));
-    let outs = drive(&mut batched, &prompts, &[0, 2, 3, 6], None);
-    let expected = std::iter::once(&r.tokens).chain(r.batch.iter().map(|(_, t)| t));
-    for (i, (out, want)) in outs.iter().zip(expected).enumerate() {
-        assert_eq!(&out.tokens, want, "{name}: sequence {i} of the batch differs from mlx-lm's tokens for it alone");
-    }
-    let text = metrics.render();
-    let rows = metrics::counter_value(&text, "mlx_serve_decode_rows_total").unwrap();
-    let steps = metrics::counter_value(&text, "mlx_serve_decode_steps_total").unwrap();
-    assert!(rows / steps > 2.0, "{name}: mean batch size {} — the sequences did not share the batch", rows / steps);
-    eprintln!("{name}: 4 batched sequences identical to mlx-lm, mean batch size {:.2}", rows / steps);
-}
-
-
 
 // Tolerance: the engine runs the same MLX ops in the same order as mlx-lm, so
 // the log-probabilities agree to float rounding; 1e-3 leaves room for a
@@ -268,7 +210,7 @@ fn quantizing_at_load_matches_mlx_lm_quantize_model() {
     let float_dir = fixture("llama_bf16", &spec(llama(), "bfloat16", None));
     let q_spec = spec(llama(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
     let q_dir = fixture("llama_q4", &q_spec);
-    let load = models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 64 }) };
+    let load = models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 64 }), ..Default::default() };
     check_parity_of("llama_bf16 --quantize 4", &q_dir, &float_dir, &q_spec, &load, TOL);
     // An already-quantized model is refused.
     let err = models::load_with(&q_dir, &load).err().unwrap().to_string();

@@ -60,6 +60,8 @@ pub struct AppState {
     pub system: SystemInfo,
     pub config: EngineConfig,
     pub kv_footprint: KvFootprint,
+    /// With --stream-experts: the expert cache's counters.
+    pub experts: Option<crate::experts::ExpertCounters>,
     pub created: u64,
 }
 
@@ -186,7 +188,9 @@ fn health_details(state: &AppState) -> Value {
             "kv_bits": state.config.kv_compression.and_then(|c| c.affine_bits()),
             "turbo_kv": state.config.kv_compression.and_then(|c| c.turbo_preset()).map(|p| p.name()),
             "context_length": state.context_length,
+            "stream_experts": state.experts.is_some(),
         },
+        "experts": state.experts.as_ref().map(|e| e.summary()),
     })
 }
 

@@ -97,7 +97,7 @@ impl Decoder {
                 post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
                 mlp: match &spec.moe {
                     Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
-                        FeedForward::Moe(Box::new(SparseMoe::load(&mut w, &format!("{p}.{}", moe.module), h, moe.clone(), quant)?))
+                        FeedForward::Moe(Box::new(SparseMoe::load(&mut w, &format!("{p}.{}", moe.module), i as u32, h, moe.clone(), quant)?))
                     }
                     _ if spec.fused_gate_up => FeedForward::Dense(Mlp::load_fused(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, quant)?),
                     _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),

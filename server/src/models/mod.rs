@@ -18,6 +18,7 @@ mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod rope;
+mod streamed_switch;
 mod switch;
 pub mod weights;
 
@@ -83,6 +84,8 @@ pub fn supported() -> Vec<&'static str> {
 pub struct LoadOptions {
     /// Quantize an unquantized model at load (`--quantize`), as mlx_lm.convert would.
     pub quantize: Option<quant::QuantParams>,
+    /// Stream the routed experts of a MoE model from disk (`--stream-experts`).
+    pub experts: Option<crate::experts::ExpertOptions>,
 }
 
 /// Loads the model in folder `dir` (config.json + safetensors), or the GGUF
@@ -118,6 +121,20 @@ pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageMode
         .and_then(Value::as_str)
         .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
     let mut quant = QuantConfig::from_config(&config)?;
+    if let Some(experts) = &opts.experts {
+        if gguf.is_some() {
+            return Err(Error::Config(format!(
+                "--stream-experts reads the experts' bytes where they lie in safetensors files; {} is a GGUF file, whose blocks are repacked at load",
+                config_path.display()
+            )));
+        }
+        if opts.quantize.is_some() {
+            return Err(Error::Config("--stream-experts reads experts as stored: it cannot be combined with --quantize".into()));
+        }
+        let (expert_bytes, resident_bytes) = weights.stored_bytes();
+        let stream = crate::experts::ExpertStream::start(experts, &weights.files(), expert_bytes, resident_bytes)?;
+        weights.stream_experts(std::sync::Arc::new(stream));
+    }
     if let Some(q) = opts.quantize {
         // A GGUF file may mix blocks MLX keeps (Q4_0, Q4_1, Q8_0: named per
         // layer in its config) with ones dequantized at load: those are quantized.

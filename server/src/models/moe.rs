@@ -6,6 +6,7 @@ use mlx_rs_safe::{ops, Array};
 
 use super::layers::Linear;
 use super::quant::QuantConfig;
+use super::streamed_switch::StreamedSwitchGlu;
 use super::switch::SwitchGlu;
 use super::weights::Weights;
 use crate::error::Result;
@@ -49,10 +50,25 @@ struct SharedExpert {
     gate: Linear,
 }
 
+/// The routed experts: all in memory, or streamed from disk.
+enum Experts {
+    Resident(SwitchGlu),
+    Streamed(StreamedSwitchGlu),
+}
+
+impl Experts {
+    fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        match self {
+            Experts::Resident(s) => s.forward(x, indices),
+            Experts::Streamed(s) => s.forward(x, indices),
+        }
+    }
+}
+
 pub struct SparseMoe {
     spec: MoeSpec,
     gate: Linear,
-    experts: SwitchGlu,
+    experts: Experts,
     shared: Option<SharedExpert>,
 }
 
@@ -60,8 +76,16 @@ impl SparseMoe {
     /// Loads `{prefix}.gate` and `{prefix}.switch_mlp`, first stacking per-expert
     /// Hugging Face tensors (`{prefix}.experts.{e}.{proj}.weight`) as mlx-lm's
     /// sanitize does.
-    pub fn load(w: &mut Weights, prefix: &str, dim: i32, spec: MoeSpec, quant: &QuantConfig) -> Result<SparseMoe> {
-        stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
+    /// With expert streaming on (`Weights::streaming`), the routed experts are
+    /// indexed for reading on demand instead (layer `layer`).
+    pub fn load(w: &mut Weights, prefix: &str, layer: u32, dim: i32, spec: MoeSpec, quant: &QuantConfig) -> Result<SparseMoe> {
+        let experts = match w.streaming() {
+            Some(stream) => Experts::Streamed(StreamedSwitchGlu::load(w, prefix, layer, &spec, dim, quant, stream)?),
+            None => {
+                stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
+                Experts::Resident(SwitchGlu::load(w, &format!("{prefix}.switch_mlp"), spec.num_experts, dim, spec.expert_hidden, quant)?)
+            }
+        };
         let shared = match spec.shared_expert_hidden {
             Some(hidden) => Some(SharedExpert {
                 mlp: super::mlp::Mlp::load(w, &format!("{prefix}.shared_expert"), dim, hidden, false, quant)?,
@@ -71,7 +95,7 @@ impl SparseMoe {
         };
         Ok(SparseMoe {
             gate: Linear::load(w, &format!("{prefix}.gate"), dim, spec.num_experts, false, quant)?,
-            experts: SwitchGlu::load(w, &format!("{prefix}.switch_mlp"), spec.num_experts, dim, spec.expert_hidden, quant)?,
+            experts,
             shared,
             spec,
         })

@@ -6,7 +6,7 @@ use mlx_rs_safe::{ops, quantized, Array};
 
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
-use super::quant::QuantConfig;
+use super::quant::{QuantConfig, QuantParams};
 use super::weights::Weights;
 use crate::error::Result;
 
@@ -58,6 +58,20 @@ impl SwitchGlu {
             up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, quant)?,
             down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, quant)?,
         })
+    }
+
+    /// The layer over expert stacks given as arrays: per projection (gate, up,
+    /// down) its weight, then scales and biases when `quant` gives it params.
+    pub fn from_stacks(stacks: &[Array], quant: &[Option<QuantParams>; 3]) -> Result<SwitchGlu> {
+        let mut it = stacks.iter().cloned();
+        let mut next = |params: Option<QuantParams>| -> Result<SwitchLinear> {
+            let mut take = || it.next().ok_or(crate::error::Error::Internal("fewer expert stacks than projections need"));
+            Ok(match params {
+                Some(params) => SwitchLinear::Quantized(QuantizedWeight { weight: take()?, scales: take()?, biases: take()?, params }),
+                None => SwitchLinear::Dense(take()?),
+            })
+        };
+        Ok(SwitchGlu { gate_proj: next(quant[0])?, up_proj: next(quant[1])?, down_proj: next(quant[2])? })
     }
 
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D]. With many routed rows the

@@ -6,13 +6,22 @@
 //! never silently ignored.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use mlx_rs_safe::io::SafetensorsFile;
+use mlx_rs_safe::io::{SafetensorsFile, TensorMeta};
 use mlx_rs_safe::{ops, Array, Dtype};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::experts::ExpertStream;
+
+/// Where a tensor's bytes lie: the file and the tensor's place in it.
+#[derive(Debug, Clone)]
+pub struct TensorSource {
+    pub file: Arc<PathBuf>,
+    pub meta: TensorMeta,
+}
 
 /// How a tensor is stored.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +39,12 @@ pub struct Weights {
     /// Gemma's RMS norm weights are stored as 1 + w already (llama.cpp's
     /// converter adds the one), so the model takes them as they are.
     norms_hold_one: bool,
+    /// Where each safetensors tensor lies (none for GGUF, whose blocks are
+    /// repacked at load): what expert streaming reads from.
+    sources: HashMap<String, TensorSource>,
+    /// Set with --stream-experts: MoE layers index their routed experts
+    /// instead of taking them.
+    streaming: Option<Arc<ExpertStream>>,
 }
 
 #[derive(Deserialize)]
@@ -65,25 +80,66 @@ impl Weights {
         }
         let mut tensors = HashMap::new();
         let mut origin = HashMap::new();
+        let mut sources = HashMap::new();
         for file in files {
             let path = dir.join(&file);
             if !path.exists() {
                 return Err(Error::model_file(&path, "missing shard (listed in model.safetensors.index.json)"));
             }
             let st = SafetensorsFile::open(&path)?;
+            let shared_path = Arc::new(path.clone());
             for (name, array) in st.load_all()? {
+                if let Some(meta) = st.info(&name) {
+                    sources.insert(name.clone(), TensorSource { file: shared_path.clone(), meta: meta.clone() });
+                }
                 origin.insert(name.clone(), file.clone());
                 tensors.insert(name, array);
             }
         }
-        Ok(Weights { tensors, origin, norms_hold_one: false })
+        Ok(Weights { tensors, origin, norms_hold_one: false, sources, streaming: None })
     }
 
     /// Tensors already named as Hugging Face names them, all from `origin`
     /// (a GGUF file); `norms_hold_one`: Gemma norms stored as 1 + w.
     pub fn from_tensors(tensors: HashMap<String, Array>, origin: &str, norms_hold_one: bool) -> Weights {
         let origin = tensors.keys().map(|k| (k.clone(), origin.to_string())).collect();
-        Weights { tensors, origin, norms_hold_one }
+        Weights { tensors, origin, norms_hold_one, sources: HashMap::new(), streaming: None }
+    }
+
+    /// Whether a tensor named `name` is a routed expert's (stacked
+    /// `switch_mlp.*`, or per-expert `experts.{e}.*`; not a shared expert).
+    pub fn is_routed_expert(name: &str) -> bool {
+        name.contains(".switch_mlp.")
+            || name.split(".experts.").nth(1).is_some_and(|rest| rest.split('.').next().is_some_and(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())))
+    }
+
+    /// Bytes of (routed-expert tensors, all other tensors) as stored in the
+    /// safetensors files.
+    pub fn stored_bytes(&self) -> (u64, u64) {
+        self.sources.iter().fold((0, 0), |(experts, rest), (name, src)| {
+            if Weights::is_routed_expert(name) {
+                (experts + src.meta.nbytes, rest)
+            } else {
+                (experts, rest + src.meta.nbytes)
+            }
+        })
+    }
+
+    /// The safetensors files the tensors come from.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = self.sources.values().map(|s| s.file.as_ref().clone()).collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+
+    /// MoE layers stream their routed experts through `stream` from now on.
+    pub fn stream_experts(&mut self, stream: Arc<ExpertStream>) {
+        self.streaming = Some(stream);
+    }
+
+    pub fn streaming(&self) -> Option<Arc<ExpertStream>> {
+        self.streaming.clone()
     }
 
     /// Whether Gemma-style (1 + w) norm weights are stored with the one added.
@@ -97,6 +153,7 @@ impl Weights {
 
     /// Removes tensor `name`, unchecked.
     fn remove(&mut self, name: &str) -> Result<Array> {
+        self.sources.remove(name);
         self.tensors.remove(name).ok_or_else(|| Error::ModelFile {
             file: "weights".into(),
             message: format!("missing tensor {name}"),
@@ -158,12 +215,37 @@ impl Weights {
         Ok(a)
     }
 
+    /// Removes tensor `name` without reading it, returning where its bytes lie
+    /// (a streamed expert tensor): its shape and dtype are checked as `take_shaped`
+    /// (`packed`: `take_packed`) would; its values are checked when read.
+    pub fn take_source(&mut self, name: &str, shape: &[i32], packed: bool) -> Result<TensorSource> {
+        let Some(src) = self.sources.get(name).cloned() else {
+            return Err(self.error(
+                name,
+                format!("tensor {name} has no place in a safetensors file: --stream-experts reads safetensors models (a GGUF file is repacked at load)"),
+            ));
+        };
+        let a = self.remove(name)?;
+        if a.shape() != shape {
+            return Err(self.error(name, format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape())));
+        }
+        let dtype = a.dtype();
+        let ok = if packed { dtype == Dtype::Uint32 } else { matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) };
+        if !ok {
+            return Err(self.error(name, format!("tensor {name} is {dtype:?}, which a streamed expert tensor cannot be")));
+        }
+        Ok(src)
+    }
+
     /// Drops every tensor whose name matches `unused` (e.g. rotary buffers).
     pub fn discard(&mut self, unused: impl Fn(&str) -> bool) {
         self.tensors.retain(|k, _| !unused(k));
+        self.sources.retain(|k, _| !unused(k));
     }
 
+    /// Adds a tensor computed at load (it lies in no file).
     pub fn insert(&mut self, name: String, a: Array) {
+        self.sources.remove(&name);
         self.tensors.insert(name, a);
     }
 
@@ -187,6 +269,7 @@ impl Weights {
             let prefix = &name[..name.len() - ".weight".len()];
             // Listed from the map just above.
             let w = self.tensors.remove(name).expect("listed above");
+            self.sources.remove(name);
             let (q, s, b) = mlx_rs_safe::quantized::quantize(&w, group_size, bits)?;
             self.tensors.insert(name.clone(), q);
             self.tensors.insert(format!("{prefix}.scales"), s);

@@ -80,3 +80,12 @@ pub fn phi3_longrope() -> Value {
     let factors: Vec<f64> = (0..16).map(|i| 1.0 + i as f64 * 0.25).collect();
     phi3(json!({"type": "longrope", "short_factor": vec![1.0; 16], "long_factor": factors}), 1.0)
 }
+
+/// A Qwen3-MoE with many small experts (64, top-4): what expert streaming is
+/// for, at a size the CI machine runs.
+pub fn qwen3_moe_many_experts() -> Value {
+    let mut c = qwen3_moe();
+    c["num_experts"] = json!(64);
+    c["num_experts_per_tok"] = json!(4);
+    c
+}

@@ -1,13 +1,14 @@
 //! The server's engine driven in process, turn by turn, with the server's
 //! request/event protocol: what the parity and TurboQuant tests run.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use mlx_serve::engine::{Engine, EngineConfig, Event, Generation, Request, SamplingParams, TokenLogprob};
 use mlx_serve::kv::KvCompression;
-use mlx_serve::metrics::Metrics;
+use mlx_serve::metrics::{self, Metrics};
 use mlx_serve::models;
 use mlx_serve::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -120,4 +121,58 @@ pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize
         }
     }
     panic!("the requests did not finish in 10000 turns");
+}
+
+/// Compares our engine on the model in `model_dir` (loaded with `load`) with the
+/// reference of fixture `reference_dir`.
+pub fn check_parity_of(
+    name: &str,
+    reference_dir: &Path,
+    model_dir: &Path,
+    spec: &Value,
+    load: &models::LoadOptions,
+    logprob_tol: f32,
+) {
+    let r = reference(reference_dir);
+    let prefill = spec["prefill_size"].as_u64().unwrap_or(512) as usize;
+    assert!(r.prompt.len() > prefill, "the prompt must span several prefill chunks");
+    assert!(r.tokens.len() >= 64);
+    // A reference that repeats one token would hide most mistakes.
+    let distinct: BTreeSet<_> = r.tokens.iter().collect();
+    assert!(distinct.len() >= 8, "{name}: the fixture's greedy output is degenerate ({} distinct tokens)", distinct.len());
+
+    let (mut alone, _) = engine(reference_dir, model_dir, spec, load);
+    let vocab = r.first_logprobs.len();
+    let out = drive(&mut alone, &[(&r.prompt, r.tokens.len())], &[0], Some(vocab));
+    assert_eq!(out[0].tokens, r.tokens, "{name}: greedy tokens differ from mlx-lm");
+    let first = out[0].first.as_ref().expect("log-probabilities were asked for");
+    let mut lp = vec![f32::NEG_INFINITY; vocab];
+    for &(token, logprob) in &first.top {
+        lp[token as usize] = logprob;
+    }
+    let max_diff = lp
+        .iter()
+        .zip(&r.first_logprobs)
+        .map(|(a, b)| match b {
+            Some(b) => (a - b).abs(),
+            None if !a.is_finite() => 0.0,
+            None => f32::INFINITY,
+        })
+        .fold(0.0f32, f32::max);
+    eprintln!("{name}: {} tokens identical, first-step logprob max diff {max_diff}", out[0].tokens.len());
+    assert!(max_diff <= logprob_tol, "{name}: first-step logprobs differ by {max_diff} > {logprob_tol}");
+
+    let (mut batched, metrics) = engine(reference_dir, model_dir, spec, load);
+    let mut prompts: Vec<(&[u32], usize)> = vec![(&r.prompt, r.tokens.len())];
+    prompts.extend(r.batch.iter().map(|(p, t)| (p.as_slice(), t.len())));
+    let outs = drive(&mut batched, &prompts, &[0, 2, 3, 6], None);
+    let expected = std::iter::once(&r.tokens).chain(r.batch.iter().map(|(_, t)| t));
+    for (i, (out, want)) in outs.iter().zip(expected).enumerate() {
+        assert_eq!(&out.tokens, want, "{name}: sequence {i} of the batch differs from mlx-lm's tokens for it alone");
+    }
+    let text = metrics.render();
+    let rows = metrics::counter_value(&text, "mlx_serve_decode_rows_total").unwrap();
+    let steps = metrics::counter_value(&text, "mlx_serve_decode_steps_total").unwrap();
+    assert!(rows / steps > 2.0, "{name}: mean batch size {} — the sequences did not share the batch", rows / steps);
+    eprintln!("{name}: 4 batched sequences identical to mlx-lm, mean batch size {:.2}", rows / steps);
 }

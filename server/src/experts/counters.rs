@@ -1,0 +1,159 @@
+//! The expert-streaming metrics: one set of handles shared by the reader
+//! threads (bytes, reads), the MoE layers (hits, misses, stalls, syncs) and the
+//! HTTP threads that render /metrics and /health.
+//!
+//! Every byte counted here was returned by a read system call in
+//! [`super::reader`], the one place expert bytes come from; `/proc/self/io`'s
+//! `read_bytes` (what the kernel fetched from the storage device) is reported
+//! beside them so anyone can check the two agree.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+use serde_json::{json, Value};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LayerLabels {
+    layer: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ExpertCounters {
+    /// Bytes of expert tensors delivered by reads (exactly misses × expert size).
+    pub(super) bytes_read: Counter,
+    /// Bytes the read calls asked the disk for: the tensors' bytes, widened to
+    /// whole blocks for O_DIRECT. What `/proc/self/io` should show.
+    pub(super) disk_bytes: Counter,
+    pub(super) reads: Counter,
+    hits: Family<LayerLabels, Counter>,
+    misses: Family<LayerLabels, Counter>,
+    hits_all: Counter,
+    misses_all: Counter,
+    stall_seconds: Counter<f64, AtomicU64>,
+    host_syncs: Counter,
+    resident_bytes: Gauge,
+    capacity_bytes: Gauge,
+    io_mode: Family<ModeLabels, Gauge>,
+    mode: std::sync::Arc<std::sync::OnceLock<&'static str>>,
+}
+
+impl ExpertCounters {
+    /// Adds every handle to `r` (the server's `mlx_serve_` registry).
+    pub fn register(&self, r: &mut Registry) {
+        r.register_with_unit(
+            "expert_read",
+            "Bytes of routed-expert tensors read from disk (exactly cache misses x expert size)",
+            Unit::Bytes,
+            self.bytes_read.clone(),
+        );
+        r.register_with_unit(
+            "expert_disk_read",
+            "Bytes the expert reads asked the disk for (tensor bytes widened to whole blocks under O_DIRECT); compare with /proc/self/io read_bytes",
+            Unit::Bytes,
+            self.disk_bytes.clone(),
+        );
+        r.register("expert_reads", "Read system calls for expert tensors", self.reads.clone());
+        r.register("expert_cache_hits", "Routed experts a step used that were already in the layer's slots", self.hits.clone());
+        r.register("expert_cache_misses", "Routed experts a step used that had to be read from disk", self.misses.clone());
+        r.register_with_unit(
+            "expert_stall",
+            "Time the model waited for expert reads",
+            Unit::Seconds,
+            self.stall_seconds.clone(),
+        );
+        r.register(
+            "expert_host_syncs",
+            "Router read-backs to the host (one per streamed MoE layer and step; none once a layer holds every expert)",
+            self.host_syncs.clone(),
+        );
+        r.register_with_unit("expert_cache_resident", "Bytes of experts held in the slot pools", Unit::Bytes, self.resident_bytes.clone());
+        r.register_with_unit("expert_cache_capacity", "Bytes of the slot pools (the cache budget in force)", Unit::Bytes, self.capacity_bytes.clone());
+        r.register("expert_io_mode", "How expert reads reach the disk (1 on the mode in force)", self.io_mode.clone());
+    }
+
+    pub(super) fn set_io_mode(&self, mode: &'static str) {
+        if self.mode.set(mode).is_ok() {
+            self.io_mode.get_or_create(&ModeLabels { mode }).set(1);
+        }
+    }
+
+    pub(crate) fn record_lookup(&self, layer: u32, hits: u64, misses: u64) {
+        self.hits.get_or_create(&LayerLabels { layer }).inc_by(hits);
+        self.misses.get_or_create(&LayerLabels { layer }).inc_by(misses);
+        self.hits_all.inc_by(hits);
+        self.misses_all.inc_by(misses);
+    }
+
+    pub(crate) fn record_stall(&self, seconds: f64) {
+        if seconds.is_finite() && seconds >= 0.0 {
+            self.stall_seconds.inc_by(seconds);
+        }
+    }
+
+    pub(crate) fn record_host_sync(&self) {
+        self.host_syncs.inc();
+    }
+
+    pub(crate) fn add_resident(&self, bytes: i64) {
+        self.resident_bytes.inc_by(bytes);
+    }
+
+    pub(crate) fn add_capacity(&self, bytes: i64) {
+        self.capacity_bytes.inc_by(bytes);
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.get()
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        self.disk_bytes.get()
+    }
+
+    pub fn misses(&self) -> u64 {
+        self.misses_all.get()
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits_all.get()
+    }
+
+    pub fn host_syncs(&self) -> u64 {
+        self.host_syncs.get()
+    }
+
+    /// The /health section.
+    pub fn summary(&self) -> Value {
+        let (hits, misses) = (self.hits_all.get(), self.misses_all.get());
+        json!({
+            "io_mode": self.mode.get().copied(),
+            "bytes_read": self.bytes_read.get(),
+            "disk_bytes_read": self.disk_bytes.get(),
+            "os_read_bytes": os_read_bytes(),
+            "reads": self.reads.get(),
+            "hits": hits,
+            "misses": misses,
+            "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+            "stall_seconds": self.stall_seconds.get(),
+            "host_syncs": self.host_syncs.get(),
+            "resident_bytes": self.resident_bytes.get(),
+            "capacity_bytes": self.capacity_bytes.get(),
+        })
+    }
+}
+
+/// This process's `read_bytes` from `/proc/self/io`: bytes the kernel fetched
+/// from storage for it (page-cache hits not included). `None` off Linux.
+pub fn os_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    text.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok())
+}

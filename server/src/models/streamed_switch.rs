@@ -1,0 +1,249 @@
+//! The MoE switch layer with its routed experts streamed from disk
+//! (`--stream-experts`): a fixed pool of expert slots per layer, filled on
+//! demand by the expert readers, and the same `gather_qmm` / `gather_mm` as the
+//! resident layer over the pool, with router ids remapped to slot ids. The
+//! slots hold the file's bytes, so the output is the resident layer's, bit for
+//! bit.
+//!
+//! A step reads its router's ids back to the host (the one sync a streamed
+//! layer makes), reads each expert it lacks once, and writes them into free or
+//! evicted slots with a scatter. The pools are MLX arrays, updated
+//! functionally: a graph still queued on the old pool keeps reading the old
+//! bytes (MLX copies instead of updating in place while anything references
+//! it), so no slot is overwritten under queued work. Once a layer holds every
+//! expert it stops syncing: ids map to slots on the device. A budget that holds
+//! every expert fills the pools at load, so such layers never sync.
+
+use std::sync::{Arc, Mutex};
+
+use mlx_rs_safe::{ops, Array, Dtype};
+
+use super::moe::MoeSpec;
+use super::quant::{QuantConfig, QuantParams};
+use super::switch::SwitchGlu;
+use super::weights::Weights;
+use crate::error::{Error, Result};
+use crate::experts::slots::{Plan, SlotTable};
+use crate::experts::{ExpertStream, ReadJob, Region};
+
+/// One stacked tensor of the layer (e.g. `up_proj.scales`), per expert.
+struct ExpertTensor {
+    name: String,
+    dtype: Dtype,
+    /// One expert's shape.
+    shape: Vec<i32>,
+    regions: Vec<Region>,
+}
+
+struct State {
+    table: SlotTable,
+    /// Per tensor: [slots, ...shape].
+    pools: Vec<Array>,
+    /// Expert → slot on the device, once every expert is resident.
+    slot_map: Option<Array>,
+}
+
+pub struct StreamedSwitchGlu {
+    layer: u32,
+    tensors: Vec<ExpertTensor>,
+    quant: [Option<QuantParams>; 3],
+    expert_bytes: u64,
+    stream: Arc<ExpertStream>,
+    state: Mutex<State>,
+}
+
+const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+impl StreamedSwitchGlu {
+    /// Indexes the routed experts of the MoE block at `prefix` (layer `layer`):
+    /// stacked `{prefix}.switch_mlp.*` or per-expert `{prefix}.experts.{e}.*`
+    /// tensors, never read here; allocates the layer's slot pool.
+    pub fn load(w: &mut Weights, prefix: &str, layer: u32, spec: &MoeSpec, dim: i32, quant: &QuantConfig, stream: Arc<ExpertStream>) -> Result<StreamedSwitchGlu> {
+        let (e, hidden) = (spec.num_experts, spec.expert_hidden);
+        let mut tensors = Vec::new();
+        let mut params = [None; 3];
+        for (p, ours) in PROJECTIONS.iter().enumerate() {
+            let hf = spec.hf_expert_names.iter().find(|(_, o)| o == ours).map_or(*ours, |(h, _)| *h);
+            let stacked = format!("{prefix}.switch_mlp.{ours}");
+            let single = |x: i32| format!("{prefix}.experts.{x}.{hf}");
+            let (rows, cols) = if p < 2 { (hidden, dim) } else { (dim, hidden) };
+            let quantized = w.contains(&format!("{stacked}.scales")) || w.contains(&format!("{}.scales", single(0)));
+            let parts: Vec<(&str, Vec<i32>, bool)> = if quantized {
+                let q = quant.for_layer(&stacked)?;
+                params[p] = Some(q);
+                let groups = vec![rows, cols / q.group_size];
+                vec![("weight", vec![rows, cols * q.bits / 32], true), ("scales", groups.clone(), false), ("biases", groups, false)]
+            } else {
+                vec![("weight", vec![rows, cols], false)]
+            };
+            for (part, shape, packed) in parts {
+                let name = format!("{stacked}.{part}");
+                let (dtype, regions) = if w.contains(&name) {
+                    let full: Vec<i32> = std::iter::once(e).chain(shape.iter().copied()).collect();
+                    let src = w.take_source(&name, &full, packed)?;
+                    let slab = src.meta.nbytes / e as u64;
+                    let regions = (0..e as u64).map(|x| Region { file: src.file.clone(), offset: src.meta.offset + x * slab, len: slab as usize }).collect();
+                    (src.meta.dtype, regions)
+                } else {
+                    let mut dtype = None;
+                    let mut regions = Vec::with_capacity(e as usize);
+                    for x in 0..e {
+                        let src = w.take_source(&format!("{}.{part}", single(x)), &shape, packed)?;
+                        if dtype.get_or_insert(src.meta.dtype) != &src.meta.dtype {
+                            return Err(Error::model_file(&src.file, format!("expert {x} of {name} is {:?}, expert 0 is {dtype:?}", src.meta.dtype)));
+                        }
+                        regions.push(Region { file: src.file.clone(), offset: src.meta.offset, len: src.meta.nbytes as usize });
+                    }
+                    (dtype.unwrap_or(Dtype::Float32), regions)
+                };
+                tensors.push(ExpertTensor { name, dtype, shape: shape.clone(), regions });
+            }
+        }
+        let slots = stream.slots(e as usize, spec.top_k as usize)?;
+        let pools = tensors
+            .iter()
+            .map(|t| {
+                let shape: Vec<i32> = std::iter::once(slots as i32).chain(t.shape.iter().copied()).collect();
+                ops::zeros(&shape, t.dtype)
+            })
+            .collect::<mlx_rs_safe::Result<Vec<_>>>()?;
+        // Allocated now: the budget is a hard cap, not something reached later.
+        mlx_rs_safe::eval(&pools.iter().collect::<Vec<_>>())?;
+        let expert_bytes: u64 = tensors.iter().map(|t| t.regions[0].len as u64).sum();
+        stream.reader.counters().add_capacity((slots as u64 * expert_bytes) as i64);
+        let layer = StreamedSwitchGlu {
+            layer,
+            tensors,
+            quant: params,
+            expert_bytes,
+            stream,
+            state: Mutex::new(State { table: SlotTable::new(e as usize, slots), pools, slot_map: None }),
+        };
+        if slots == e as usize {
+            layer.preload()?;
+        }
+        Ok(layer)
+    }
+
+    /// Reads every expert into the pool now: with a budget that holds them
+    /// all, the layer never has to read back its router's choice (which costs
+    /// more than the reads it saves), so it takes the resident path from the
+    /// first step. The reads are counted as misses, like any other.
+    fn preload(&self) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let all: Vec<u32> = (0..self.tensors[0].regions.len() as u32).collect();
+        let plan = st.table.plan(&all);
+        self.stream.reader.counters().record_lookup(self.layer, 0, plan.misses.len() as u64);
+        let read = self.read(&plan.misses)?;
+        let pools = self.install(&st.pools, &plan, &read)?;
+        // One layer at a time: the reads are freed before the next layer's.
+        mlx_rs_safe::eval(&pools.iter().collect::<Vec<_>>())?;
+        let filled = st.table.commit(&plan);
+        st.pools = pools;
+        self.stream.reader.counters().add_resident((filled as u64 * self.expert_bytes) as i64);
+        st.slot_map = st.table.slot_map().map(|m| Array::from_vec(&m)).transpose()?;
+        Ok(())
+    }
+
+    /// x [B, L, D], indices [B, L, k] → [B, L, k, D], as `SwitchGlu::forward`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        if let Some(map) = &st.slot_map {
+            let slots = ops::take(map, indices, 0)?;
+            return SwitchGlu::from_stacks(&st.pools, &self.quant)?.forward(x, &slots);
+        }
+        let counters = self.stream.reader.counters();
+        counters.record_host_sync();
+        let ids = ops::astype(indices, Dtype::Uint32)?.to_vec::<u32>()?;
+        let experts = self.tensors[0].regions.len();
+        if let Some(bad) = ids.iter().find(|&&e| e as usize >= experts) {
+            return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
+        }
+        let plan = st.table.plan(&ids);
+        counters.record_lookup(self.layer, plan.hits() as u64, plan.misses.len() as u64);
+        // A failed read leaves table and pools as they were.
+        let read = self.read(&plan.misses)?;
+        // Staging reads the pool as it was before this step's installs.
+        let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
+        let pools = self.install(&st.pools, &plan, &read)?;
+        let filled = st.table.commit(&plan);
+        st.pools = pools;
+        counters.add_resident((filled as u64 * self.expert_bytes) as i64);
+        if let Some(map) = st.table.slot_map() {
+            st.slot_map = Some(Array::from_vec(&map)?);
+        }
+        let (stacks, index) = match staged {
+            Some((stacks, position)) => (stacks, ids.iter().map(|&e| position[e as usize]).collect::<Vec<u32>>()),
+            None => {
+                let slots = ids.iter().map(|&e| st.table.slot(e)).collect::<Option<Vec<u32>>>();
+                (st.pools.clone(), slots.ok_or(Error::Internal("a step that fits the pool used an expert not in it"))?)
+            }
+        };
+        let index = Array::from_slice(&index, &indices.shape())?;
+        SwitchGlu::from_stacks(&stacks, &self.quant)?.forward(x, &index)
+    }
+
+    /// Reads every tensor of each expert in `misses`, all at once: the arrays
+    /// [1, ...shape], expert-major (`misses[i]`'s tensor t at i * tensors + t).
+    fn read(&self, misses: &[u32]) -> Result<Vec<Array>> {
+        let jobs = misses
+            .iter()
+            .flat_map(|&e| {
+                self.tensors.iter().map(move |t| ReadJob {
+                    region: t.regions[e as usize].clone(),
+                    shape: std::iter::once(1).chain(t.shape.iter().copied()).collect(),
+                    dtype: t.dtype,
+                    what: format!("{}, expert {e}", t.name),
+                })
+            })
+            .collect();
+        self.stream.reader.read_all(jobs)
+    }
+
+    /// The pools with the plan's installs written into their slots.
+    fn install(&self, pools: &[Array], plan: &Plan, read: &[Array]) -> Result<Vec<Array>> {
+        if plan.installs.is_empty() {
+            return Ok(pools.to_vec());
+        }
+        let slots: Vec<u32> = plan.installs.iter().map(|&(_, s)| s).collect();
+        let slots = Array::from_vec(&slots)?;
+        let n = self.tensors.len();
+        pools
+            .iter()
+            .enumerate()
+            .map(|(t, pool)| {
+                let parts: Vec<&Array> = plan.installs.iter().map(|&(i, _)| &read[i * n + t]).collect();
+                // [installs, 1, ...shape]: one pool row per index.
+                let updates = ops::expand_dims(&ops::concatenate(&parts, 0)?, &[1])?;
+                Ok(ops::scatter(pool, &[&slots], &updates, &[0])?)
+            })
+            .collect()
+    }
+
+    /// A one-step set of every expert the plan uses (resident ones taken from
+    /// the pool, then the misses), and each expert's place in it.
+    fn stage(&self, pools: &[Array], table: &SlotTable, plan: &Plan, read: &[Array]) -> Result<(Vec<Array>, Vec<u32>)> {
+        let hits: Vec<u32> = plan.used.iter().copied().filter(|&e| table.slot(e).is_some()).collect();
+        let hit_slots: Vec<u32> = hits.iter().filter_map(|&e| table.slot(e)).collect();
+        let mut position = vec![u32::MAX; self.tensors[0].regions.len()];
+        for (i, &e) in hits.iter().chain(&plan.misses).enumerate() {
+            position[e as usize] = i as u32;
+        }
+        let hit_slots = Array::from_vec(&hit_slots)?;
+        let n = self.tensors.len();
+        let stacks = pools
+            .iter()
+            .enumerate()
+            .map(|(t, pool)| {
+                let mut parts = Vec::with_capacity(plan.used.len());
+                if !hits.is_empty() {
+                    parts.push(ops::take(pool, &hit_slots, 0)?);
+                }
+                parts.extend((0..plan.misses.len()).map(|i| read[i * n + t].clone()));
+                Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((stacks, position))
+    }
+}

@@ -1,0 +1,246 @@
+//! SSD expert streaming (`--stream-experts`): a MoE model's routed experts read
+//! on demand into a fixed pool of slots per layer. Same greedy tokens as mlx-lm
+//! at every cache budget, alone and batched; byte counters that equal misses x
+//! expert size and agree with the kernel's /proc/self/io; no reads and no host
+//! syncs once the cache holds every expert; clear errors for budgets too small,
+//! truncated or corrupt shards.
+
+mod common;
+
+use common::configs::{qwen3_moe_many_experts, spec};
+use common::engine::check_parity_of;
+use common::fixture;
+use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
+use mlx_serve::models::LoadOptions;
+use serde_json::json;
+
+fn streaming(budget: &str, io: IoMode) -> (LoadOptions, ExpertCounters) {
+    let counters = ExpertCounters::default();
+    let opts = LoadOptions {
+        experts: Some(ExpertOptions { budget: Some(CacheBudget::parse(budget).unwrap()), io, readers: 8, counters: counters.clone() }),
+        ..Default::default()
+    };
+    (opts, counters)
+}
+
+/// Greedy tokens equal mlx-lm's (alone and in a batch of four) with the
+/// experts streamed at `budgets`; every miss read its expert's bytes exactly.
+fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str]) {
+    let dir = fixture(name, &spec);
+    for budget in budgets {
+        let (opts, counters) = streaming(budget, IoMode::Direct);
+        check_parity_of(&format!("{name} streamed at {budget}"), &dir, &dir, &spec, &opts, 1e-3);
+        assert!(counters.misses() > 0 && counters.bytes_read() > 0, "{name} at {budget}: nothing was read from disk");
+        eprintln!("{name} at {budget}: {}", counters.summary());
+    }
+}
+
+#[test]
+fn streamed_qwen3_moe_4bit_matches_mlx_lm_at_every_budget() {
+    let s = spec(qwen3_moe_many_experts(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
+    check_streamed_parity("qwen3_moe64_q4", s, &["10%", "25%", "50%", "100%"]);
+}
+
+#[test]
+fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
+    let s = spec(qwen3_moe_many_experts(), "float32", None);
+    check_streamed_parity("qwen3_moe64_fp32", s, &["10%", "25%", "50%", "100%"]);
+}
+
+// ---- Through the server: counters, the kernel's own count, errors, memory ----
+
+use std::path::{Path, PathBuf};
+
+use common::server::TestServer;
+use mlx_rs_safe::io::SafetensorsFile;
+use serde_json::Value;
+
+/// Bytes of one expert of `qwen3_moe_many_experts` in 4-bit (group 64, bf16
+/// scales and biases): per projection a 64x64 matrix packed in 2048 bytes plus
+/// 64 scales and 64 biases.
+const Q4_EXPERT_BYTES: u64 = 3 * (64 * 64 / 2 + 2 * 64 * 2);
+
+fn q4_fixture() -> PathBuf {
+    fixture("qwen3_moe64_q4", &spec(qwen3_moe_many_experts(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))))
+}
+
+/// A private copy of a fixture folder, for tests that damage its files.
+fn copy_of(dir: &Path, name: &str) -> PathBuf {
+    let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join("expert_streaming").join(name);
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
+}
+
+fn prompt_of(dir: &Path) -> Vec<u32> {
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    serde_json::from_value(r["prompt"].clone()).unwrap()
+}
+
+fn experts(server: &TestServer) -> Value {
+    let h = server.get("/health").json();
+    assert_eq!(h["capabilities"]["stream_experts"], true);
+    h["experts"].clone()
+}
+
+fn n(v: &Value, field: &str) -> u64 {
+    v[field].as_u64().unwrap_or_else(|| panic!("no {field} in {v}"))
+}
+
+fn complete(server: &TestServer, prompt: &[u32], max_tokens: usize) -> common::server::Reply {
+    server.post_json("/v1/completions", &json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true}))
+}
+
+#[test]
+fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
+    let dir = q4_fixture();
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "25%", "--prefill-size", "64"]);
+    let prompt = prompt_of(&dir);
+    // Warm-up: the resident weights are read at the first step.
+    assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
+    let before = experts(&server);
+    assert_eq!(before["io_mode"], "direct");
+    for (from, len) in [(0, 300), (200, 150), (100, 64)] {
+        let r = complete(&server, &prompt[from..from + len], 24);
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let after = experts(&server);
+    let d = |f: &str| n(&after, f) - n(&before, f);
+    eprintln!("{} misses, {} hits, {} bytes, {} disk bytes, {} by /proc/self/io", d("misses"), d("hits"), d("bytes_read"), d("disk_bytes_read"), d("os_read_bytes"));
+    assert!(d("misses") > 0 && d("hits") > 0);
+    assert_eq!(d("bytes_read"), d("misses") * Q4_EXPERT_BYTES, "bytes read must be misses x expert size, exactly");
+    let (disk, os) = (d("disk_bytes_read") as f64, d("os_read_bytes") as f64);
+    assert!((os - disk).abs() <= 0.05 * disk, "the kernel read {os} bytes for {disk} bytes of expert reads");
+    assert_eq!(n(&after, "capacity_bytes"), 2 * 16 * Q4_EXPERT_BYTES, "25% of 64 experts: 16 slots in each of 2 layers");
+    assert_eq!(n(&after, "resident_bytes"), n(&after, "capacity_bytes"), "the slots filled up");
+    let m = server.metrics();
+    for name in ["mlx_serve_expert_read_bytes_total", "mlx_serve_expert_disk_read_bytes_total", "mlx_serve_expert_reads_total",
+                 "mlx_serve_expert_cache_hits_total{layer=\"1\"}", "mlx_serve_expert_cache_misses_total{layer=\"0\"}",
+                 "mlx_serve_expert_host_syncs_total", "mlx_serve_expert_stall_seconds_total", "mlx_serve_expert_io_mode{mode=\"direct\"}"] {
+        let v = mlx_serve::metrics::counter_value(&m, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"));
+        assert!(v > 0.0, "{name} is {v}");
+    }
+}
+
+#[test]
+fn a_cache_holding_every_expert_reads_them_once_at_load_and_never_syncs() {
+    let dir = q4_fixture();
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "100%"]);
+    let loaded = experts(&server);
+    assert_eq!(n(&loaded, "misses"), 2 * 64, "each expert is read once, at load");
+    assert_eq!(n(&loaded, "bytes_read"), 2 * 64 * Q4_EXPERT_BYTES);
+    assert_eq!(n(&loaded, "resident_bytes"), n(&loaded, "capacity_bytes"));
+    let prompt = prompt_of(&dir);
+    for (from, len) in [(0, 300), (300, 200), (100, 30)] {
+        assert_eq!(complete(&server, &prompt[from..from + len], 16).status, 200);
+    }
+    let after = experts(&server);
+    assert_eq!(n(&after, "bytes_read"), n(&loaded, "bytes_read"), "no reads with every expert cached");
+    assert_eq!(n(&after, "host_syncs"), 0, "no router read-backs with every expert cached");
+    assert!(n(&after, "hits") == 0 && n(&after, "misses") == 2 * 64, "resident layers do no lookups: {after}");
+}
+
+#[test]
+fn a_corrupt_or_truncated_shard_fails_the_request_naming_file_and_tensor_and_serving_goes_on() {
+    let dir = copy_of(&q4_fixture(), "damaged");
+    let shard = dir.join("model.safetensors");
+    let good = std::fs::read(&shard).unwrap();
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "10%"]);
+    let prompt = prompt_of(&dir);
+    assert_eq!(complete(&server, &prompt[..20], 4).status, 200);
+
+    let tensor = "model.layers.0.mlp.switch_mlp.gate_proj.scales";
+    let info = SafetensorsFile::open(&shard).unwrap().info(tensor).unwrap().clone();
+    let mut bad = good.clone();
+    // bf16 0xffff is a NaN.
+    bad[info.offset as usize..(info.offset + info.nbytes) as usize].fill(0xff);
+    std::fs::write(&shard, &bad).unwrap();
+    let r = complete(&server, &prompt[100..400], 4);
+    assert_ne!(r.status, 200);
+    for needle in ["model.safetensors", tensor, "NaN"] {
+        assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
+    }
+
+    let down = "model.layers.1.mlp.switch_mlp.down_proj.weight";
+    let info = SafetensorsFile::open(&shard).unwrap().info(down).unwrap().clone();
+    std::fs::write(&shard, &good[..info.offset as usize + 100]).unwrap();
+    let r = complete(&server, &prompt[50..350], 4);
+    assert_ne!(r.status, 200);
+    for needle in ["model.safetensors", down, "truncated"] {
+        assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
+    }
+
+    std::fs::write(&shard, &good).unwrap();
+    let r = complete(&server, &prompt[100..400], 4);
+    assert_eq!(r.status, 200, "the server serves again once the file is whole: {}", r.body);
+}
+
+fn generate_stderr(dir: &Path, flags: &[&str]) -> String {
+    let out = std::process::Command::new(common::server::binary())
+        .args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])
+        .args(flags)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{flags:?} should be refused");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn budgets_below_one_tokens_experts_and_models_without_experts_are_refused_at_start_up() {
+    let dir = q4_fixture();
+    // 5% of 64 experts is 3 slots; each token uses 4.
+    let err = generate_stderr(&dir, &["--stream-experts", "--expert-cache-bytes", "5%"]);
+    assert!(err.contains("3 expert slot(s) per MoE layer, fewer than the 4 experts each token uses"), "{err}");
+    let err = generate_stderr(&dir, &["--stream-experts", "--expert-cache-bytes", "lots"]);
+    assert!(err.contains("--expert-cache-bytes takes bytes"), "{err}");
+    let err = generate_stderr(&dir, &["--stream-experts", "--expert-io", "mmap"]);
+    assert!(err.contains("--expert-io must be direct or buffered"), "{err}");
+    let dense = common::models::model();
+    let err = generate_stderr(&dense, &["--stream-experts"]);
+    assert!(err.contains("no routed experts to stream"), "{err}");
+}
+
+#[test]
+fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
+    // 8 layers x 64 fp32 experts of 3 x 256 x 512: 805 MB of experts, 100 MB a
+    // layer; everything else about 4 MB.
+    let mut c = qwen3_moe_many_experts();
+    c["hidden_size"] = json!(256);
+    c["moe_intermediate_size"] = json!(512);
+    c["num_hidden_layers"] = json!(8);
+    c["head_dim"] = json!(64);
+    let mut s = spec(c, "float32", None);
+    s["prompt_tokens"] = json!(300);
+    s["max_tokens"] = json!(16);
+    s["batch_prompt_tokens"] = json!([]);
+    let dir = fixture("qwen3_moe64_fp32_large", &s);
+    let expert = 3 * 256 * 512 * 4u64;
+    let all_experts = 8 * 64 * expert;
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
+    let tokens: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
+    let expected = mlx_serve::tokenizer::Tokenizer::load(&dir, None).unwrap().decode(&tokens, true).unwrap();
+
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "10%", "--prompt-cache-bytes", "0"]);
+    let r = complete(&server, &prompt, tokens.len());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at 10%: not mlx-lm's greedy text");
+    let h = server.get("/health").json();
+    let e = &h["experts"];
+    let cap = n(e, "capacity_bytes");
+    assert_eq!(cap, 8 * 6 * expert, "10% of 64 experts: 6 slots a layer");
+    assert!(n(e, "bytes_read") >= all_experts / 2, "the prompt should have read most experts: {e}");
+    // MLX's peak: resident weights, the slot pools, and one layer's staging set
+    // (a prefill chunk routes to nearly every expert of a layer) with the reads
+    // it is built from: two layers' worth, plus activations and MLX's rounding
+    // of buffer sizes (128 MB). Holding every expert would take 805 MB.
+    let peak = h["memory"]["peak_bytes"].as_u64().unwrap();
+    let bound = 8_000_000 + cap + 2 * 64 * expert + 128_000_000;
+    eprintln!("MLX peak {peak} bytes (bound {bound}, all experts {all_experts}); RSS high-water {} KiB", server.proc_status_kib("VmHWM"));
+    assert!(peak <= bound, "MLX peak {peak} bytes is above {bound}");
+    assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "the process held as much memory as all experts");
+}
