@@ -1,0 +1,145 @@
+"""Expert streaming benchmark: decode and prefill of one MoE model with every
+routed expert resident, then streamed from disk at several cache budgets, in one
+run on one machine; plus the disk itself (O_DIRECT reads of one expert's size).
+
+usage: python expert_bench.py --model DIR --bin mlx-serve [--runs resident,100%,75%,50%,25%]
+       [--prompt-tokens 2048] [--gen-tokens 128] [--temp 0.8] [--out results.json]
+
+Every run samples with the same seed: equal logits give equal tokens, so each
+streamed run must print the resident run's token ids (checked, reported as
+"same tokens"). Random-weight models route almost uniformly, so hit rates here
+are close to the cache's share of experts: a floor for real models, whose
+routing repeats from token to token.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+WORDS = "the model token server memory cache layer weight attention value key query stream".split()
+
+
+def prompt_text(model, n_tokens):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    words, i = [], 0
+    while len(tok.encode(" ".join(words)).ids) < n_tokens:
+        words.extend(WORDS[(i * 7 + j) % len(WORDS)] for j in range(16))
+        i += 1
+    return " ".join(words)
+
+
+def expert_bytes(model):
+    c = json.loads((Path(model) / "config.json").read_text())
+    h, m, q = c["hidden_size"], c["moe_intermediate_size"], c["quantization"]
+    per = lambda rows, cols: rows * cols * q["bits"] // 8 + 2 * rows * (cols // q["group_size"]) * 2
+    return 2 * per(m, h) + per(h, m), c
+
+
+def probe_disk(model, size, depths, seconds=3.0):
+    """GB/s of O_DIRECT reads of `size` bytes (4 KiB-aligned) at random offsets of
+    the model's shards, with `depth` threads each reading one at a time."""
+    files = sorted(Path(model).glob("*.safetensors"))
+    size = (size + 4095) // 4096 * 4096
+    out = {}
+    for depth in depths:
+        done, stop = [0] * depth, time.time() + seconds
+
+        def worker(k):
+            buf = mmap.mmap(-1, size)
+            fds = [os.open(f, os.O_RDONLY | os.O_DIRECT) for f in files]
+            lens = [os.fstat(fd).st_size for fd in fds]
+            rng = random.Random(k)
+            while time.time() < stop:
+                i = rng.randrange(len(fds))
+                off = rng.randrange(0, max(1, lens[i] - size)) // 4096 * 4096
+                done[k] += os.preadv(fds[i], [buf], off)
+            for fd in fds:
+                os.close(fd)
+
+        t0 = time.time()
+        ts = [threading.Thread(target=worker, args=(k,)) for k in range(depth)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out[depth] = sum(done) / (time.time() - t0) / 1e9
+    return out
+
+
+def run(binary, model, prompt, gen, temp, prefill, budget, readers):
+    cmd = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen), "--ignore-chat-template",
+           "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json"]
+    if budget != "resident":
+        cmd += ["--stream-experts", "--expert-cache-bytes", budget, "--expert-readers", str(readers)]
+    t0 = time.time()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    r = json.loads(out.stdout)
+    r["wall_s"] = time.time() - t0
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--runs", default="resident,100%,75%,50%,25%")
+    ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--prefill-size", type=int, default=2048)
+    ap.add_argument("--temp", type=float, default=0.8)
+    ap.add_argument("--readers", type=int, default=8)
+    ap.add_argument("--no-probe", action="store_true")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    eb, cfg = expert_bytes(a.model)
+    per_token = cfg["num_hidden_layers"] * cfg["num_experts_per_tok"] * eb
+    print(f"model {a.model}: {cfg['num_hidden_layers']} layers x {cfg['num_experts']} experts of {eb} bytes "
+          f"({cfg['num_hidden_layers'] * cfg['num_experts'] * eb / 1e9:.2f} GB), {per_token / 1e9:.3f} GB of experts per token")
+    disk = {} if a.no_probe else probe_disk(a.model, eb, [1, 4, 8, 16])
+    for d, bw in disk.items():
+        print(f"disk: O_DIRECT {eb} B reads at depth {d}: {bw:.2f} GB/s")
+    bw = disk.get(a.readers) or (max(disk.values()) if disk else None)
+    prompt = prompt_text(a.model, a.prompt_tokens)
+    rows, resident = [], None
+    for budget in a.runs.split(","):
+        r = run(a.bin, a.model, prompt, a.gen_tokens, a.temp, a.prefill_size, budget, a.readers)
+        row = {"run": budget, "prompt_tokens": r["prompt_tokens"], "prompt_tps": r["prompt_tps"],
+               "decode_tps": r["generation_tps"], "peak_gb": r["peak_memory_bytes"] / 1e9, "wall_s": r["wall_s"],
+               "ids": r["generated_token_ids"]}
+        if budget == "resident":
+            if resident:
+                row["same_tokens"] = row["ids"] == resident["ids"]
+            resident = resident or row
+        e = r.get("experts")
+        if e:
+            p, z = e["after_prefill"], e["at_end"]
+            hits, misses = z["hits"] - p["hits"], z["misses"] - p["misses"]
+            dec_bytes = z["bytes_read"] - p["bytes_read"]
+            row.update(hit=hits / max(1, hits + misses), decode_mb_per_token=dec_bytes / len(r["generated_token_ids"]) / 1e6,
+                       prefill_gb_read=p["bytes_read"] / 1e9, stall_s=z["stall_seconds"], syncs=z["host_syncs"],
+                       io=z["io_mode"], disk_vs_os=(z["os_read_bytes"] or 0) / max(1, z["disk_bytes_read"]),
+                       capacity_gb=z["capacity_bytes"] / 1e9)
+            if resident:
+                t_res = 1 / resident["decode_tps"]
+                row["ratio_to_resident"] = row["decode_tps"] / resident["decode_tps"]
+                if bw:
+                    bound = 1 / (t_res + dec_bytes / len(r["generated_token_ids"]) / (bw * 1e9))
+                    row["serial_bound_tps"] = bound
+                    row["pct_of_bound"] = row["decode_tps"] / bound
+                row["same_tokens"] = row["ids"] == resident["ids"]
+        rows.append(row)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "ids"}), flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps({"disk_gbps": disk, "expert_bytes": eb, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

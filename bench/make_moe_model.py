@@ -1,0 +1,121 @@
+"""Writes a random-weight 4-bit Qwen3-MoE model in mlx-community's layout (stacked
+switch_mlp experts, affine 4-bit, group 64, bf16 scales and biases), one shard per
+layer, straight from numpy: a Qwen3-30B-A3B-shaped model (17 GB) takes about a
+minute, without ever holding the float weights. Speed and I/O do not depend on
+the values; every expert gets its own random bytes, so a wrong slot mapping shows.
+
+usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0]
+SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs)
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
+from make_tokenizer import write_tokenizer  # noqa: E402
+
+SHAPES = {
+    # Qwen/Qwen3-30B-A3B
+    "qwen3-30b-a3b": {"hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32,
+                      "num_key_value_heads": 4, "head_dim": 128, "moe_intermediate_size": 768,
+                      "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936},
+    # No published checkpoint: many experts at a size MLX's CPU backend decodes in seconds.
+    "qwen3-moe-cpu": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+                      "num_key_value_heads": 2, "head_dim": 64, "moe_intermediate_size": 512,
+                      "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 8192},
+}
+GROUP, BITS = 64, 4
+
+
+def bf16(x):
+    """float32 array -> bf16 bits (uint16), rounded to nearest even."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+class Shard:
+    def __init__(self):
+        self.tensors = []
+
+    def add(self, name, arr, dtype):
+        self.tensors.append((name, arr, dtype))
+
+    def write(self, path):
+        header, offset = {}, 0
+        for name, arr, dtype in self.tensors:
+            header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
+            offset += arr.nbytes
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        with open(path, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for _, arr, _ in self.tensors:
+                f.write(np.ascontiguousarray(arr).data)
+
+
+def quantized(shard, rng, name, shape):
+    """A random affine 4-bit matrix [..., rows, cols]: packed uint32, bf16 scales/biases."""
+    *lead, rows, cols = shape
+    shard.add(f"{name}.weight", rng.integers(0, 2**32, (*lead, rows, cols * BITS // 32), dtype=np.uint32), "U32")
+    # Values scale * q + bias with q in 0..15 centred on 0: std about 0.02 / sqrt(cols / 512).
+    s = (0.02 / 4.6) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // GROUP), dtype=np.float32))
+    shard.add(f"{name}.scales", bf16(s), "BF16")
+    shard.add(f"{name}.biases", bf16(-7.5 * s), "BF16")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shape", choices=sorted(SHAPES))
+    ap.add_argument("out")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    c = SHAPES[a.shape]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(a.seed)
+    h, hd, e, moe = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
+    q_heads, kv_heads, layers, vocab = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"], c["vocab_size"]
+    ones = lambda n: np.full(n, 0x3F80, np.uint16)  # bf16 1.0
+    weight_map = {}
+    shards = layers + 1
+    for i in range(layers):
+        s = Shard()
+        p = f"model.layers.{i}"
+        for n in ["input_layernorm", "post_attention_layernorm"]:
+            s.add(f"{p}.{n}.weight", ones(h), "BF16")
+        s.add(f"{p}.self_attn.q_norm.weight", ones(hd), "BF16")
+        s.add(f"{p}.self_attn.k_norm.weight", ones(hd), "BF16")
+        quantized(s, rng, f"{p}.self_attn.q_proj", (q_heads * hd, h))
+        quantized(s, rng, f"{p}.self_attn.k_proj", (kv_heads * hd, h))
+        quantized(s, rng, f"{p}.self_attn.v_proj", (kv_heads * hd, h))
+        quantized(s, rng, f"{p}.self_attn.o_proj", (h, q_heads * hd))
+        quantized(s, rng, f"{p}.mlp.gate", (e, h))
+        quantized(s, rng, f"{p}.mlp.switch_mlp.gate_proj", (e, moe, h))
+        quantized(s, rng, f"{p}.mlp.switch_mlp.up_proj", (e, moe, h))
+        quantized(s, rng, f"{p}.mlp.switch_mlp.down_proj", (e, h, moe))
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        s.write(out / name)
+        weight_map.update({t[0]: name for t in s.tensors})
+    s = Shard()
+    quantized(s, rng, "model.embed_tokens", (vocab, h))
+    quantized(s, rng, "lm_head", (vocab, h))
+    s.add("model.norm.weight", ones(h), "BF16")
+    name = f"model-{shards:05d}-of-{shards:05d}.safetensors"
+    s.write(out / name)
+    weight_map.update({t[0]: name for t in s.tensors})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    config = {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "tie_word_embeddings": False, "max_position_embeddings": 40960, "decoder_sparse_step": 1,
+              "mlp_only_layers": [], "norm_topk_prob": True, "quantization": {"group_size": GROUP, "bits": BITS}, **c}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    write_tokenizer(out, vocab)
+    print(json.dumps({"shape": a.shape, "dir": str(out)}))
+
+
+if __name__ == "__main__":
+    main()
