@@ -30,6 +30,8 @@ enum Stored {
     Float,
     /// A quantized matrix's packed integers.
     Packed,
+    /// Float values checked when they are read (streamed experts), not at load.
+    FloatUnread,
 }
 
 pub struct Weights {
@@ -175,10 +177,11 @@ impl Weights {
                 Err(self.error(name, format!("tensor {name} is {dtype:?}; a quantized weight is packed as Uint32")))
             }
             Stored::Packed => Ok(()),
-            Stored::Float if !matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) => Err(self.error(
+            Stored::Float | Stored::FloatUnread if !matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) => Err(self.error(
                 name,
                 format!("tensor {name} is {dtype:?}; expected Float16, Bfloat16 or Float32"),
             )),
+            Stored::FloatUnread => Ok(()),
             Stored::Float => {
                 // Reads the tensor now rather than at the first request.
                 if ops::all_all(&ops::isfinite(a)?, false)?.item::<bool>()? {
@@ -225,15 +228,7 @@ impl Weights {
                 format!("tensor {name} has no place in a safetensors file: --stream-experts reads safetensors models (a GGUF file is repacked at load)"),
             ));
         };
-        let a = self.remove(name)?;
-        if a.shape() != shape {
-            return Err(self.error(name, format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape())));
-        }
-        let dtype = a.dtype();
-        let ok = if packed { dtype == Dtype::Uint32 } else { matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) };
-        if !ok {
-            return Err(self.error(name, format!("tensor {name} is {dtype:?}, which a streamed expert tensor cannot be")));
-        }
+        self.take_stored(name, shape, if packed { Stored::Packed } else { Stored::FloatUnread })?;
         Ok(src)
     }
 
