@@ -192,6 +192,16 @@ pub(crate) fn with_current<R>(f: impl FnOnce(sys::mlx_stream) -> R) -> Result<R>
     })
 }
 
+/// Waits until all work queued on this thread's current stream has finished.
+///
+/// Call it before a thread lets go of work it queued without waiting for it
+/// (`async_eval`): a stream thread frees each task's buffers after running it,
+/// and if the process exits meanwhile, MLX's allocator is destroyed under it.
+pub fn synchronize() -> Result<()> {
+    // SAFETY: `raw` is the thread's live current stream.
+    with_current(|raw| check(unsafe { sys::mlx_synchronize(raw) }))?
+}
+
 /// Runs `f` with `stream` as this thread's current stream, then restores the previous one.
 pub fn with_stream<R>(stream: &Stream, f: impl FnOnce() -> R) -> R {
     let previous = CURRENT.with(|c| c.borrow_mut().replace(stream.clone()));

@@ -384,3 +384,14 @@ impl Engine {
         }
     }
 }
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // A decode step may still be running (queued with async_eval ahead of
+        // its tokens): wait for it, so no MLX stream thread is still freeing
+        // its buffers when the process exits after the engine.
+        if let Err(e) = mlx_rs_safe::synchronize() {
+            log::warn!("waiting for the last MLX work of the engine failed: {e}");
+        }
+    }
+}
