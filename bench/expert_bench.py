@@ -2,7 +2,8 @@
 routed expert resident, then streamed from disk at several cache budgets, in one
 run on one machine; plus the disk itself (O_DIRECT reads of one expert's size).
 
-usage: python expert_bench.py --model DIR --bin mlx-serve [--runs resident,100%,75%,50%,25%]
+usage: python expert_bench.py --model DIR --bin mlx-serve [--runs resident,100%,75%,50%,25%,25%-noahead]
+       [--prompt-kind words|random]
        [--prompt-tokens 2048] [--gen-tokens 128] [--temp 0.8] [--out results.json]
 
 Every run samples with the same seed: equal logits give equal tokens, so each
@@ -26,9 +27,19 @@ from pathlib import Path
 WORDS = "the model token server memory cache layer weight attention value key query stream".split()
 
 
-def prompt_text(model, n_tokens):
+def prompt_text(model, n_tokens, kind="words"):
+    """A prompt of about `n_tokens` tokens: repeated English words, or ("random")
+    random vocabulary entries, which a random-weight router spreads over all
+    experts, as a trained model's router does with real text."""
+    import random as rnd
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    if kind == "random":
+        r = rnd.Random(0)
+        pieces = []
+        while len(tok.encode("".join(pieces)).ids) < n_tokens:
+            pieces.append(tok.decode([r.randrange(tok.get_vocab_size())]))
+        return "".join(pieces)
     words, i = [], 0
     while len(tok.encode(" ".join(words)).ids) < n_tokens:
         words.extend(WORDS[(i * 7 + j) % len(WORDS)] for j in range(16))
@@ -78,7 +89,10 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     cmd = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen), "--ignore-chat-template",
            "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json"]
     if budget != "resident":
-        cmd += ["--stream-experts", "--expert-cache-bytes", budget, "--expert-readers", str(readers)]
+        # "25%-noahead": the same budget without prefill read-ahead.
+        cmd += ["--stream-experts", "--expert-cache-bytes", budget.removesuffix("-noahead"), "--expert-readers", str(readers)]
+        if budget.endswith("-noahead"):
+            cmd.append("--no-expert-read-ahead")
     t0 = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
@@ -92,6 +106,7 @@ def main():
     ap.add_argument("--bin", required=True)
     ap.add_argument("--runs", default="resident,100%,75%,50%,25%")
     ap.add_argument("--prompt-tokens", type=int, default=2048)
+    ap.add_argument("--prompt-kind", choices=["words", "random"], default="words")
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--prefill-size", type=int, default=2048)
     ap.add_argument("--temp", type=float, default=0.8)
@@ -107,7 +122,7 @@ def main():
     for d, bw in disk.items():
         print(f"disk: O_DIRECT {eb} B reads at depth {d}: {bw:.2f} GB/s")
     bw = disk.get(a.readers) or (max(disk.values()) if disk else None)
-    prompt = prompt_text(a.model, a.prompt_tokens)
+    prompt = prompt_text(a.model, a.prompt_tokens, a.prompt_kind)
     rows, resident = [], None
     for budget in a.runs.split(","):
         r = run(a.bin, a.model, prompt, a.gen_tokens, a.temp, a.prefill_size, budget, a.readers)
@@ -124,7 +139,10 @@ def main():
             hits, misses = z["hits"] - p["hits"], z["misses"] - p["misses"]
             dec_bytes = z["bytes_read"] - p["bytes_read"]
             row.update(hit=hits / max(1, hits + misses), decode_mb_per_token=dec_bytes / len(r["generated_token_ids"]) / 1e6,
-                       prefill_gb_read=p["bytes_read"] / 1e9, stall_s=z["stall_seconds"], syncs=z["host_syncs"],
+                       prefill_gb_read=p["bytes_read"] / 1e9,
+                       prefill_read_gbps=p["bytes_read"] / 1e9 / (r["prompt_tokens"] / r["prompt_tps"]),
+                       read_ahead=p.get("prefetch_issued", 0), read_ahead_used=p.get("prefetch_used", 0),
+                       stall_s=z["stall_seconds"], syncs=z["host_syncs"],
                        io=z["io_mode"], disk_vs_os=(z["os_read_bytes"] or 0) / max(1, z["disk_bytes_read"]),
                        capacity_gb=z["capacity_bytes"] / 1e9)
             if resident:

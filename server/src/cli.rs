@@ -282,6 +282,12 @@ pub struct LoadArgs {
     /// With --stream-experts: reader threads, i.e. expert reads in flight at once.
     #[arg(long, env = "MLX_SERVE_EXPERT_READERS", default_value_t = 8, requires = "stream_experts")]
     pub expert_readers: usize,
+    /// With --stream-experts: do not start a MoE layer's reads before its
+    /// router runs in wide prefill chunks (read-ahead overlaps reads with the
+    /// previous layer's compute, at the cost of reading some experts in vain
+    /// when routing changes between prompts).
+    #[arg(long, env = "MLX_SERVE_NO_EXPERT_READ_AHEAD", requires = "stream_experts")]
+    pub no_expert_read_ahead: bool,
 }
 
 impl LoadArgs {
@@ -291,6 +297,7 @@ impl LoadArgs {
                 budget: self.expert_cache_bytes.as_deref().map(crate::experts::CacheBudget::parse).transpose()?,
                 io: crate::experts::IoMode::parse(&self.expert_io)?,
                 readers: self.expert_readers,
+                read_ahead: !self.no_expert_read_ahead,
                 counters: crate::experts::ExpertCounters::default(),
             }),
             false => None,

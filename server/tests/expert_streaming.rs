@@ -1,7 +1,8 @@
 //! SSD expert streaming (`--stream-experts`): a MoE model's routed experts read
 //! on demand into a fixed pool of slots per layer. Same greedy tokens as mlx-lm
-//! at every cache budget, alone and batched; byte counters that equal misses x
-//! expert size and agree with the kernel's /proc/self/io; no reads and no host
+//! at every cache budget, alone and batched; byte counters that equal (misses
+//! read on demand + experts read ahead) x expert size and agree with the
+//! kernel's /proc/self/io; no reads and no host
 //! syncs once the cache holds every expert; clear errors for budgets too small,
 //! truncated or corrupt shards.
 
@@ -14,24 +15,31 @@ use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
 use mlx_serve::models::LoadOptions;
 use serde_json::json;
 
-fn streaming(budget: &str, io: IoMode) -> (LoadOptions, ExpertCounters) {
+fn streaming(budget: &str, io: IoMode, read_ahead: bool) -> (LoadOptions, ExpertCounters) {
     let counters = ExpertCounters::default();
+    let budget = Some(CacheBudget::parse(budget).unwrap());
     let opts = LoadOptions {
-        experts: Some(ExpertOptions { budget: Some(CacheBudget::parse(budget).unwrap()), io, readers: 8, counters: counters.clone() }),
+        experts: Some(ExpertOptions { budget, io, readers: 8, read_ahead, counters: counters.clone() }),
         ..Default::default()
     };
     (opts, counters)
 }
 
 /// Greedy tokens equal mlx-lm's (alone and in a batch of four) with the
-/// experts streamed at `budgets`; every miss read its expert's bytes exactly.
+/// experts streamed at `budgets`, and at 25% without read-ahead (then no
+/// expert is read but the misses).
 fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str]) {
     let dir = fixture(name, &spec);
-    for budget in budgets {
-        let (opts, counters) = streaming(budget, IoMode::Direct);
-        check_parity_of(&format!("{name} streamed at {budget}"), &dir, &dir, &spec, &opts, 1e-3);
-        assert!(counters.misses() > 0 && counters.bytes_read() > 0, "{name} at {budget}: nothing was read from disk");
-        eprintln!("{name} at {budget}: {}", counters.summary());
+    let runs = budgets.iter().map(|&b| (b, true)).chain([("25%", false)]);
+    for (budget, read_ahead) in runs {
+        let (opts, counters) = streaming(budget, IoMode::Direct, read_ahead);
+        let what = format!("{name} streamed at {budget}{}", if read_ahead { "" } else { " without read-ahead" });
+        check_parity_of(&what, &dir, &dir, &spec, &opts, 1e-3);
+        assert!(counters.misses() > 0 && counters.bytes_read() > 0, "{what}: nothing was read from disk");
+        if !read_ahead {
+            assert_eq!(counters.prefetch_issued(), 0, "{what}: {}", counters.summary());
+        }
+        eprintln!("{what}: {}", counters.summary());
     }
 }
 
@@ -110,9 +118,20 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
     }
     let after = experts(&server);
     let d = |f: &str| n(&after, f) - n(&before, f);
-    eprintln!("{} misses, {} hits, {} bytes, {} disk bytes, {} by /proc/self/io", d("misses"), d("hits"), d("bytes_read"), d("disk_bytes_read"), d("os_read_bytes"));
+    eprintln!(
+        "{} misses, {} hits, {} read ahead ({} used), {} bytes, {} disk bytes, {} by /proc/self/io",
+        d("misses"), d("hits"), d("prefetch_issued"), d("prefetch_used"), d("bytes_read"), d("disk_bytes_read"), d("os_read_bytes")
+    );
     assert!(d("misses") > 0 && d("hits") > 0);
-    assert_eq!(d("bytes_read"), d("misses") * Q4_EXPERT_BYTES, "bytes read must be misses x expert size, exactly");
+    // 64-token chunks pick each of 64 experts 4 times over: layer 0 starts
+    // layer 1's reads (of what layer 1's last such chunk used) before layer
+    // 1's router runs.
+    assert!(d("prefetch_used") > 0 && d("prefetch_used") <= d("prefetch_issued"), "no read-ahead in wide prefill chunks: {after}");
+    assert_eq!(
+        d("bytes_read"),
+        (d("misses") - d("prefetch_used") + d("prefetch_issued")) * Q4_EXPERT_BYTES,
+        "bytes read must be (misses read on demand + experts read ahead) x expert size, exactly"
+    );
     let (disk, os) = (d("disk_bytes_read") as f64, d("os_read_bytes") as f64);
     assert!((os - disk).abs() <= 0.05 * disk, "the kernel read {os} bytes for {disk} bytes of expert reads");
     assert_eq!(n(&after, "capacity_bytes"), 2 * 16 * Q4_EXPERT_BYTES, "25% of 64 experts: 16 slots in each of 2 layers");
@@ -120,7 +139,8 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
     let m = server.metrics();
     for name in ["mlx_serve_expert_read_bytes_total", "mlx_serve_expert_disk_read_bytes_total", "mlx_serve_expert_reads_total",
                  "mlx_serve_expert_cache_hits_total{layer=\"1\"}", "mlx_serve_expert_cache_misses_total{layer=\"0\"}",
-                 "mlx_serve_expert_host_syncs_total", "mlx_serve_expert_stall_seconds_total", "mlx_serve_expert_io_mode{mode=\"direct\"}"] {
+                 "mlx_serve_expert_host_syncs_total", "mlx_serve_expert_stall_seconds_total", "mlx_serve_expert_io_mode{mode=\"direct\"}",
+                 "mlx_serve_expert_prefetch_issued_total", "mlx_serve_expert_prefetch_used_total"] {
         let v = mlx_serve::metrics::counter_value(&m, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"));
         assert!(v > 0.0, "{name} is {v}");
     }
@@ -166,13 +186,19 @@ fn a_corrupt_or_truncated_shard_fails_the_request_naming_file_and_tensor_and_ser
     }
 
     let down = "model.layers.1.mlp.switch_mlp.down_proj.weight";
-    let info = SafetensorsFile::open(&shard).unwrap().info(down).unwrap().clone();
-    std::fs::write(&shard, &good[..info.offset as usize + 100]).unwrap();
+    let file = SafetensorsFile::open(&shard).unwrap();
+    let cut = file.info(down).unwrap().offset + 100;
+    std::fs::write(&shard, &good[..cut as usize]).unwrap();
     let r = complete(&server, &prompt[50..350], 4);
     assert_ne!(r.status, 200);
-    for needle in ["model.safetensors", down, "truncated"] {
+    for needle in ["model.safetensors", "truncated"] {
         assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
     }
+    // Whichever read failed first (layer 1's own, or one started ahead by
+    // layer 0) is named: a tensor that runs past the cut.
+    let named = r.body.split("reading ").nth(1).and_then(|t| t.split(", expert").next()).unwrap_or_else(|| panic!("no tensor named: {}", r.body));
+    let info = file.info(named).unwrap_or_else(|| panic!("{named:?} is not a tensor of the shard: {}", r.body));
+    assert!(info.offset + info.nbytes > cut, "{named} lies before the cut: {}", r.body);
 
     std::fs::write(&shard, &good).unwrap();
     let r = complete(&server, &prompt[100..400], 4);
@@ -225,7 +251,9 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
     let tokens: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
     let expected = mlx_serve::tokenizer::Tokenizer::load(&dir, None).unwrap().decode(&tokens, true).unwrap();
 
-    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "10%", "--prompt-cache-bytes", "0"]);
+    // Three prefill chunks: the second and third read each layer ahead.
+    let flags = ["--stream-experts", "--expert-cache-bytes", "10%", "--prompt-cache-bytes", "0", "--prefill-size", "128"];
+    let server = TestServer::start(&dir, &flags);
     let r = complete(&server, &prompt, tokens.len());
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at 10%: not mlx-lm's greedy text");
@@ -234,12 +262,14 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
     let cap = n(e, "capacity_bytes");
     assert_eq!(cap, 8 * 6 * expert, "10% of 64 experts: 6 slots a layer");
     assert!(n(e, "bytes_read") >= all_experts / 2, "the prompt should have read most experts: {e}");
+    assert!(n(e, "prefetch_used") > 0, "the prompt's later chunks should read layers ahead: {e}");
     // MLX's peak: resident weights, the slot pools, and one layer's staging set
     // (a prefill chunk routes to nearly every expert of a layer) with the reads
-    // it is built from: two layers' worth, plus activations and MLX's rounding
-    // of buffer sizes (128 MB). Holding every expert would take 805 MB.
+    // it is built from, and the next layer's experts being read ahead: three
+    // layers' worth, plus activations and MLX's rounding of buffer sizes
+    // (128 MB). Holding every expert would take 805 MB.
     let peak = h["memory"]["peak_bytes"].as_u64().unwrap();
-    let bound = 8_000_000 + cap + 2 * 64 * expert + 128_000_000;
+    let bound = 8_000_000 + cap + 3 * 64 * expert + 128_000_000;
     eprintln!("MLX peak {peak} bytes (bound {bound}, all experts {all_experts}); RSS high-water {} KiB", server.proc_status_kib("VmHWM"));
     assert!(peak <= bound, "MLX peak {peak} bytes is above {bound}");
     assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "the process held as much memory as all experts");

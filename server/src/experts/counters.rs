@@ -28,7 +28,8 @@ struct ModeLabels {
 
 #[derive(Clone, Debug, Default)]
 pub struct ExpertCounters {
-    /// Bytes of expert tensors delivered by reads (exactly misses × expert size).
+    /// Bytes of expert tensors delivered by reads: exactly (misses − prefetch
+    /// used + prefetch issued) × expert size.
     pub(super) bytes_read: Counter,
     /// Bytes the read calls asked the disk for: the tensors' bytes, widened to
     /// whole blocks for O_DIRECT. What `/proc/self/io` should show.
@@ -40,6 +41,8 @@ pub struct ExpertCounters {
     misses_all: Counter,
     stall_seconds: Counter<f64, AtomicU64>,
     host_syncs: Counter,
+    prefetch_issued: Counter,
+    prefetch_used: Counter,
     resident_bytes: Gauge,
     capacity_bytes: Gauge,
     io_mode: Family<ModeLabels, Gauge>,
@@ -51,7 +54,7 @@ impl ExpertCounters {
     pub fn register(&self, r: &mut Registry) {
         r.register_with_unit(
             "expert_read",
-            "Bytes of routed-expert tensors read from disk (exactly cache misses x expert size)",
+            "Bytes of routed-expert tensors read from disk (exactly (misses - prefetch used + prefetch issued) x expert size)",
             Unit::Bytes,
             self.bytes_read.clone(),
         );
@@ -75,6 +78,12 @@ impl ExpertCounters {
             "Router read-backs to the host (one per streamed MoE layer and step; none once a layer holds every expert)",
             self.host_syncs.clone(),
         );
+        r.register(
+            "expert_prefetch_issued",
+            "Experts read ahead for the next MoE layer of a prefill chunk, before its router ran",
+            self.prefetch_issued.clone(),
+        );
+        r.register("expert_prefetch_used", "Experts read ahead that the layer then used (the rest were read in vain)", self.prefetch_used.clone());
         r.register_with_unit("expert_cache_resident", "Bytes of experts held in the slot pools", Unit::Bytes, self.resident_bytes.clone());
         r.register_with_unit("expert_cache_capacity", "Bytes of the slot pools (the cache budget in force)", Unit::Bytes, self.capacity_bytes.clone());
         r.register("expert_io_mode", "How expert reads reach the disk (1 on the mode in force)", self.io_mode.clone());
@@ -101,6 +110,14 @@ impl ExpertCounters {
 
     pub(crate) fn record_host_sync(&self) {
         self.host_syncs.inc();
+    }
+
+    pub(crate) fn record_prefetch_issued(&self, experts: u64) {
+        self.prefetch_issued.inc_by(experts);
+    }
+
+    pub(crate) fn record_prefetch_used(&self, experts: u64) {
+        self.prefetch_used.inc_by(experts);
     }
 
     pub(crate) fn add_resident(&self, bytes: i64) {
@@ -131,6 +148,14 @@ impl ExpertCounters {
         self.host_syncs.get()
     }
 
+    pub fn prefetch_issued(&self) -> u64 {
+        self.prefetch_issued.get()
+    }
+
+    pub fn prefetch_used(&self) -> u64 {
+        self.prefetch_used.get()
+    }
+
     /// The /health section.
     pub fn summary(&self) -> Value {
         let (hits, misses) = (self.hits_all.get(), self.misses_all.get());
@@ -145,6 +170,8 @@ impl ExpertCounters {
             "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
             "stall_seconds": self.stall_seconds.get(),
             "host_syncs": self.host_syncs.get(),
+            "prefetch_issued": self.prefetch_issued.get(),
+            "prefetch_used": self.prefetch_used.get(),
             "resident_bytes": self.resident_bytes.get(),
             "capacity_bytes": self.capacity_bytes.get(),
         })

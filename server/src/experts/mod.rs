@@ -14,11 +14,13 @@ pub mod counters;
 pub mod reader;
 pub mod slots;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Mutex, Weak};
 
 pub use budget::CacheBudget;
 pub use counters::ExpertCounters;
-pub use reader::{ExpertReader, IoMode, ReadJob, Region};
+pub use reader::{ExpertReader, IoMode, PendingReads, ReadJob, Region};
 
 use crate::error::{Error, Result};
 
@@ -29,16 +31,29 @@ pub struct ExpertOptions {
     pub budget: Option<CacheBudget>,
     pub io: IoMode,
     pub readers: usize,
+    /// Wide prefill chunks start the next layer's reads early (see `models::streamed_switch`).
+    pub read_ahead: bool,
     pub counters: ExpertCounters,
 }
 
-/// What a model's MoE layers share while streaming: the readers, and how many
-/// slots each layer's pool has.
+/// A streamed MoE layer as the others see it: one that can start reading its
+/// experts before its router has run.
+pub trait ReadAhead: Send + Sync {
+    /// Starts reading every expert the layer does not hold (a no-op when such
+    /// reads are already under way or the layer holds them all).
+    fn read_ahead(&self) -> Result<()>;
+}
+
+/// What a model's MoE layers share while streaming: the readers, how many
+/// slots each layer's pool has, and the layers themselves (so that a prefill
+/// chunk's layer can start the next one's reads).
 pub struct ExpertStream {
     pub reader: ExpertReader,
     budget: CacheBudget,
     /// Bytes of every routed expert of the model.
     total_bytes: u64,
+    layers: Mutex<BTreeMap<u32, Weak<dyn ReadAhead>>>,
+    read_ahead: bool,
 }
 
 impl ExpertStream {
@@ -63,7 +78,7 @@ impl ExpertStream {
             reader.mode().name(),
             opts.readers.max(1)
         );
-        Ok(ExpertStream { reader, budget, total_bytes })
+        Ok(ExpertStream { reader, budget, total_bytes, layers: Mutex::new(BTreeMap::new()), read_ahead: opts.read_ahead })
     }
 
     /// Slots of a layer of `experts` experts routing `top_k` per token; a
@@ -79,5 +94,22 @@ impl ExpertStream {
             )));
         }
         Ok(slots)
+    }
+
+    /// Makes streamed layer `layer` known to [`ExpertStream::read_ahead_after`].
+    pub fn register(&self, layer: u32, target: Weak<dyn ReadAhead>) {
+        self.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(layer, target);
+    }
+
+    /// Starts the reads of the first streamed layer after `layer`, if any.
+    pub fn read_ahead_after(&self, layer: u32) -> Result<()> {
+        if !self.read_ahead {
+            return Ok(());
+        }
+        let next = {
+            let layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+            layers.range(layer + 1..).next().and_then(|(_, l)| l.upgrade())
+        };
+        next.map_or(Ok(()), |l| l.read_ahead())
     }
 }

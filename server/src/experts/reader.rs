@@ -116,27 +116,44 @@ impl ExpertReader {
     }
 
     /// Reads every job at once (one queue of all of them, served by all
-    /// threads) and returns their arrays in order; the time spent waiting is
-    /// counted as stall. The first failure is returned once all reads ended.
+    /// threads) and returns their arrays in order. The first failure is
+    /// returned once all reads ended.
     pub fn read_all(&self, jobs: Vec<ReadJob>) -> Result<Vec<Array>> {
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let start = Instant::now();
+        self.submit(jobs)?.wait()
+    }
+
+    /// Queues every job and returns at once: the reads go on while the caller
+    /// computes; [`PendingReads::wait`] collects them.
+    pub fn submit(&self, jobs: Vec<ReadJob>) -> Result<PendingReads> {
         let n = jobs.len();
         let (reply, replies) = mpsc::channel();
-        {
-            let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let queue = queue.as_ref().ok_or(Error::Internal("the expert readers have stopped"))?;
-            for (index, job) in jobs.into_iter().enumerate() {
-                queue.send(Task { job, index, reply: reply.clone() }).map_err(|_| Error::Internal("the expert readers have stopped"))?;
-            }
+        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = queue.as_ref().ok_or(Error::Internal("the expert readers have stopped"))?;
+        for (index, job) in jobs.into_iter().enumerate() {
+            queue.send(Task { job, index, reply: reply.clone() }).map_err(|_| Error::Internal("the expert readers have stopped"))?;
         }
-        drop(reply);
-        let mut out: Vec<Option<Array>> = (0..n).map(|_| None).collect();
+        Ok(PendingReads { n, replies, counters: self.counters.clone() })
+    }
+}
+
+/// Reads queued by [`ExpertReader::submit`] and not yet collected. Dropped
+/// uncollected, the reads still finish (and are counted); their arrays are
+/// freed as they arrive.
+pub struct PendingReads {
+    n: usize,
+    replies: mpsc::Receiver<(usize, Result<Array>)>,
+    counters: ExpertCounters,
+}
+
+impl PendingReads {
+    /// Waits for every read, counting the time spent waiting as stall, and
+    /// returns the arrays in job order (or the first failure).
+    pub fn wait(self) -> Result<Vec<Array>> {
+        let start = Instant::now();
+        let mut out: Vec<Option<Array>> = (0..self.n).map(|_| None).collect();
         let mut first_error = None;
-        for _ in 0..n {
-            let (index, result) = replies.recv().map_err(|_| Error::Internal("an expert reader thread died"))?;
+        for _ in 0..self.n {
+            let (index, result) = self.replies.recv().map_err(|_| Error::Internal("an expert reader thread died"))?;
             match result {
                 Ok(a) => out[index] = Some(a),
                 Err(e) => {

@@ -2,6 +2,8 @@
 //! per token, the switch layer runs them in one batched call, and their outputs
 //! are mixed by the router scores.
 
+use std::sync::Arc;
+
 use mlx_rs_safe::{ops, Array};
 
 use super::layers::Linear;
@@ -53,7 +55,7 @@ struct SharedExpert {
 /// The routed experts: all in memory, or streamed from disk.
 enum Experts {
     Resident(SwitchGlu),
-    Streamed(StreamedSwitchGlu),
+    Streamed(Arc<StreamedSwitchGlu>),
 }
 
 impl Experts {

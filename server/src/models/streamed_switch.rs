@@ -13,8 +13,17 @@
 //! it), so no slot is overwritten under queued work. Once a layer holds every
 //! expert it stops syncing: ids map to slots on the device. A budget that holds
 //! every expert fills the pools at load, so such layers never sync.
+//!
+//! A wide step (a prefill chunk whose tokens pick every expert several times
+//! over) does not wait for the next layer's router: once its own reads are in
+//! it starts the next streamed layer's, and they go on while this layer
+//! computes. What is read ahead is what that layer lacks of the experts
+//! its last wide step used (nothing before its first: how many of its experts
+//! a prompt reaches varies from a third to all of them): chunks of one prompt,
+//! and prompts of one kind, route alike, so little is read in vain. The next
+//! layer takes what it uses from those reads.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
@@ -24,7 +33,7 @@ use super::switch::SwitchGlu;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::experts::slots::{Plan, SlotTable};
-use crate::experts::{ExpertStream, ReadJob, Region};
+use crate::experts::{ExpertStream, PendingReads, ReadAhead, ReadJob, Region};
 
 /// One stacked tensor of the layer (e.g. `up_proj.scales`), per expert.
 struct ExpertTensor {
@@ -41,7 +50,17 @@ struct State {
     pools: Vec<Array>,
     /// Expert → slot on the device, once every expert is resident.
     slot_map: Option<Array>,
+    /// Reads started before this layer's router ran (by the layer before, in
+    /// a wide step), for these experts.
+    ahead: Option<(Vec<u32>, PendingReads)>,
+    /// The experts the layer's last wide step used: what the next one reads ahead.
+    wide_used: Option<Vec<u32>>,
 }
+
+/// A step whose tokens pick at least this many times the layer's experts is
+/// wide: it will likely use nearly all of them (under even routing it misses
+/// e^-2 ≈ 14% at 2x), so the next layer's reads start before its router runs.
+const WIDE_PICKS_PER_EXPERT: usize = 2;
 
 pub struct StreamedSwitchGlu {
     layer: u32,
@@ -58,7 +77,7 @@ impl StreamedSwitchGlu {
     /// Indexes the routed experts of the MoE block at `prefix` (layer `layer`):
     /// stacked `{prefix}.switch_mlp.*` or per-expert `{prefix}.experts.{e}.*`
     /// tensors, never read here; allocates the layer's slot pool.
-    pub fn load(w: &mut Weights, prefix: &str, layer: u32, spec: &MoeSpec, dim: i32, quant: &QuantConfig, stream: Arc<ExpertStream>) -> Result<StreamedSwitchGlu> {
+    pub fn load(w: &mut Weights, prefix: &str, layer: u32, spec: &MoeSpec, dim: i32, quant: &QuantConfig, stream: Arc<ExpertStream>) -> Result<Arc<StreamedSwitchGlu>> {
         let (e, hidden) = (spec.num_experts, spec.expert_hidden);
         let mut tensors = Vec::new();
         let mut params = [None; 3];
@@ -117,11 +136,14 @@ impl StreamedSwitchGlu {
             quant: params,
             expert_bytes,
             stream,
-            state: Mutex::new(State { table: SlotTable::new(e as usize, slots), pools, slot_map: None }),
+            state: Mutex::new(State { table: SlotTable::new(e as usize, slots), pools, slot_map: None, ahead: None, wide_used: None }),
         };
         if slots == e as usize {
             layer.preload()?;
         }
+        let layer = Arc::new(layer);
+        let weak: Weak<dyn ReadAhead> = Arc::downgrade(&layer) as Weak<dyn ReadAhead>;
+        layer.stream.register(layer.layer, weak);
         Ok(layer)
     }
 
@@ -163,7 +185,13 @@ impl StreamedSwitchGlu {
         let plan = st.table.plan(&ids);
         counters.record_lookup(self.layer, plan.hits() as u64, plan.misses.len() as u64);
         // A failed read leaves table and pools as they were.
-        let read = self.read(&plan.misses)?;
+        let read = self.submit_misses(&plan.misses, st.ahead.take())?.wait()?;
+        if ids.len() >= WIDE_PICKS_PER_EXPERT * experts {
+            // Only once this layer's reads succeeded: a failed step leaves no
+            // reads running for a step that will not come.
+            st.wide_used = Some(plan.used.clone());
+            self.stream.read_ahead_after(self.layer)?;
+        }
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
         let pools = self.install(&st.pools, &plan, &read)?;
@@ -187,7 +215,11 @@ impl StreamedSwitchGlu {
     /// Reads every tensor of each expert in `misses`, all at once: the arrays
     /// [1, ...shape], expert-major (`misses[i]`'s tensor t at i * tensors + t).
     fn read(&self, misses: &[u32]) -> Result<Vec<Array>> {
-        let jobs = misses
+        self.stream.reader.read_all(self.jobs(misses))
+    }
+
+    fn jobs(&self, experts: &[u32]) -> Vec<ReadJob> {
+        experts
             .iter()
             .flat_map(|&e| {
                 self.tensors.iter().map(move |t| ReadJob {
@@ -197,8 +229,24 @@ impl StreamedSwitchGlu {
                     what: format!("{}, expert {e}", t.name),
                 })
             })
-            .collect();
-        self.stream.reader.read_all(jobs)
+            .collect()
+    }
+
+    /// Starts the reads of `misses` that `ahead` (reads begun before the
+    /// router ran) does not cover; collecting the result waits for both.
+    fn submit_misses(&self, misses: &[u32], ahead: Option<(Vec<u32>, PendingReads)>) -> Result<MissReads> {
+        let Some((ahead_experts, ahead_reads)) = ahead else {
+            return Ok(MissReads { rest: self.stream.reader.submit(self.jobs(misses))?, ahead: None, misses: misses.to_vec(), tensors: self.tensors.len() });
+        };
+        let rest: Vec<u32> = misses.iter().copied().filter(|e| !ahead_experts.contains(e)).collect();
+        let used = (misses.len() - rest.len()) as u64;
+        self.stream.reader.counters().record_prefetch_used(used);
+        Ok(MissReads {
+            rest: self.stream.reader.submit(self.jobs(&rest))?,
+            ahead: Some((ahead_experts, ahead_reads)),
+            misses: misses.to_vec(),
+            tensors: self.tensors.len(),
+        })
     }
 
     /// The pools with the plan's installs written into their slots.
@@ -245,5 +293,62 @@ impl StreamedSwitchGlu {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((stacks, position))
+    }
+}
+
+impl ReadAhead for StreamedSwitchGlu {
+    fn read_ahead(&self) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.ahead.is_some() || st.slot_map.is_some() {
+            return Ok(());
+        }
+        let Some(likely) = &st.wide_used else { return Ok(()) };
+        let lacking: Vec<u32> = likely.iter().copied().filter(|&e| st.table.slot(e).is_none()).collect();
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        let reads = self.stream.reader.submit(self.jobs(&lacking))?;
+        self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
+        st.ahead = Some((lacking, reads));
+        Ok(())
+    }
+}
+
+/// The reads of one step's misses: some begun ahead, the rest just queued.
+struct MissReads {
+    rest: PendingReads,
+    ahead: Option<(Vec<u32>, PendingReads)>,
+    misses: Vec<u32>,
+    tensors: usize,
+}
+
+impl MissReads {
+    /// Every miss's arrays, laid out as [`StreamedSwitchGlu::read`] gives them.
+    fn wait(self) -> Result<Vec<Array>> {
+        let rest = self.rest.wait()?;
+        let Some((ahead_experts, ahead_reads)) = self.ahead else { return Ok(rest) };
+        // Read ahead but not used: freed here (the bytes stay counted).
+        let ahead = ahead_reads.wait()?;
+        let n = self.tensors;
+        let (mut from_ahead, mut from_rest) = (ahead.into_iter(), rest.into_iter());
+        let mut ahead_by_expert: Vec<Option<Vec<Array>>> = Vec::new();
+        for &e in &ahead_experts {
+            let arrays: Vec<Array> = from_ahead.by_ref().take(n).collect();
+            if ahead_by_expert.len() <= e as usize {
+                ahead_by_expert.resize_with(e as usize + 1, || None);
+            }
+            ahead_by_expert[e as usize] = Some(arrays);
+        }
+        let mut out = Vec::with_capacity(self.misses.len() * n);
+        for &e in &self.misses {
+            match ahead_by_expert.get_mut(e as usize).and_then(Option::take) {
+                Some(arrays) => out.extend(arrays),
+                None => out.extend(from_rest.by_ref().take(n)),
+            }
+        }
+        if out.len() != self.misses.len() * n {
+            return Err(Error::Internal("expert reads came back short"));
+        }
+        Ok(out)
     }
 }
