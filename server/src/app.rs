@@ -1,7 +1,6 @@
 //! `mlx-serve` (serve): resolves the model, starts the engine thread, and runs
 //! the HTTP API (`http_server`) until SIGINT/SIGTERM.
 
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -150,8 +149,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         experts: expert_counters,
         tokenizer,
         metrics,
-        model_id,
-        model_dir: PathBuf::from(&dir),
+        models: api::model_names::ModelNames::new(&model_id, &dir, &args.served_model_name),
         context_length: fields.context_length(),
         prompt_limit,
         vocab_size,

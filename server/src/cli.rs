@@ -103,6 +103,12 @@ pub struct ServeArgs {
     /// into the HF cache). Default: SmolLM2-135M-Instruct, from vendor/models.
     #[arg(long, env = "MLX_SERVE_MODEL")]
     pub model: Option<String>,
+    /// The model's name in the API (repeat, or separate by commas, for
+    /// aliases; the first is what responses and /v1/models say). Requests may
+    /// also name the model as --model gave it, its folder or repo basename,
+    /// or default_model; other names get 404.
+    #[arg(long, env = "MLX_SERVE_SERVED_MODEL_NAME", value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
     #[command(flatten)]
     pub load: LoadArgs,
     #[arg(long, env = "MLX_SERVE_HOST", default_value = "127.0.0.1")]

@@ -74,14 +74,7 @@ fn q4_fixture() -> PathBuf {
 
 /// A private copy of a fixture folder, for tests that damage its files.
 fn copy_of(dir: &Path, name: &str) -> PathBuf {
-    let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join("expert_streaming").join(name);
-    let _ = std::fs::remove_dir_all(&to);
-    std::fs::create_dir_all(&to).unwrap();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
-    }
-    to
+    common::copy_of(dir, "expert_streaming", name)
 }
 
 fn prompt_of(dir: &Path) -> Vec<u32> {

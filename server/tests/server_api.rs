@@ -557,3 +557,130 @@ fn a_request_sharing_only_the_template_start_does_not_replace_another_documents_
     assert!(ask(&b, "what first?") < 10, "b shares only the chat template's first tokens with a");
     assert!(ask(&a, "what next?") > 100, "a's entry is still there");
 }
+
+#[test]
+fn served_model_names_and_aliases_are_accepted_and_other_names_get_404_listing_them() {
+    let dir = model();
+    let s = TestServer::start(&dir, &["--served-model-name", "tiny,gpt-4o-mini"]);
+    let path = dir.to_str().unwrap();
+    let base = dir.file_name().unwrap().to_str().unwrap();
+    let models = s.get("/v1/models").json();
+    let ids: Vec<&str> = models["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["tiny", "gpt-4o-mini", path, base], "{models}");
+    for name in ["tiny", "gpt-4o-mini", path, base, "default_model"] {
+        let r = s.post_json("/v1/completions", &json!({"model": name, "prompt": "hi", "max_tokens": 2}));
+        assert_eq!(r.status, 200, "{name}: {}", r.body);
+        assert_eq!(r.json()["model"], "tiny", "responses name the served id");
+    }
+    assert_eq!(s.get("/v1/models/gpt-4o-mini").status, 200);
+    let r = s.post_json("/v1/chat/completions", &chat_body("hi", json!({"model": "llama-3"})));
+    assert_eq!(r.status, 404, "{}", r.body);
+    let e = &r.json()["error"];
+    assert_eq!(e["code"], "model_not_found");
+    assert_eq!(e["param"], "model");
+    for name in ["`llama-3`", "`tiny`", "`gpt-4o-mini`", &format!("`{base}`")] {
+        assert!(e["message"].as_str().unwrap().contains(name), "the 404 should name {name}: {e}");
+    }
+}
+
+#[test]
+fn tokenize_and_detokenize_answer_in_vllm_and_llama_cpp_shapes() {
+    let dir = model();
+    let s = TestServer::start(&dir, &[]);
+    let tok = mlx_serve::tokenizer::Tokenizer::load(&dir, None).unwrap();
+    let text = "hello model, the cache";
+
+    // vLLM: {"prompt"} → tokens, count, max_model_len.
+    let v = s.post_json("/tokenize", &json!({"prompt": text})).json();
+    let ids = tok.encode(text, true).unwrap();
+    assert_eq!(v["tokens"], json!(ids), "{v}");
+    assert_eq!(v["count"], ids.len());
+    assert!(v["max_model_len"].as_u64().is_some(), "{v}");
+    // llama.cpp: {"content", "add_special": false, "with_pieces"} → [{id, piece}].
+    let v = s.post_json("/tokenize", &json!({"content": text, "add_special": false, "with_pieces": true})).json();
+    let plain = tok.encode(text, false).unwrap();
+    let got: Vec<u64> = v["tokens"].as_array().unwrap().iter().map(|t| t["id"].as_u64().unwrap()).collect();
+    assert_eq!(got, plain.iter().map(|&i| i as u64).collect::<Vec<_>>());
+    let pieces: String = v["tokens"].as_array().unwrap().iter().map(|t| t["piece"].as_str().unwrap()).collect();
+    assert_eq!(pieces, tok.decode(&plain, false).unwrap(), "the pieces spell the text");
+
+    // Chat messages: the ids a chat completion prefills.
+    let msgs = json!([{"role": "user", "content": text}]);
+    let v = s.post_json("/tokenize", &json!({"messages": msgs})).json();
+    assert_eq!(v["tokens"], json!(tok.encode_chat(&msgs, None).unwrap()));
+    let chat = s.post_json("/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 1})).json();
+    assert_eq!(chat["usage"]["prompt_tokens"], v["count"], "{chat}");
+    let without = s.post_json("/tokenize", &json!({"messages": msgs, "add_generation_prompt": false})).json();
+    let (with_ids, without_ids) = (v["tokens"].as_array().unwrap(), without["tokens"].as_array().unwrap());
+    assert!(without_ids.len() < with_ids.len() && with_ids.starts_with(without_ids), "{without} vs {v}");
+
+    // Back: vLLM reads `prompt`, llama.cpp `content`.
+    let d = s.post_json("/detokenize", &json!({"tokens": ids})).json();
+    assert_eq!(d["prompt"], tok.decode(&ids, false).unwrap());
+    assert_eq!(d["content"], d["prompt"]);
+
+    // Bad input: 400 naming the field, 404 for another model.
+    let vocab = tok.inner().get_vocab_size(true);
+    for (path, body, param) in [
+        ("/detokenize", json!({"tokens": [5, -1]}), "tokens[1]"),
+        ("/detokenize", json!({"tokens": [vocab + 10]}), "tokens[0]"),
+        ("/detokenize", json!({}), "tokens"),
+        ("/tokenize", json!({}), "prompt"),
+        ("/tokenize", json!({"prompt": "a", "messages": msgs}), "messages"),
+        ("/tokenize", json!({"prompt": 5}), "prompt"),
+        ("/tokenize", json!({"messages": msgs, "add_special_tokens": true}), "add_special_tokens"),
+    ] {
+        let r = s.post_json(path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{path} {body}: {}", r.body);
+    }
+    assert_eq!(s.post_json("/tokenize", &json!({"prompt": "a", "model": "other"})).status, 404);
+}
+
+/// A Qwen3-style thinking template (as a chat_template.jinja beside the model,
+/// which wins over tokenizer_config.json): the assistant turn opens a
+/// `<think>` block unless `enable_thinking` is false, which closes it at once.
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}\
+<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
+
+#[test]
+fn a_thinking_template_splits_reasoning_out_and_chat_template_kwargs_reach_it() {
+    let dir = common::copy_of(&model(), "server_api", "thinking");
+    std::fs::write(dir.join("chat_template.jinja"), THINKING_TEMPLATE).unwrap();
+    let s = TestServer::start(&dir, &[]);
+    // The prompt ends inside <think> and the random model never closes it:
+    // everything it writes is reasoning.
+    let r = s.post_json("/v1/chat/completions", &chat_body("2+2?", json!({"max_tokens": 12})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let msg = &v["choices"][0]["message"];
+    let thought = msg["reasoning_content"].as_str().unwrap_or_else(|| panic!("no reasoning_content: {v}"));
+    assert!(!thought.is_empty(), "{v}");
+    assert_eq!(msg["reasoning"], msg["reasoning_content"]);
+    assert_eq!(msg["content"], "", "{v}");
+    // Streamed: the same reasoning, as deltas.
+    let streamed = s.post_json("/v1/chat/completions", &chat_body("2+2?", json!({"max_tokens": 12, "stream": true})));
+    let events = sse_events(&streamed.body);
+    let deltas: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"].clone()).collect();
+    let joined: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+    assert_eq!(joined, thought);
+    assert!(deltas.iter().all(|d| d["content"].as_str().unwrap_or("").is_empty()), "{}", streamed.body);
+
+    // enable_thinking false closes the block in the prompt: all answer.
+    let off = json!({"max_tokens": 12, "chat_template_kwargs": {"enable_thinking": false}});
+    let v = s.post_json("/v1/chat/completions", &chat_body("2+2?", off.clone())).json();
+    let msg = &v["choices"][0]["message"];
+    assert!(msg.get("reasoning_content").is_none(), "{v}");
+    assert!(!msg["content"].as_str().unwrap().is_empty(), "{v}");
+    // /tokenize renders the same prompts.
+    let msgs = json!([{"role": "user", "content": "2+2?"}]);
+    let on_ids = s.post_json("/tokenize", &json!({"messages": msgs})).json();
+    let off_ids = s.post_json("/tokenize", &json!({"messages": msgs, "chat_template_kwargs": {"enable_thinking": false}})).json();
+    assert!(off_ids["count"].as_u64() > on_ids["count"].as_u64(), "{off_ids} vs {on_ids}");
+    assert_eq!(v["usage"]["prompt_tokens"], off_ids["count"]);
+
+    let r = s.post_json("/v1/chat/completions", &chat_body("2+2?", json!({"chat_template_kwargs": 5})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "chat_template_kwargs");
+}

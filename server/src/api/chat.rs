@@ -1,6 +1,9 @@
-//! `POST /v1/chat/completions`: messages through the chat template, the
-//! answer as one object or as `chat.completion.chunk` SSE events, tool calls
-//! read out of the text in the model family's format.
+//! `POST /v1/chat/completions`: messages through the chat template (with the
+//! request's `chat_template_kwargs`), the answer as one object or as
+//! `chat.completion.chunk` SSE events, a leading `<think>` block split out as
+//! `reasoning_content` (and `reasoning`, as other servers name it) when the
+//! template thinks, tool calls read out of the text in the model family's
+//! format.
 
 use std::sync::Arc;
 
@@ -15,8 +18,9 @@ use super::params::{fields, read_request};
 use super::shutdown::CUT_FINISH_REASON;
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
+use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{ChatRender, Tokenizer};
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -26,6 +30,17 @@ struct ChatRequest {
     #[serde(default)]
     logprobs: bool,
     top_logprobs: Option<i64>,
+    chat_template_kwargs: Option<Value>,
+}
+
+/// A request's `chat_template_kwargs`: extra variables for the chat template
+/// (e.g. `{"enable_thinking": false}`), as an object.
+pub(super) fn template_kwargs(kwargs: Option<Value>) -> Result<Option<Value>, ApiError> {
+    match kwargs {
+        None | Some(Value::Null) => Ok(None),
+        Some(v @ Value::Object(_)) => Ok(Some(v)),
+        Some(_) => Err(ApiError::bad_param("chat_template_kwargs", "chat_template_kwargs must be an object of template variables")),
+    }
 }
 
 /// The tools passed to the template, unless tool_choice is "none".
@@ -68,31 +83,41 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     };
     let messages = template_messages(&req.messages)?;
     let tools = active_tools(&req)?;
+    let kwargs = template_kwargs(req.chat_template_kwargs)?;
     let tool_format = tools.as_ref().and(state.tool_format);
     let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
     let text_bytes = messages_bytes(&messages);
-    let prompt = state
+    let (prompt, opens_thinking) = state
         .tokenize_pool
         .run(text_bytes, move || {
-            tokenizer.encode_chat_checked(&messages, tools.as_ref(), |text| limit.check_text(text.len(), "messages"))
+            let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
+            let mut opens = false;
+            let ids = tokenizer.encode_chat_checked(&messages, &how, |text| {
+                opens = reasoning::prompt_opens_thinking(text);
+                limit.check_text(text.len(), "messages")
+            })?;
+            Ok::<_, ApiError>((ids, opens))
         })
         .await?;
+    // Some(whether the output starts inside <think>) when the template thinks.
+    let thinking = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks).then_some(opens_thinking);
     let mut params = common.generation(state, prompt, top)?;
     params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
     let rx = generation::submit(state, params)?;
-    let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.model_id.clone() };
+    let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.models.id.clone() };
     if common.stream {
         let writer = ChatStream {
             meta,
             tokenizer: state.tokenizer.clone(),
             tools: tool_format.map(ToolCallStream::new),
+            reasoning: thinking.map(ReasoningSplit::new),
             calls: 0,
             include_usage: common.include_usage(),
         };
         return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
     let done = generation::collect(rx, &state.shutdown).await?;
-    let (message, finish) = chat_message(tool_format, done.text, done.finish_reason.as_str());
+    let (message, finish) = chat_message(tool_format, thinking, done.text, done.finish_reason.as_str());
     let logprobs = match top {
         Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),
         None => Value::Null,
@@ -117,9 +142,15 @@ fn messages_bytes(messages: &Value) -> usize {
     }
 }
 
-/// The assistant message of a whole answer, tool calls read out of its text
-/// when a format is active, and the finish reason that goes with it.
-fn chat_message(tool_format: Option<ToolCallFormat>, text: String, finish: &'static str) -> (Value, &'static str) {
+/// The assistant message of a whole answer: its reasoning split out when
+/// `thinking` (Some(whether the output starts inside `<think>`)), tool calls
+/// read out of the rest when a format is active, and the finish reason that
+/// goes with it.
+fn chat_message(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, text: String, finish: &'static str) -> (Value, &'static str) {
+    let (thought, text) = match thinking {
+        Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
+        None => (None, text),
+    };
     let (content, calls) = match tool_format {
         Some(f) => {
             let parsed = tool_calls::parse(f, &text);
@@ -128,6 +159,10 @@ fn chat_message(tool_format: Option<ToolCallFormat>, text: String, finish: &'sta
         None => (text, Vec::new()),
     };
     let mut message = json!({"role": "assistant", "content": content});
+    if let Some(thought) = thought {
+        message["reasoning_content"] = json!(thought);
+        message["reasoning"] = json!(thought);
+    }
     if calls.is_empty() {
         return (message, finish);
     }
@@ -136,6 +171,12 @@ fn chat_message(tool_format: Option<ToolCallFormat>, text: String, finish: &'sta
     }
     message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
     (message, "tool_calls")
+}
+
+/// What a streamed piece of output becomes: reasoning, or content / a tool call.
+enum Piece {
+    Reasoning(String),
+    Item(StreamItem),
 }
 
 struct Meta {
@@ -150,6 +191,8 @@ struct ChatStream {
     tokenizer: Arc<Tokenizer>,
     /// Present when the request has tools and the model's format is known.
     tools: Option<ToolCallStream>,
+    /// Present when the template thinks: splits `<think>` text out.
+    reasoning: Option<ReasoningSplit>,
     /// Tool calls sent so far (their `index`).
     calls: usize,
     include_usage: bool,
@@ -170,13 +213,15 @@ impl ChatStream {
         c
     }
 
-    /// Chunks for a piece of text (through the tool-call parser when active).
-    fn text_chunks(&mut self, items: Vec<StreamItem>, mut logprobs: Value, out: &mut Vec<Value>) {
+    /// Chunks for a piece of text (through the reasoning split and the
+    /// tool-call parser when active).
+    fn text_chunks(&mut self, items: Vec<Piece>, mut logprobs: Value, out: &mut Vec<Value>) {
         for item in items {
             let delta = match item {
-                StreamItem::Content(text) if text.is_empty() => continue,
-                StreamItem::Content(text) => json!({"content": text}),
-                StreamItem::Call(call) => {
+                Piece::Reasoning(text) => json!({"reasoning_content": text, "reasoning": text}),
+                Piece::Item(StreamItem::Content(text)) if text.is_empty() => continue,
+                Piece::Item(StreamItem::Content(text)) => json!({"content": text}),
+                Piece::Item(StreamItem::Call(call)) => {
                     let mut c = tool_call_json(&call);
                     c["index"] = json!(self.calls);
                     self.calls += 1;
@@ -191,17 +236,29 @@ impl ChatStream {
         }
     }
 
-    fn items(&mut self, text: &str, finish: bool) -> Vec<StreamItem> {
-        match self.tools.as_mut() {
-            Some(t) => {
-                let mut items = t.push(text);
+    fn items(&mut self, text: &str, finish: bool) -> Vec<Piece> {
+        let parts = match self.reasoning.as_mut() {
+            Some(r) => {
+                let mut parts = r.push(text);
                 if finish {
-                    items.extend(t.finish());
+                    parts.extend(r.finish());
                 }
-                items
+                parts
             }
-            None => vec![StreamItem::Content(text.to_string())],
+            None => vec![Part::Content(text.to_string())],
+        };
+        let mut out = Vec::new();
+        for part in parts {
+            match (part, self.tools.as_mut()) {
+                (Part::Reasoning(t), _) => out.push(Piece::Reasoning(t)),
+                (Part::Content(t), Some(tools)) => out.extend(tools.push(&t).into_iter().map(Piece::Item)),
+                (Part::Content(t), None) => out.push(Piece::Item(StreamItem::Content(t))),
+            }
         }
+        if let (true, Some(tools)) = (finish, self.tools.as_mut()) {
+            out.extend(tools.finish().into_iter().map(Piece::Item));
+        }
+        out
     }
 }
 
@@ -271,10 +328,15 @@ mod tests {
     }
 
     fn stream(format: Option<ToolCallFormat>) -> ChatStream {
+        thinking_stream(format, None)
+    }
+
+    fn thinking_stream(format: Option<ToolCallFormat>, thinking: Option<bool>) -> ChatStream {
         ChatStream {
             meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
             tokenizer: tokenizer(),
             tools: format.map(ToolCallStream::new),
+            reasoning: thinking.map(ReasoningSplit::new),
             calls: 0,
             include_usage: false,
         }
@@ -326,13 +388,42 @@ mod tests {
     #[test]
     fn whole_answers_carry_tool_calls_and_null_content() {
         let text = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
-        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), text.into(), "stop");
+        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), None, text.into(), "stop");
         assert_eq!(finish, "tool_calls");
         assert!(msg["content"].is_null());
         assert_eq!(msg["tool_calls"][0]["function"]["name"], "add");
         assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{\"a\":1,\"b\":2}");
-        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), "no calls here".into(), "length");
+        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), None, "no calls here".into(), "length");
         assert_eq!((msg["content"].as_str(), finish), (Some("no calls here"), "length"));
         assert!(msg.get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn think_blocks_stream_as_reasoning_deltas_before_content_and_tool_calls() {
+        let mut s = thinking_stream(Some(ToolCallFormat::Hermes), Some(false));
+        let text = "<think>\nThe user wants weather.\n</think>\n\nChecking.<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>";
+        let chars: Vec<char> = text.chars().collect();
+        let mut chunks = Vec::new();
+        for piece in chars.chunks(2) {
+            chunks.extend(s.write(token(&piece.iter().collect::<String>())));
+        }
+        chunks.extend(s.write(done()));
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        let reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        let also: String = deltas.iter().filter_map(|d| d["reasoning"].as_str()).collect();
+        let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!(reasoning, "\nThe user wants weather.\n");
+        assert_eq!(also, reasoning);
+        assert_eq!(content, "Checking.");
+        assert!(deltas.iter().any(|d| d.get("tool_calls").is_some()));
+        // Reasoning comes first: no content delta before the last reasoning one.
+        let last_reasoning = deltas.iter().rposition(|d| d.get("reasoning_content").is_some()).unwrap();
+        let first_content = deltas.iter().position(|d| d["content"].as_str().is_some_and(|c| !c.is_empty())).unwrap();
+        assert!(last_reasoning < first_content);
+
+        let (msg, _) = chat_message(None, Some(true), "hmm</think>\n4".into(), "stop");
+        assert_eq!((msg["reasoning_content"].as_str(), msg["reasoning"].as_str(), msg["content"].as_str()), (Some("hmm"), Some("hmm"), Some("4")));
+        let (msg, _) = chat_message(None, Some(false), "4".into(), "stop");
+        assert!(msg.get("reasoning_content").is_none(), "{msg}");
     }
 }

@@ -134,7 +134,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         let writer = CompletionStream {
             id,
             created,
-            model: state.model_id.clone(),
+            model: state.models.id.clone(),
             tokenizer: state.tokenizer.clone(),
             echo: Some(echo),
             chars: 0,
@@ -151,7 +151,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         "id": id,
         "object": "text_completion",
         "created": created,
-        "model": state.model_id,
+        "model": state.models.id,
         "choices": [{"index": 0, "text": echo + &done.text, "logprobs": logprobs, "finish_reason": done.finish_reason.as_str()}],
         "usage": usage_json(&done.usage),
     })))

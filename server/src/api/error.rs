@@ -81,10 +81,12 @@ impl ApiError {
         ApiError { code: Some(code), ..ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", message) }
     }
 
-    pub fn model_not_found(model: &str, served: &str) -> ApiError {
+    /// `served`: every name the model answers to.
+    pub fn model_not_found(model: &str, served: &[String]) -> ApiError {
+        let names = served.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
         ApiError {
             param: Some("model".into()),
-            ..ApiError::not_found(format!("The model `{model}` does not exist; this server serves `{served}`"), "model_not_found")
+            ..ApiError::not_found(format!("The model `{model}` does not exist; this server serves {names}"), "model_not_found")
         }
     }
 

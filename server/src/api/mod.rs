@@ -10,12 +10,14 @@ pub mod error;
 pub(crate) mod generation;
 pub mod host_check;
 mod messages;
+pub mod model_names;
 mod params;
 pub mod prompt_limit;
 pub mod shutdown;
+mod tokenize;
 pub mod tokenize_pool;
 
-use std::path::{Path, PathBuf};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,6 +30,7 @@ use crate::system_info::SystemInfo;
 use crate::tokenizer::tool_calls::ToolCallFormat;
 use crate::tokenizer::Tokenizer;
 use auth::{Access, ApiKey};
+use model_names::ModelNames;
 use error::ApiError;
 use host_check::AllowedHosts;
 use prompt_limit::PromptLimit;
@@ -39,9 +42,8 @@ pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
     pub metrics: Arc<Metrics>,
-    /// The name clients use for the model (`--model` as given).
-    pub model_id: String,
-    pub model_dir: PathBuf,
+    /// The names clients use for the model.
+    pub models: ModelNames,
     /// Prompt + completion tokens the model takes (config.json), if stated.
     pub context_length: Option<usize>,
     /// Token ids below this are valid.
@@ -75,11 +77,7 @@ pub struct KvFootprint {
 impl AppState {
     /// 404 for a model this server does not serve (no model named is fine).
     pub fn check_model(&self, model: Option<&str>) -> std::result::Result<(), ApiError> {
-        match model {
-            None | Some("") | Some("default_model") => Ok(()),
-            Some(m) if m == self.model_id || Path::new(m) == self.model_dir => Ok(()),
-            Some(m) => Err(ApiError::model_not_found(m, &self.model_id)),
-        }
+        self.models.check(model)
     }
 
     /// The response (or the error's), counted in the metrics and logged.
@@ -98,31 +96,54 @@ impl AppState {
     }
 }
 
-async fn chat_completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+/// A POST endpoint taking JSON: the API key and the Content-Type are checked,
+/// then `handler` reads the body and answers.
+async fn json_post<'a, Fut>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &'a AppState,
+    endpoint: &str,
+    handler: impl FnOnce(web::Payload, &'a AppState) -> Fut,
+) -> HttpResponse
+where
+    Fut: std::future::Future<Output = std::result::Result<HttpResponse, ApiError>> + 'a,
+{
     let start = Instant::now();
-    let res = match state.api_key.require(&req).and_then(|()| params::require_json(&req)) {
-        Ok(()) => chat::handle(payload, &state).await,
+    let res = match state.api_key.require(req).and_then(|()| params::require_json(req)) {
+        Ok(()) => handler(payload, state).await,
         Err(e) => Err(e),
     };
-    state.finish(&req, "/v1/chat/completions", start, res)
+    state.finish(req, endpoint, start, res)
+}
+
+async fn chat_completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, "/v1/chat/completions", chat::handle).await
 }
 
 async fn completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
-    let start = Instant::now();
-    let res = match state.api_key.require(&req).and_then(|()| params::require_json(&req)) {
-        Ok(()) => completions::handle(payload, &state).await,
-        Err(e) => Err(e),
-    };
-    state.finish(&req, "/v1/completions", start, res)
+    json_post(&req, payload, &state, "/v1/completions", completions::handle).await
 }
 
-fn model_card(state: &AppState) -> Value {
-    json!({"id": state.model_id, "object": "model", "created": state.created, "owned_by": "mlx-serve"})
+async fn tokenize_text(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, "/tokenize", tokenize::tokenize).await
 }
 
+async fn detokenize_ids(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, "/detokenize", tokenize::detokenize).await
+}
+
+fn model_card(state: &AppState, name: &str) -> Value {
+    json!({"id": name, "object": "model", "created": state.created, "owned_by": "mlx-serve"})
+}
+
+/// Every name the model answers to, the served id first (as vLLM lists each
+/// `--served-model-name`).
 async fn list_models(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     let start = Instant::now();
-    let res = state.api_key.require(&req).map(|()| HttpResponse::Ok().json(json!({"object": "list", "data": [model_card(&state)]})));
+    let res = state.api_key.require(&req).map(|()| {
+        let data: Vec<Value> = state.models.names.iter().map(|n| model_card(&state, n)).collect();
+        HttpResponse::Ok().json(json!({"object": "list", "data": data}))
+    });
     state.finish(&req, "/v1/models", start, res)
 }
 
@@ -132,7 +153,7 @@ async fn get_model(req: HttpRequest, path: web::Path<String>, state: web::Data<A
         .api_key
         .require(&req)
         .and_then(|()| state.check_model(Some(path.as_str())))
-        .map(|()| HttpResponse::Ok().json(model_card(&state)));
+        .map(|()| HttpResponse::Ok().json(model_card(&state, path.as_str())));
     state.finish(&req, "/v1/models/{model}", start, res)
 }
 
@@ -151,7 +172,7 @@ fn health_details(state: &AppState) -> Value {
     let s = state.engine.stats.read();
     json!({
         "status": "ok",
-        "model": state.model_id,
+        "model": state.models.id,
         "mlx_version": state.system.mlx_version,
         "backend": state.system.backend,
         "device": state.system.default_device,
@@ -217,5 +238,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/models/{model:.*}", web::get().to(get_model))
         .route("/v1/chat/completions", web::post().to(chat_completions))
         .route("/v1/completions", web::post().to(completions))
+        .route("/tokenize", web::post().to(tokenize_text))
+        .route("/detokenize", web::post().to(detokenize_ids))
         .default_service(web::to(unknown_route));
 }

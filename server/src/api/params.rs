@@ -87,10 +87,15 @@ pub fn fields<T: DeserializeOwned>(body: &serde_json::Value) -> Result<T, ApiErr
     })
 }
 
+/// The body, read within the server's size and time limits, as a JSON object.
+pub async fn read_object(payload: web::Payload, state: &AppState) -> Result<serde_json::Value, ApiError> {
+    parse_object(&read_body(payload, state.max_body_bytes, state.body_timeout).await?)
+}
+
 /// A generation request's body: the whole JSON object (for the endpoint's own
 /// fields) and the shared fields, with the model and `n` checked.
 pub async fn read_request(payload: web::Payload, state: &AppState) -> Result<(serde_json::Value, CommonParams), ApiError> {
-    let body = parse_object(&read_body(payload, state.max_body_bytes, state.body_timeout).await?)?;
+    let body = read_object(payload, state).await?;
     let common: CommonParams = fields(&body)?;
     state.check_model(common.model.as_deref())?;
     common.check_n()?;

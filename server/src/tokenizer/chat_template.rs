@@ -53,7 +53,22 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tokens: &TemplateTokens,
     ) -> Result<String> {
+        self.render_with_kwargs(messages, tools, add_generation_prompt, None, tokens)
+    }
+
+    /// [`Self::render`] with extra template variables (a request's
+    /// `chat_template_kwargs`, e.g. `enable_thinking`); the variables the
+    /// server sets itself take precedence over them.
+    pub fn render_with_kwargs(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        kwargs: Option<&serde_json::Value>,
+        tokens: &TemplateTokens,
+    ) -> Result<String> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::Template(e.to_string()))?;
+        let extra = Value::from_serialize(kwargs.unwrap_or(&serde_json::Value::Object(Default::default())));
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
             tools => tools.map(Value::from_serialize),
@@ -62,6 +77,7 @@ impl ChatTemplate {
             eos_token => tokens.eos_token.clone().unwrap_or_default(),
             pad_token => tokens.pad_token.clone(),
             unk_token => tokens.unk_token.clone(),
+            ..extra
         };
         tmpl.render(ctx).map_err(|e| match e.kind() {
             ErrorKind::InvalidOperation if e.detail().is_some_and(|d| d.starts_with(RAISED)) => {

@@ -9,6 +9,7 @@
 mod byte_bound;
 mod chat_template;
 mod detokenizer;
+pub mod reasoning;
 pub mod tool_calls;
 
 use std::collections::BTreeSet;
@@ -20,6 +21,15 @@ pub use chat_template::{ChatTemplate, TemplateTokens};
 pub use detokenizer::StreamingDetokenizer;
 
 use crate::error::{Error, Result};
+
+/// How a chat is rendered: the tools the template shows, whether it opens the
+/// assistant's turn, and extra template variables (`chat_template_kwargs`).
+#[derive(Debug, Clone, Copy)]
+pub struct ChatRender<'a> {
+    pub tools: Option<&'a Value>,
+    pub add_generation_prompt: bool,
+    pub kwargs: Option<&'a Value>,
+}
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
@@ -173,28 +183,34 @@ impl Tokenizer {
         tools: Option<&Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.render_chat(messages, &ChatRender { tools, add_generation_prompt, kwargs: None })
+    }
+
+    fn render_chat(&self, messages: &Value, how: &ChatRender) -> Result<String> {
         let t = self
             .template
             .as_ref()
             .ok_or_else(|| Error::Template("this model has no chat template".into()))?;
-        t.render(messages, tools, add_generation_prompt, &self.tokens)
+        t.render_with_kwargs(messages, how.tools, how.add_generation_prompt, how.kwargs, &self.tokens)
     }
 
     /// Token ids of a chat, as mlx-lm tokenizes it: the rendered template already
     /// holds the special tokens, so none are added.
     pub fn encode_chat(&self, messages: &Value, tools: Option<&Value>) -> Result<Vec<u32>> {
-        self.encode_chat_checked(messages, tools, |_| Ok::<(), Error>(()))
+        let how = ChatRender { tools, add_generation_prompt: true, kwargs: None };
+        self.encode_chat_checked(messages, &how, |_| Ok::<(), Error>(()))
     }
 
-    /// [`Self::encode_chat`], with `check` seeing the rendered text first: it
-    /// may refuse the text before the (costly) tokenizing.
+    /// [`Self::encode_chat`] rendered as `how` says, with `check` seeing the
+    /// rendered text first: it may refuse the text before the (costly)
+    /// tokenizing.
     pub fn encode_chat_checked<E: From<Error>>(
         &self,
         messages: &Value,
-        tools: Option<&Value>,
+        how: &ChatRender,
         check: impl FnOnce(&str) -> std::result::Result<(), E>,
     ) -> std::result::Result<Vec<u32>, E> {
-        let text = self.apply_chat_template(messages, tools, true)?;
+        let text = self.render_chat(messages, how)?;
         check(&text)?;
         Ok(self.encode(&text, false)?)
     }

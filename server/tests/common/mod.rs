@@ -20,6 +20,19 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// A fresh copy of model folder `dir` (to damage, or to give other files),
+/// named `name` under the test binary's own folder.
+pub fn copy_of(dir: &Path, test: &str, name: &str) -> PathBuf {
+    let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(test).join(name);
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
+}
+
 /// Builds (once per spec and generator version) the fixture folder for `name`.
 /// Tests run as threads and several share a fixture: one builds it while the
 /// others wait, so none reads a folder that is being rewritten.
