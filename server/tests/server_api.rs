@@ -684,3 +684,50 @@ fn a_thinking_template_splits_reasoning_out_and_chat_template_kwargs_reach_it() 
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.json()["error"]["param"], "chat_template_kwargs");
 }
+
+#[test]
+fn the_official_anthropic_client_works_against_the_messages_endpoint() {
+    // A template that shows tools (the test model's own does not).
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("tools.jinja");
+    std::fs::write(
+        &template,
+        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}\
+         {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let flags = ["--api-key", "k", "--prompt-cache-bytes", "0", "--chat-template", template.to_str().unwrap()];
+    let s = TestServer::start(&model(), &flags);
+    let out = std::process::Command::new(common::python())
+        .arg(common::repo().join("server/tests/anthropic_client.py"))
+        .arg(&s.base)
+        .arg("k")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "anthropic client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("anthropic client: all checks passed"), "{stdout}");
+}
+
+#[test]
+fn anthropic_routes_answer_anthropic_errors_and_the_stream_is_named_events() {
+    let s = TestServer::start(&model(), &[]);
+    let r = s.post_json("/v1/messages", &json!({"messages": [{"role": "user", "content": "hi"}]}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json(), json!({"type": "error", "error": {"type": "invalid_request_error", "message": "`max_tokens` is required"}}));
+    let r = s.post("/v1/messages", "not json");
+    assert_eq!(r.json()["type"], "error", "{}", r.body);
+    let body = json!({"max_tokens": 3, "temperature": 0, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let r = s.post_json("/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.content_type.starts_with("text/event-stream"));
+    assert!(r.body.starts_with("event: message_start\ndata: {"), "{}", r.body);
+    assert!(r.body.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), "{}", r.body);
+    assert!(!r.body.contains("[DONE]"));
+    for block in r.body.trim_end().split("\n\n") {
+        let (event, data) = block.split_once('\n').unwrap();
+        let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(event.strip_prefix("event: ").unwrap(), data["type"], "{block}");
+    }
+}

@@ -31,8 +31,13 @@ impl ApiKey {
     /// The request's access; 401 for a wrong key.
     pub fn access(&self, req: &HttpRequest) -> Result<Access, ApiError> {
         let Some(key) = &self.0 else { return Ok(Access::Granted) };
-        let Some(header) = req.headers().get("authorization") else { return Ok(Access::Anonymous) };
-        let given = header.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or("");
+        // `Authorization: Bearer` (OpenAI's clients) or `x-api-key` (Anthropic's).
+        let headers = req.headers();
+        let given = match (headers.get("authorization"), headers.get("x-api-key")) {
+            (Some(h), _) => h.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim).unwrap_or(""),
+            (None, Some(h)) => h.to_str().unwrap_or("").trim(),
+            (None, None) => return Ok(Access::Anonymous),
+        };
         // Lengths may differ; ct_eq then answers false without comparing bytes
         // (the key's length is all that could leak).
         if bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
@@ -46,7 +51,7 @@ impl ApiKey {
     pub fn require(&self, req: &HttpRequest) -> Result<(), ApiError> {
         match self.access(req)? {
             Access::Granted => Ok(()),
-            Access::Anonymous => Err(ApiError::unauthorized("Missing API key: send it as `Authorization: Bearer <key>`")),
+            Access::Anonymous => Err(ApiError::unauthorized("Missing API key: send it as `Authorization: Bearer <key>` or `x-api-key: <key>`")),
         }
     }
 }

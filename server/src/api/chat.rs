@@ -85,22 +85,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let tools = active_tools(&req)?;
     let kwargs = template_kwargs(req.chat_template_kwargs)?;
     let tool_format = tools.as_ref().and(state.tool_format);
-    let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
-    let text_bytes = messages_bytes(&messages);
-    let (prompt, opens_thinking) = state
-        .tokenize_pool
-        .run(text_bytes, move || {
-            let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
-            let mut opens = false;
-            let ids = tokenizer.encode_chat_checked(&messages, &how, |text| {
-                opens = reasoning::prompt_opens_thinking(text);
-                limit.check_text(text.len(), "messages")
-            })?;
-            Ok::<_, ApiError>((ids, opens))
-        })
-        .await?;
-    // Some(whether the output starts inside <think>) when the template thinks.
-    let thinking = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks).then_some(opens_thinking);
+    let (prompt, thinking) = encode_prompt(state, messages, tools, kwargs).await?;
     let mut params = common.generation(state, prompt, top)?;
     params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
     let rx = generation::submit(state, params)?;
@@ -109,8 +94,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         let writer = ChatStream {
             meta,
             tokenizer: state.tokenizer.clone(),
-            tools: tool_format.map(ToolCallStream::new),
-            reasoning: thinking.map(ReasoningSplit::new),
+            split: OutputSplit::new(tool_format, thinking),
             calls: 0,
             include_usage: common.include_usage(),
         };
@@ -132,6 +116,28 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     })))
 }
 
+/// The prompt ids of template-ready `messages` (checked against the context
+/// before tokenizing), and Some(whether the output starts inside `<think>`)
+/// when the template thinks.
+pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Option<Value>, kwargs: Option<Value>) -> Result<(Vec<u32>, Option<bool>), ApiError> {
+    let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
+    let text_bytes = messages_bytes(&messages);
+    let (prompt, opens_thinking) = state
+        .tokenize_pool
+        .run(text_bytes, move || {
+            let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
+            let mut opens = false;
+            let ids = tokenizer.encode_chat_checked(&messages, &how, |text| {
+                opens = reasoning::prompt_opens_thinking(text);
+                limit.check_text(text.len(), "messages")
+            })?;
+            Ok::<_, ApiError>((ids, opens))
+        })
+        .await?;
+    let thinks = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks);
+    Ok((prompt, thinks.then_some(opens_thinking)))
+}
+
 /// Bytes of text in the messages (what the template renders, roughly).
 fn messages_bytes(messages: &Value) -> usize {
     match messages {
@@ -147,17 +153,7 @@ fn messages_bytes(messages: &Value) -> usize {
 /// read out of the rest when a format is active, and the finish reason that
 /// goes with it.
 fn chat_message(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, text: String, finish: &'static str) -> (Value, &'static str) {
-    let (thought, text) = match thinking {
-        Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
-        None => (None, text),
-    };
-    let (content, calls) = match tool_format {
-        Some(f) => {
-            let parsed = tool_calls::parse(f, &text);
-            (parsed.content, parsed.tool_calls)
-        }
-        None => (text, Vec::new()),
-    };
+    let WholeOutput { reasoning: thought, content, calls } = whole_output(tool_format, thinking, text);
     let mut message = json!({"role": "assistant", "content": content});
     if let Some(thought) = thought {
         message["reasoning_content"] = json!(thought);
@@ -173,10 +169,73 @@ fn chat_message(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, tex
     (message, "tool_calls")
 }
 
+/// A whole answer taken apart: its reasoning (when the template thinks), its
+/// text, and the tool calls read out of it (when a format is active).
+pub(super) struct WholeOutput {
+    pub reasoning: Option<String>,
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// `thinking`: Some(whether the output starts inside `<think>`) when the template thinks.
+pub(super) fn whole_output(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, text: String) -> WholeOutput {
+    let (reasoning, text) = match thinking {
+        Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
+        None => (None, text),
+    };
+    match tool_format {
+        Some(f) => {
+            let parsed = tool_calls::parse(f, &text);
+            WholeOutput { reasoning, content: parsed.content, calls: parsed.tool_calls }
+        }
+        None => WholeOutput { reasoning, content: text, calls: Vec::new() },
+    }
+}
+
 /// What a streamed piece of output becomes: reasoning, or content / a tool call.
-enum Piece {
+pub(super) enum Piece {
     Reasoning(String),
     Item(StreamItem),
+}
+
+/// The streaming twin of [`whole_output`]: text in, pieces out.
+pub(super) struct OutputSplit {
+    /// Present when the template thinks: splits `<think>` text out.
+    reasoning: Option<ReasoningSplit>,
+    /// Present when the request has tools and the model's format is known.
+    tools: Option<ToolCallStream>,
+}
+
+impl OutputSplit {
+    pub fn new(tool_format: Option<ToolCallFormat>, thinking: Option<bool>) -> OutputSplit {
+        OutputSplit { reasoning: thinking.map(ReasoningSplit::new), tools: tool_format.map(ToolCallStream::new) }
+    }
+
+    /// The settled pieces after `text`; `finish` flushes what is held.
+    pub fn push(&mut self, text: &str, finish: bool) -> Vec<Piece> {
+        let parts = match self.reasoning.as_mut() {
+            Some(r) => {
+                let mut parts = r.push(text);
+                if finish {
+                    parts.extend(r.finish());
+                }
+                parts
+            }
+            None => vec![Part::Content(text.to_string())],
+        };
+        let mut out = Vec::new();
+        for part in parts {
+            match (part, self.tools.as_mut()) {
+                (Part::Reasoning(t), _) => out.push(Piece::Reasoning(t)),
+                (Part::Content(t), Some(tools)) => out.extend(tools.push(&t).into_iter().map(Piece::Item)),
+                (Part::Content(t), None) => out.push(Piece::Item(StreamItem::Content(t))),
+            }
+        }
+        if let (true, Some(tools)) = (finish, self.tools.as_mut()) {
+            out.extend(tools.finish().into_iter().map(Piece::Item));
+        }
+        out
+    }
 }
 
 struct Meta {
@@ -189,10 +248,7 @@ struct Meta {
 struct ChatStream {
     meta: Meta,
     tokenizer: Arc<Tokenizer>,
-    /// Present when the request has tools and the model's format is known.
-    tools: Option<ToolCallStream>,
-    /// Present when the template thinks: splits `<think>` text out.
-    reasoning: Option<ReasoningSplit>,
+    split: OutputSplit,
     /// Tool calls sent so far (their `index`).
     calls: usize,
     include_usage: bool,
@@ -235,31 +291,6 @@ impl ChatStream {
             out.push(self.chunk(json!({"content": ""}), logprobs, Value::Null));
         }
     }
-
-    fn items(&mut self, text: &str, finish: bool) -> Vec<Piece> {
-        let parts = match self.reasoning.as_mut() {
-            Some(r) => {
-                let mut parts = r.push(text);
-                if finish {
-                    parts.extend(r.finish());
-                }
-                parts
-            }
-            None => vec![Part::Content(text.to_string())],
-        };
-        let mut out = Vec::new();
-        for part in parts {
-            match (part, self.tools.as_mut()) {
-                (Part::Reasoning(t), _) => out.push(Piece::Reasoning(t)),
-                (Part::Content(t), Some(tools)) => out.extend(tools.push(&t).into_iter().map(Piece::Item)),
-                (Part::Content(t), None) => out.push(Piece::Item(StreamItem::Content(t))),
-            }
-        }
-        if let (true, Some(tools)) = (finish, self.tools.as_mut()) {
-            out.extend(tools.finish().into_iter().map(Piece::Item));
-        }
-        out
-    }
 }
 
 impl ChunkWriter for ChatStream {
@@ -275,11 +306,11 @@ impl ChunkWriter for ChatStream {
                     Some(lp) => json!({"content": [logprob_entry(&self.tokenizer, lp)]}),
                     None => Value::Null,
                 };
-                let items = self.items(&text, false);
+                let items = self.split.push(&text, false);
                 self.text_chunks(items, logprobs, &mut out);
             }
             Event::Done { text, finish_reason, usage } => {
-                let items = self.items(&text, true);
+                let items = self.split.push(&text, true);
                 self.text_chunks(items, Value::Null, &mut out);
                 let reason = if self.calls > 0 { "tool_calls" } else { finish_reason.as_str() };
                 out.push(self.chunk(json!({}), Value::Null, json!(reason)));
@@ -335,8 +366,7 @@ mod tests {
         ChatStream {
             meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
             tokenizer: tokenizer(),
-            tools: format.map(ToolCallStream::new),
-            reasoning: thinking.map(ReasoningSplit::new),
+            split: OutputSplit::new(format, thinking),
             calls: 0,
             include_usage: false,
         }

@@ -1,5 +1,6 @@
 //! Errors as OpenAI sends them: `{"error": {"message", "type", "param", "code"}}`
-//! with the HTTP status that says whose fault it was.
+//! with the HTTP status that says whose fault it was; on the Anthropic routes,
+//! as Anthropic sends them: `{"type": "error", "error": {"type", "message"}}`.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
@@ -19,6 +20,15 @@ pub struct ApiError {
     retry_after: Option<u32>,
     /// Close the connection after this answer (the rest of the body is never read).
     close: bool,
+    style: ErrorStyle,
+}
+
+/// Whose error JSON a route answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ErrorStyle {
+    #[default]
+    OpenAi,
+    Anthropic,
 }
 
 impl std::fmt::Display for ApiError {
@@ -29,7 +39,7 @@ impl std::fmt::Display for ApiError {
 
 impl ApiError {
     fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None, close: false }
+        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None, close: false, style: ErrorStyle::OpenAi }
     }
 
     /// 400: the request is malformed or asks for something impossible.
@@ -122,8 +132,30 @@ impl ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
+    /// The same error, answered in `style`'s JSON.
+    pub fn in_style(self, style: ErrorStyle) -> ApiError {
+        ApiError { style, ..self }
+    }
+
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+        match self.style {
+            ErrorStyle::OpenAi => json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}),
+            ErrorStyle::Anthropic => json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}}),
+        }
+    }
+
+    /// Anthropic's error types, by status.
+    pub fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 | 529 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        }
     }
 }
 

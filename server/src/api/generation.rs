@@ -74,6 +74,15 @@ pub trait ChunkWriter: Unpin + 'static {
     /// The last chunks of a stream the shutdown cuts: a finish_reason
     /// (`shutdown::CUT_FINISH_REASON`) and the error `message`.
     fn cut(&mut self, message: &str) -> Vec<Value>;
+
+    /// The bytes of `chunks` on the wire (`done`: the stream's last). OpenAI's
+    /// form: `data: <chunk>` events and a final `data: [DONE]`.
+    fn frame(chunks: &[Value], done: bool) -> web::Bytes
+    where
+        Self: Sized,
+    {
+        sse(chunks, done)
+    }
 }
 
 enum Phase {
@@ -106,7 +115,7 @@ pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, shu
             match phase {
                 Phase::Start => {
                     let chunks = writer.start();
-                    Some((Ok::<_, actix_web::Error>(sse(&chunks, false)), (rx, writer, Phase::Running)))
+                    Some((Ok::<_, actix_web::Error>(W::frame(&chunks, false)), (rx, writer, Phase::Running)))
                 }
                 Phase::Running => loop {
                     let event = tokio::select! {
@@ -114,20 +123,20 @@ pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, shu
                         () = shutdown.cut() => {
                             shutdown.record_cut();
                             let chunks = writer.cut(SHUTTING_DOWN);
-                            return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
+                            return Some((Ok(W::frame(&chunks, true)), (rx, writer, Phase::Ended)));
                         }
                     };
                     let Some(event) = event else {
                         let err = json!({"error": {"message": "the engine dropped the request", "type": "server_error"}});
-                        return Some((Ok(sse(&[err], true)), (rx, writer, Phase::Ended)));
+                        return Some((Ok(W::frame(&[err], true)), (rx, writer, Phase::Ended)));
                     };
                     let last = matches!(event, Event::Done { .. } | Event::Error(_));
                     let chunks = writer.write(event);
                     if last {
-                        return Some((Ok(sse(&chunks, true)), (rx, writer, Phase::Ended)));
+                        return Some((Ok(W::frame(&chunks, true)), (rx, writer, Phase::Ended)));
                     }
                     if !chunks.is_empty() {
-                        return Some((Ok(sse(&chunks, false)), (rx, writer, Phase::Running)));
+                        return Some((Ok(W::frame(&chunks, false)), (rx, writer, Phase::Running)));
                     }
                 },
                 Phase::Ended => None,

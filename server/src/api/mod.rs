@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API (actix-web). Handlers validate, tokenize and
 //! hand requests to the engine thread over a channel; they never touch MLX.
 
+mod anthropic;
 pub mod auth;
 mod chat;
 pub use chat::tool_format;
@@ -31,7 +32,7 @@ use crate::tokenizer::tool_calls::ToolCallFormat;
 use crate::tokenizer::Tokenizer;
 use auth::{Access, ApiKey};
 use model_names::ModelNames;
-use error::ApiError;
+use error::{ApiError, ErrorStyle};
 use host_check::AllowedHosts;
 use prompt_limit::PromptLimit;
 use shutdown::Shutdown;
@@ -98,11 +99,12 @@ impl AppState {
 
 /// A POST endpoint taking JSON: the API key and the Content-Type are checked,
 /// then `handler` reads the body and answers.
+/// Its errors are `style`'s JSON.
 async fn json_post<'a, Fut>(
     req: &HttpRequest,
     payload: web::Payload,
     state: &'a AppState,
-    endpoint: &str,
+    (endpoint, style): (&str, ErrorStyle),
     handler: impl FnOnce(web::Payload, &'a AppState) -> Fut,
 ) -> HttpResponse
 where
@@ -113,23 +115,31 @@ where
         Ok(()) => handler(payload, state).await,
         Err(e) => Err(e),
     };
-    state.finish(req, endpoint, start, res)
+    state.finish(req, endpoint, start, res.map_err(|e| e.in_style(style)))
 }
 
 async fn chat_completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
-    json_post(&req, payload, &state, "/v1/chat/completions", chat::handle).await
+    json_post(&req, payload, &state, ("/v1/chat/completions", ErrorStyle::OpenAi), chat::handle).await
 }
 
 async fn completions(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
-    json_post(&req, payload, &state, "/v1/completions", completions::handle).await
+    json_post(&req, payload, &state, ("/v1/completions", ErrorStyle::OpenAi), completions::handle).await
 }
 
 async fn tokenize_text(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
-    json_post(&req, payload, &state, "/tokenize", tokenize::tokenize).await
+    json_post(&req, payload, &state, ("/tokenize", ErrorStyle::OpenAi), tokenize::tokenize).await
 }
 
 async fn detokenize_ids(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
-    json_post(&req, payload, &state, "/detokenize", tokenize::detokenize).await
+    json_post(&req, payload, &state, ("/detokenize", ErrorStyle::OpenAi), tokenize::detokenize).await
+}
+
+async fn anthropic_messages(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, ("/v1/messages", ErrorStyle::Anthropic), anthropic::handle).await
+}
+
+async fn anthropic_count_tokens(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, ("/v1/messages/count_tokens", ErrorStyle::Anthropic), anthropic::count_tokens).await
 }
 
 fn model_card(state: &AppState, name: &str) -> Value {
@@ -240,5 +250,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/completions", web::post().to(completions))
         .route("/tokenize", web::post().to(tokenize_text))
         .route("/detokenize", web::post().to(detokenize_ids))
+        .route("/v1/messages", web::post().to(anthropic_messages))
+        .route("/v1/messages/count_tokens", web::post().to(anthropic_count_tokens))
         .default_service(web::to(unknown_route));
 }
