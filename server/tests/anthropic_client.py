@@ -13,12 +13,7 @@ import sys
 import anthropic
 from anthropic import Anthropic
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAILED: {what}")
-        sys.exit(1)
-    print(f"ok: {what}")
+from client_checks import check
 
 
 def main():

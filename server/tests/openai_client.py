@@ -1,5 +1,6 @@
 """Drives a running mlx-serve with the official OpenAI Python client: chat
-(non-stream and stream), text completions, tools, and an error. Exits non-zero
+(non-stream and stream), text completions, tools, the Responses API (create,
+stream, previous_response_id, retrieve), and errors. Exits non-zero
 on the first failed check.
 
 usage: python openai_client.py BASE_URL        (e.g. http://127.0.0.1:5413/v1)
@@ -10,12 +11,7 @@ import sys
 import openai
 from openai import OpenAI
 
-
-def check(cond, what):
-    if not cond:
-        print(f"FAILED: {what}")
-        sys.exit(1)
-    print(f"ok: {what}")
+from client_checks import check
 
 
 def main():
@@ -64,7 +60,55 @@ def main():
         check(False, "an unknown model is refused")
     except openai.NotFoundError as e:
         check(e.status_code == 404, "an unknown model is refused with 404")
+    responses(client, model)
     print("openai client: all checks passed")
+
+
+def responses(client, model):
+    """The Responses API, as Codex uses it."""
+    greedy = {"extra_body": {"ignore_eos": True}, "temperature": 0}
+    r = client.responses.create(model=model, input="hello model", instructions="Be brief.", max_output_tokens=8, **greedy)
+    check(r.object == "response" and r.status == "incomplete", "a response cut at max_output_tokens is incomplete")
+    check(r.incomplete_details.reason == "max_output_tokens", "incomplete_details names the reason")
+    check(r.output[0].type == "message" and r.output_text, "one message item with output_text")
+    check(r.usage.output_tokens == 8 and r.usage.total_tokens == r.usage.input_tokens + 8, "responses usage")
+
+    with client.responses.stream(model=model, input="hello model", instructions="Be brief.", max_output_tokens=8, **greedy) as s:
+        events = list(s)
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    check(deltas == r.output_text, "the streamed deltas equal the whole response's text")
+    # Cut at max_output_tokens, the stream ends with response.incomplete (as
+    # OpenAI's does), which the SDK's get_final_response() does not accept.
+    final = events[-1]
+    check(final.type == "response.incomplete" and final.response.output_text == r.output_text, "the stream's final response")
+    # A stop string from the answer's start ends it early: response.completed.
+    stop = {"extra_body": {"ignore_eos": True, "stop": [r.output_text[:3]]}, "temperature": 0}
+    with client.responses.stream(model=model, input="hello model", instructions="Be brief.", max_output_tokens=8, **stop) as s:
+        whole = s.get_final_response()
+    check(whole.status == "completed" and whole.output[0].type == "message", "an SDK stream accumulates a completed response")
+
+    follow = client.responses.create(model=model, input="and then?", previous_response_id=r.id, max_output_tokens=4, **greedy)
+    fresh = client.responses.create(model=model, input="and then?", max_output_tokens=4, **greedy)
+    check(follow.usage.input_tokens > fresh.usage.input_tokens, "previous_response_id carries the conversation")
+    check(client.responses.retrieve(r.id).output_text == r.output_text, "a stored response is retrieved by id")
+
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "18C"}]
+    t = client.responses.create(model=model, input=items, tools=tools, max_output_tokens=4, **greedy)
+    check(t.status in ("completed", "incomplete"), "a function_call / function_call_output turn is answered")
+    try:
+        client.responses.create(model=model, input="x", previous_response_id="resp_nope", max_output_tokens=4)
+        check(False, "an unknown previous_response_id is refused")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, "an unknown previous_response_id gets 404")
+    try:
+        client.responses.create(model=model, input="x", tools=[{"type": "web_search"}], max_output_tokens=4)
+        check(False, "a web_search tool is refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and (e.body or {}).get("param") == "tools[0].type", "a non-function tool gets 400 naming tools[0].type")
 
 
 if __name__ == "__main__":

@@ -410,10 +410,10 @@ fn the_official_openai_client_works_against_the_server() {
     assert!(stdout.contains("openai client: all checks passed"), "{stdout}");
 }
 
-#[test]
-fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
-    let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("tools.jinja");
+/// A ChatML template that lists the tools and asks for Hermes calls (the test
+/// model's own template shows no tools), written into `dir`.
+fn tools_template(dir: &std::path::Path) -> std::path::PathBuf {
+    let template = dir.join("tools.jinja");
     std::fs::write(
         &template,
         "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools> answer with <tool_call>{json}</tool_call>\n{% endif %}\
@@ -421,6 +421,13 @@ fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
          {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     )
     .unwrap();
+    template
+}
+
+#[test]
+fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = tools_template(dir.path());
     let s = TestServer::start(&model(), &["--chat-template", template.to_str().unwrap()]);
     assert_eq!(s.get("/health").json()["capabilities"]["tools"], "hermes");
     let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
@@ -689,14 +696,7 @@ fn a_thinking_template_splits_reasoning_out_and_chat_template_kwargs_reach_it() 
 fn the_official_anthropic_client_works_against_the_messages_endpoint() {
     // A template that shows tools (the test model's own does not).
     let dir = tempfile::tempdir().unwrap();
-    let template = dir.path().join("tools.jinja");
-    std::fs::write(
-        &template,
-        "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}\
-         {% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
-         {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-    )
-    .unwrap();
+    let template = tools_template(dir.path());
     let flags = ["--api-key", "k", "--prompt-cache-bytes", "0", "--chat-template", template.to_str().unwrap()];
     let s = TestServer::start(&model(), &flags);
     let out = std::process::Command::new(common::python())

@@ -175,7 +175,8 @@ fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
             Role::User if !text.is_empty() => out.push(json!({"role": "user", "content": text})),
             Role::User => {}
             Role::Assistant if calls.is_empty() => out.push(json!({"role": "assistant", "content": text})),
-            Role::Assistant => out.push(json!({"role": "assistant", "content": (!text.is_empty()).then_some(text), "tool_calls": calls})),
+            // "" rather than null: templates that add strings to the content fail on null.
+            Role::Assistant => out.push(json!({"role": "assistant", "content": text, "tool_calls": calls})),
         }
     }
     serde_json::from_value(Value::Array(out)).map_err(|e| ApiError::bad_param("messages", format!("invalid messages: {e}")))
@@ -429,18 +430,8 @@ impl ChunkWriter for MessageStream {
         out
     }
 
-    /// Named events (`event: <type>`), no `[DONE]`: an event without a type
-    /// (the stream's own failure) goes out as an error event.
     fn frame(chunks: &[Value], _done: bool) -> web::Bytes {
-        let mut out = String::new();
-        for c in chunks {
-            let event = match c["type"].as_str() {
-                Some(_) => c.clone(),
-                None => error_event("api_error", c["error"]["message"].as_str().unwrap_or("the stream failed")),
-            };
-            out.push_str(&format!("event: {}\ndata: {}\n\n", event["type"].as_str().unwrap_or("error"), event));
-        }
-        web::Bytes::from(out)
+        generation::named_events(chunks, |message| error_event("api_error", message))
     }
 }
 
@@ -451,6 +442,7 @@ fn error_event(kind: &str, message: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::generation::testing::{feed_chars, THINK_SAY_CALL};
     use crate::tokenizer::tool_calls::ToolCallFormat;
 
     fn hermes() -> Option<ToolCallFormat> {
@@ -498,13 +490,7 @@ mod tests {
     #[test]
     fn streams_are_named_events_with_thinking_text_and_tool_use_blocks() {
         let mut s = MessageStream::new("msg_1".into(), "m".into(), 7, OutputSplit::new(hermes(), Some(false)));
-        let mut events = s.start();
-        let text = "<think>plan</think>Sure.<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
-        for c in text.chars() {
-            events.extend(s.write(Event::Token { token: 0, text: c.to_string(), logprob: None }));
-        }
-        let usage = Usage { prompt_tokens: 7, completion_tokens: 9, cached_tokens: 0 };
-        events.extend(s.write(Event::Done { text: String::new(), finish_reason: FinishReason::Stop, usage }));
+        let events = feed_chars(&mut s, THINK_SAY_CALL);
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(kinds.first(), Some(&"message_start"));
         assert_eq!(&kinds[kinds.len() - 2..], ["message_delta", "message_stop"]);

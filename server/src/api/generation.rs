@@ -91,6 +91,21 @@ enum Phase {
     Ended,
 }
 
+/// Anthropic's and the Responses API's framing: `event: <type>` before each
+/// chunk's `data:`, and no `[DONE]`. A chunk without a `type` (the stream's
+/// own failure, in OpenAI's error shape) goes out as `as_error` makes it.
+pub fn named_events(chunks: &[Value], as_error: impl Fn(&str) -> Value) -> web::Bytes {
+    let mut out = String::new();
+    for c in chunks {
+        let event = match c["type"].as_str() {
+            Some(_) => c.clone(),
+            None => as_error(c["error"]["message"].as_str().unwrap_or("the stream failed")),
+        };
+        out.push_str(&format!("event: {}\ndata: {}\n\n", event["type"].as_str().unwrap_or("error"), event));
+    }
+    web::Bytes::from(out)
+}
+
 fn sse(chunks: &[Value], done: bool) -> web::Bytes {
     let mut out = String::new();
     for c in chunks {
@@ -185,4 +200,26 @@ pub fn response_id(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
     format!("{prefix}-{:08x}{:08x}", nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// For the stream writers' tests.
+#[cfg(test)]
+pub(super) mod testing {
+    use super::*;
+    use crate::engine::{FinishReason, Usage};
+
+    /// Output with reasoning, text and a Hermes tool call.
+    pub const THINK_SAY_CALL: &str = "<think>plan</think>Sure.<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
+
+    /// Every event `writer` makes of `text` arriving a character per token,
+    /// then the end (finish Stop, 9 tokens).
+    pub fn feed_chars<W: ChunkWriter>(writer: &mut W, text: &str) -> Vec<Value> {
+        let mut events = writer.start();
+        for c in text.chars() {
+            events.extend(writer.write(Event::Token { token: 0, text: c.to_string(), logprob: None }));
+        }
+        let usage = Usage { prompt_tokens: 7, completion_tokens: 9, cached_tokens: 0 };
+        events.extend(writer.write(Event::Done { text: String::new(), finish_reason: FinishReason::Stop, usage }));
+        events
+    }
 }

@@ -14,6 +14,8 @@ mod messages;
 pub mod model_names;
 mod params;
 pub mod prompt_limit;
+pub mod response_store;
+mod responses;
 pub mod shutdown;
 mod tokenize;
 pub mod tokenize_pool;
@@ -63,6 +65,8 @@ pub struct AppState {
     pub system: SystemInfo,
     pub config: EngineConfig,
     pub kv_footprint: KvFootprint,
+    /// Stored Responses API responses (`previous_response_id`, GET by id).
+    pub responses: Arc<response_store::ResponseStore>,
     /// With --stream-experts: the expert cache's counters.
     pub experts: Option<crate::experts::ExpertCounters>,
     pub created: u64,
@@ -132,6 +136,16 @@ async fn tokenize_text(req: HttpRequest, payload: web::Payload, state: web::Data
 
 async fn detokenize_ids(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
     json_post(&req, payload, &state, ("/detokenize", ErrorStyle::OpenAi), tokenize::detokenize).await
+}
+
+async fn create_response(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
+    json_post(&req, payload, &state, ("/v1/responses", ErrorStyle::OpenAi), responses::handle).await
+}
+
+async fn get_response(req: HttpRequest, path: web::Path<String>, state: web::Data<AppState>) -> HttpResponse {
+    let start = Instant::now();
+    let res = state.api_key.require(&req).and_then(|()| responses::retrieve(&state, path.as_str()));
+    state.finish(&req, "/v1/responses/{id}", start, res)
 }
 
 async fn anthropic_messages(req: HttpRequest, payload: web::Payload, state: web::Data<AppState>) -> HttpResponse {
@@ -250,6 +264,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/completions", web::post().to(completions))
         .route("/tokenize", web::post().to(tokenize_text))
         .route("/detokenize", web::post().to(detokenize_ids))
+        .route("/v1/responses", web::post().to(create_response))
+        .route("/v1/responses/{id}", web::get().to(get_response))
         .route("/v1/messages", web::post().to(anthropic_messages))
         .route("/v1/messages/count_tokens", web::post().to(anthropic_count_tokens))
         .default_service(web::to(unknown_route));
