@@ -15,7 +15,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, OutputSplit, Piece, WholeOutput};
+use super::chat::{encode_prompt, whole_output, OutputShape, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -97,7 +97,10 @@ struct Tool {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum ToolChoice {
-    Auto {},
+    Auto {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
     None {},
     Any {},
     Tool {},
@@ -193,7 +196,7 @@ fn chat_tools(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
             ))
         }
         Some(ToolChoice::None {}) => return Ok(None),
-        Some(ToolChoice::Auto {}) | None => {}
+        Some(ToolChoice::Auto { .. }) | None => {}
     }
     let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) else { return Ok(None) };
     let mut out = Vec::with_capacity(tools.len());
@@ -237,16 +240,18 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let p = prepare(&req)?;
     let tool_format = p.tools.as_ref().and(state.tool_format);
     let (prompt, thinking) = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
+    let one_call = matches!(req.tool_choice, Some(ToolChoice::Auto { disable_parallel_tool_use: true }));
+    let shape = OutputShape { tools: tool_format, thinking, one_call };
     let prompt_tokens = prompt.len();
     let params = common.generation(state, prompt, None)?;
     let rx = generation::submit(state, params)?;
     let id = generation::response_id("msg");
     if common.stream {
-        let writer = MessageStream::new(id, state.models.id.clone(), prompt_tokens, OutputSplit::new(tool_format, thinking));
+        let writer = MessageStream::new(id, state.models.id.clone(), prompt_tokens, OutputSplit::new(shape));
         return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
     let done = generation::collect(rx, &state.shutdown).await?;
-    let out = whole_output(tool_format, thinking, done.text);
+    let out = whole_output(shape, done.text);
     let stop_reason = stop_reason(done.finish_reason, !out.calls.is_empty());
     Ok(HttpResponse::Ok().json(json!({
         "id": id,
@@ -489,7 +494,7 @@ mod tests {
 
     #[test]
     fn streams_are_named_events_with_thinking_text_and_tool_use_blocks() {
-        let mut s = MessageStream::new("msg_1".into(), "m".into(), 7, OutputSplit::new(hermes(), Some(false)));
+        let mut s = MessageStream::new("msg_1".into(), "m".into(), 7, OutputSplit::new(OutputShape { tools: hermes(), thinking: Some(false), one_call: false }));
         let events = feed_chars(&mut s, THINK_SAY_CALL);
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(kinds.first(), Some(&"message_start"));

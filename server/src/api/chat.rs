@@ -31,6 +31,8 @@ struct ChatRequest {
     logprobs: bool,
     top_logprobs: Option<i64>,
     chat_template_kwargs: Option<Value>,
+    /// false: at most one tool call is returned.
+    parallel_tool_calls: Option<bool>,
 }
 
 /// A request's `chat_template_kwargs`: extra variables for the chat template
@@ -86,6 +88,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let kwargs = template_kwargs(req.chat_template_kwargs)?;
     let tool_format = tools.as_ref().and(state.tool_format);
     let (prompt, thinking) = encode_prompt(state, messages, tools, kwargs).await?;
+    let shape = OutputShape { tools: tool_format, thinking, one_call: req.parallel_tool_calls == Some(false) };
     let mut params = common.generation(state, prompt, top)?;
     params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
     let rx = generation::submit(state, params)?;
@@ -94,14 +97,14 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         let writer = ChatStream {
             meta,
             tokenizer: state.tokenizer.clone(),
-            split: OutputSplit::new(tool_format, thinking),
+            split: OutputSplit::new(shape),
             calls: 0,
             include_usage: common.include_usage(),
         };
         return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
     let done = generation::collect(rx, &state.shutdown).await?;
-    let (message, finish) = chat_message(tool_format, thinking, done.text, done.finish_reason.as_str());
+    let (message, finish) = chat_message(shape, done.text, done.finish_reason.as_str());
     let logprobs = match top {
         Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),
         None => Value::Null,
@@ -148,12 +151,11 @@ fn messages_bytes(messages: &Value) -> usize {
     }
 }
 
-/// The assistant message of a whole answer: its reasoning split out when
-/// `thinking` (Some(whether the output starts inside `<think>`)), tool calls
-/// read out of the rest when a format is active, and the finish reason that
-/// goes with it.
-fn chat_message(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, text: String, finish: &'static str) -> (Value, &'static str) {
-    let WholeOutput { reasoning: thought, content, calls } = whole_output(tool_format, thinking, text);
+/// The assistant message of a whole answer: its reasoning split out and tool
+/// calls read out of the rest as `shape` says, and the finish reason that goes
+/// with it.
+fn chat_message(shape: OutputShape, text: String, finish: &'static str) -> (Value, &'static str) {
+    let WholeOutput { reasoning: thought, content, calls } = whole_output(shape, text);
     let mut message = json!({"role": "assistant", "content": content});
     if let Some(thought) = thought {
         message["reasoning_content"] = json!(thought);
@@ -177,15 +179,28 @@ pub(super) struct WholeOutput {
     pub calls: Vec<ToolCall>,
 }
 
-/// `thinking`: Some(whether the output starts inside `<think>`) when the template thinks.
-pub(super) fn whole_output(tool_format: Option<ToolCallFormat>, thinking: Option<bool>, text: String) -> WholeOutput {
-    let (reasoning, text) = match thinking {
+/// How a request's output is taken apart.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct OutputShape {
+    /// The tool-call format, when the request has tools and the model's format is known.
+    pub tools: Option<ToolCallFormat>,
+    /// Some(whether the output starts inside `<think>`) when the template thinks.
+    pub thinking: Option<bool>,
+    /// `parallel_tool_calls: false`: only the first tool call is kept.
+    pub one_call: bool,
+}
+
+pub(super) fn whole_output(shape: OutputShape, text: String) -> WholeOutput {
+    let (reasoning, text) = match shape.thinking {
         Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
         None => (None, text),
     };
-    match tool_format {
+    match shape.tools {
         Some(f) => {
-            let parsed = tool_calls::parse(f, &text);
+            let mut parsed = tool_calls::parse(f, &text);
+            if shape.one_call {
+                parsed.tool_calls.truncate(1);
+            }
             WholeOutput { reasoning, content: parsed.content, calls: parsed.tool_calls }
         }
         None => WholeOutput { reasoning, content: text, calls: Vec::new() },
@@ -204,11 +219,18 @@ pub(super) struct OutputSplit {
     reasoning: Option<ReasoningSplit>,
     /// Present when the request has tools and the model's format is known.
     tools: Option<ToolCallStream>,
+    one_call: bool,
+    calls: usize,
 }
 
 impl OutputSplit {
-    pub fn new(tool_format: Option<ToolCallFormat>, thinking: Option<bool>) -> OutputSplit {
-        OutputSplit { reasoning: thinking.map(ReasoningSplit::new), tools: tool_format.map(ToolCallStream::new) }
+    pub fn new(shape: OutputShape) -> OutputSplit {
+        OutputSplit {
+            reasoning: shape.thinking.map(ReasoningSplit::new),
+            tools: shape.tools.map(ToolCallStream::new),
+            one_call: shape.one_call,
+            calls: 0,
+        }
     }
 
     /// The settled pieces after `text`; `finish` flushes what is held.
@@ -233,6 +255,16 @@ impl OutputSplit {
         }
         if let (true, Some(tools)) = (finish, self.tools.as_mut()) {
             out.extend(tools.finish().into_iter().map(Piece::Item));
+        }
+        if self.one_call {
+            let calls = &mut self.calls;
+            out.retain(|p| match p {
+                Piece::Item(StreamItem::Call(_)) => {
+                    *calls += 1;
+                    *calls == 1
+                }
+                _ => true,
+            });
         }
         out
     }
@@ -366,7 +398,7 @@ mod tests {
         ChatStream {
             meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
             tokenizer: tokenizer(),
-            split: OutputSplit::new(format, thinking),
+            split: OutputSplit::new(OutputShape { tools: format, thinking, one_call: false }),
             calls: 0,
             include_usage: false,
         }
@@ -418,12 +450,12 @@ mod tests {
     #[test]
     fn whole_answers_carry_tool_calls_and_null_content() {
         let text = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
-        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), None, text.into(), "stop");
+        let (msg, finish) = chat_message(OutputShape { tools: Some(ToolCallFormat::Hermes), ..Default::default() }, text.into(), "stop");
         assert_eq!(finish, "tool_calls");
         assert!(msg["content"].is_null());
         assert_eq!(msg["tool_calls"][0]["function"]["name"], "add");
         assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{\"a\":1,\"b\":2}");
-        let (msg, finish) = chat_message(Some(ToolCallFormat::Hermes), None, "no calls here".into(), "length");
+        let (msg, finish) = chat_message(OutputShape { tools: Some(ToolCallFormat::Hermes), ..Default::default() }, "no calls here".into(), "length");
         assert_eq!((msg["content"].as_str(), finish), (Some("no calls here"), "length"));
         assert!(msg.get("tool_calls").is_none());
     }
@@ -451,9 +483,31 @@ mod tests {
         let first_content = deltas.iter().position(|d| d["content"].as_str().is_some_and(|c| !c.is_empty())).unwrap();
         assert!(last_reasoning < first_content);
 
-        let (msg, _) = chat_message(None, Some(true), "hmm</think>\n4".into(), "stop");
+        let (msg, _) = chat_message(OutputShape { thinking: Some(true), ..Default::default() }, "hmm</think>\n4".into(), "stop");
         assert_eq!((msg["reasoning_content"].as_str(), msg["reasoning"].as_str(), msg["content"].as_str()), (Some("hmm"), Some("hmm"), Some("4")));
-        let (msg, _) = chat_message(None, Some(false), "4".into(), "stop");
+        let (msg, _) = chat_message(OutputShape { thinking: Some(false), ..Default::default() }, "4".into(), "stop");
         assert!(msg.get("reasoning_content").is_none(), "{msg}");
+    }
+
+    #[test]
+    fn without_parallel_tool_calls_only_the_first_call_is_kept_whole_or_streamed() {
+        let call = |n: &str| format!("<tool_call>{{\"name\": \"{n}\", \"arguments\": {{}}}}</tool_call>");
+        let text = format!("{}{}", call("first"), call("second"));
+        let shape = OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: None, one_call: true };
+        let out = whole_output(shape, text.clone());
+        assert_eq!(out.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["first"]);
+        let all = whole_output(OutputShape { one_call: false, ..shape }, text.clone());
+        assert_eq!(all.calls.len(), 2);
+        let mut split = OutputSplit::new(shape);
+        let mut pieces: Vec<Piece> = text.chars().flat_map(|c| split.push(&c.to_string(), false)).collect();
+        pieces.extend(split.push("", true));
+        let names: Vec<String> = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::Item(StreamItem::Call(c)) => Some(c.name.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["first"]);
     }
 }

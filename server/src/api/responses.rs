@@ -18,7 +18,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, OutputSplit, Piece, WholeOutput};
+use super::chat::{encode_prompt, whole_output, OutputShape, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -44,6 +44,8 @@ struct ResponsesRequest {
     prompt: Option<Value>,
     truncation: Option<String>,
     metadata: Option<Value>,
+    /// false: at most one function call is returned.
+    parallel_tool_calls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -196,6 +198,7 @@ struct Echo {
     top_p: f32,
     store: bool,
     metadata: Value,
+    parallel_tool_calls: bool,
 }
 
 impl Echo {
@@ -211,7 +214,7 @@ impl Echo {
             "max_output_tokens": self.max_output_tokens,
             "model": self.model,
             "output": output,
-            "parallel_tool_calls": true,
+            "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": null, "summary": null},
             "store": self.store,
@@ -300,6 +303,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let tools = chat_tools(&req)?;
     let tool_format = tools.as_ref().and(state.tool_format);
     let (prompt, thinking) = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
+    let shape = OutputShape { tools: tool_format, thinking, one_call: req.parallel_tool_calls == Some(false) };
     let params = common.generation(state, prompt, None)?;
     let echo = Echo {
         id: generation::response_id("resp"),
@@ -314,15 +318,16 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         top_p: params.sampling.top_p,
         store: req.store.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or(json!({})),
+        parallel_tool_calls: req.parallel_tool_calls != Some(false),
     };
     let rx = generation::submit(state, params)?;
     let keep = echo.store.then(|| Keep { store: state.responses.clone(), conversation });
     if common.stream {
-        let writer = ResponseStream::new(echo, OutputSplit::new(tool_format, thinking), keep);
+        let writer = ResponseStream::new(echo, OutputSplit::new(shape), keep);
         return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
     }
     let done = generation::collect(rx, &state.shutdown).await?;
-    let out = whole_output(tool_format, thinking, done.text);
+    let out = whole_output(shape, done.text);
     let incomplete = done.finish_reason == FinishReason::Length;
     let response = echo.response(if incomplete { "incomplete" } else { "completed" }, &whole_items(&out), Some(&done.usage), incomplete);
     if let Some(keep) = keep {
@@ -571,9 +576,9 @@ mod tests {
         let echo = Echo {
             id: "resp_1".into(), created_at: 1, model: "m".into(), instructions: None, max_output_tokens: None,
             previous_response_id: None, tools: json!([]), tool_choice: json!("auto"), temperature: 0.0, top_p: 1.0,
-            store: false, metadata: json!({}),
+            store: false, metadata: json!({}), parallel_tool_calls: true,
         };
-        let mut s = ResponseStream::new(echo, OutputSplit::new(Some(ToolCallFormat::Hermes), Some(false)), None);
+        let mut s = ResponseStream::new(echo, OutputSplit::new(OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: Some(false), one_call: false }), None);
         let events = feed_chars(&mut s, THINK_SAY_CALL);
         for (i, e) in events.iter().enumerate() {
             assert_eq!(e["sequence_number"], i, "{e}");
