@@ -2,8 +2,9 @@
 //! in the shapes both vLLM and llama.cpp clients send. A prompt is text
 //! (`prompt`, or llama.cpp's `content`) or chat `messages` rendered through
 //! the chat template (with `tools`, `chat_template_kwargs`, and
-//! `add_generation_prompt`, default true); the answer has the ids (`tokens`), their `count` and the model's
-//! `max_model_len`, and with `with_pieces` each id's text.
+//! `add_generation_prompt`, default true); the answer has the ids
+//! (`tokens`), their `count` and the model's `max_model_len`, and with
+//! `with_pieces` each id's text.
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
