@@ -24,6 +24,22 @@ fn default_model() -> PathBuf {
 }
 
 #[test]
+fn the_anthropic_and_responses_routes_get_the_same_right_answer_from_the_default_model() {
+    let server = TestServer::start_with(&[]);
+    let question = "What is the capital of France?";
+    let chat = server.post_json("/v1/chat/completions", &json!({"max_tokens": 32, "messages": [{"role": "user", "content": question}]}));
+    let answer = chat.json()["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(answer.contains("Paris"), "{answer:?}");
+    // Greedy on every route: the same prompt, so the same words.
+    let messages = server.post_json("/v1/messages", &json!({"max_tokens": 32, "temperature": 0, "messages": [{"role": "user", "content": question}]}));
+    assert_eq!(messages.status, 200, "{}", messages.body);
+    assert_eq!(messages.json()["content"][0]["text"], answer.as_str(), "{}", messages.body);
+    let response = server.post_json("/v1/responses", &json!({"max_output_tokens": 32, "input": question}));
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(response.json()["output"][0]["content"][0]["text"], answer.as_str(), "{}", response.body);
+}
+
+#[test]
 fn without_model_the_server_serves_smollm2_and_answers_right() {
     let server = TestServer::start_with(&[]);
     let models = server.get("/v1/models").json();
