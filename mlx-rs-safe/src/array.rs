@@ -47,15 +47,10 @@ impl Array {
                 data.len()
             )));
         }
-        init();
-        let ndim = c_int::try_from(shape.len())
-            .map_err(|_| Error::InvalidArgument("too many dimensions".into()))?;
-        // SAFETY: `data` holds exactly prod(shape) elements of T, whose layout is
-        // T::DTYPE's (Element is sealed to such types); mlx-c copies the buffer.
-        let raw = unsafe {
-            sys::mlx_array_new_data(data.as_ptr().cast(), shape.as_ptr(), ndim, T::DTYPE.to_sys())
-        };
-        Ok(Array { raw })
+        // SAFETY: Element is sealed to plain number types laid out as T::DTYPE's
+        // values: every byte of `data` is initialized and readable.
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) };
+        Array::from_bytes(bytes, shape, T::DTYPE)
     }
 
     /// An array holding a copy of `bytes`, read as `dtype` values of the given
