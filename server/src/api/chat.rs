@@ -142,7 +142,7 @@ pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Opti
 }
 
 /// Bytes of text in the messages (what the template renders, roughly).
-fn messages_bytes(messages: &Value) -> usize {
+pub(super) fn messages_bytes(messages: &Value) -> usize {
     match messages {
         Value::String(s) => s.len(),
         Value::Array(items) => items.iter().map(messages_bytes).sum(),

@@ -20,7 +20,6 @@ pub mod shutdown;
 mod tokenize;
 pub mod tokenize_pool;
 
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,9 +32,9 @@ use crate::system_info::SystemInfo;
 use crate::tokenizer::tool_calls::ToolCallFormat;
 use crate::tokenizer::Tokenizer;
 use auth::{Access, ApiKey};
-use model_names::ModelNames;
 use error::{ApiError, ErrorStyle};
 use host_check::AllowedHosts;
+use model_names::ModelNames;
 use prompt_limit::PromptLimit;
 use shutdown::Shutdown;
 use tokenize_pool::TokenizePool;

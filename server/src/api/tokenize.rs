@@ -64,7 +64,7 @@ pub async fn tokenize(payload: web::Payload, state: &AppState) -> Result<HttpRes
             let tools = req.tools.clone().filter(|t| !t.is_empty()).map(Value::Array);
             let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
             let kwargs = super::chat::template_kwargs(req.chat_template_kwargs.clone())?;
-            let bytes = messages.to_string().len();
+            let bytes = super::chat::messages_bytes(&messages);
             state
                 .tokenize_pool
                 .run(bytes, move || {

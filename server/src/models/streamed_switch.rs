@@ -23,6 +23,7 @@
 //! and prompts of one kind, route alike, so little is read in vain. The next
 //! layer takes what it uses from those reads.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 use mlx_rs_safe::{ops, Array, Dtype};
@@ -235,18 +236,10 @@ impl StreamedSwitchGlu {
     /// Starts the reads of `misses` that `ahead` (reads begun before the
     /// router ran) does not cover; collecting the result waits for both.
     fn submit_misses(&self, misses: &[u32], ahead: Option<(Vec<u32>, PendingReads)>) -> Result<MissReads> {
-        let Some((ahead_experts, ahead_reads)) = ahead else {
-            return Ok(MissReads { rest: self.stream.reader.submit(self.jobs(misses))?, ahead: None, misses: misses.to_vec(), tensors: self.tensors.len() });
-        };
-        let rest: Vec<u32> = misses.iter().copied().filter(|e| !ahead_experts.contains(e)).collect();
-        let used = (misses.len() - rest.len()) as u64;
-        self.stream.reader.counters().record_prefetch_used(used);
-        Ok(MissReads {
-            rest: self.stream.reader.submit(self.jobs(&rest))?,
-            ahead: Some((ahead_experts, ahead_reads)),
-            misses: misses.to_vec(),
-            tensors: self.tensors.len(),
-        })
+        let begun = ahead.as_ref().map_or(&[][..], |(experts, _)| experts.as_slice());
+        let rest: Vec<u32> = misses.iter().copied().filter(|e| !begun.contains(e)).collect();
+        self.stream.reader.counters().record_prefetch_used((misses.len() - rest.len()) as u64);
+        Ok(MissReads { rest: self.stream.reader.submit(self.jobs(&rest))?, ahead, misses: misses.to_vec(), tensors: self.tensors.len() })
     }
 
     /// The pools with the plan's installs written into their slots.
@@ -327,21 +320,14 @@ impl MissReads {
     fn wait(self) -> Result<Vec<Array>> {
         let rest = self.rest.wait()?;
         let Some((ahead_experts, ahead_reads)) = self.ahead else { return Ok(rest) };
-        // Read ahead but not used: freed here (the bytes stay counted).
-        let ahead = ahead_reads.wait()?;
         let n = self.tensors;
-        let (mut from_ahead, mut from_rest) = (ahead.into_iter(), rest.into_iter());
-        let mut ahead_by_expert: Vec<Option<Vec<Array>>> = Vec::new();
-        for &e in &ahead_experts {
-            let arrays: Vec<Array> = from_ahead.by_ref().take(n).collect();
-            if ahead_by_expert.len() <= e as usize {
-                ahead_by_expert.resize_with(e as usize + 1, || None);
-            }
-            ahead_by_expert[e as usize] = Some(arrays);
-        }
+        // Read ahead but not used: freed here (the bytes stay counted).
+        let mut ahead = ahead_reads.wait()?.into_iter();
+        let mut ahead_by_expert: HashMap<u32, Vec<Array>> = ahead_experts.into_iter().map(|e| (e, ahead.by_ref().take(n).collect())).collect();
+        let mut from_rest = rest.into_iter();
         let mut out = Vec::with_capacity(self.misses.len() * n);
         for &e in &self.misses {
-            match ahead_by_expert.get_mut(e as usize).and_then(Option::take) {
+            match ahead_by_expert.remove(&e) {
                 Some(arrays) => out.extend(arrays),
                 None => out.extend(from_rest.by_ref().take(n)),
             }
