@@ -148,6 +148,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let state = web::Data::new(AppState {
         experts: expert_counters,
         responses: Arc::default(),
+        grammars: Arc::new(crate::structured::Grammars::new(tokenizer.clone())),
         tokenizer,
         metrics,
         models: api::model_names::ModelNames::new(&model_id, &dir, &args.served_model_name),

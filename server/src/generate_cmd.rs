@@ -145,6 +145,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         logprobs: None,
         ignore_eos: args.ignore_eos,
         keep_special_tokens: false,
+        guide: None,
     };
     if args.warmup {
         // The whole generation once: MLX's GPU backends compile kernels per

@@ -15,5 +15,6 @@ pub mod kv;
 pub mod metrics;
 pub mod models;
 pub mod quality;
+pub mod structured;
 pub mod system_info;
 pub mod tokenizer;

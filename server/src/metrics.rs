@@ -71,6 +71,8 @@ pub struct Metrics {
     cancelled: Counter,
     decode_steps: Counter,
     decode_rows: Counter,
+    grammar_masks: Counter,
+    grammar_mask_seconds: Counter<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -106,6 +108,8 @@ impl Metrics {
             cancelled: Counter::default(),
             decode_steps: Counter::default(),
             decode_rows: Counter::default(),
+            grammar_masks: Counter::default(),
+            grammar_mask_seconds: Counter::default(),
         };
         metrics.registered()
     }
@@ -225,6 +229,17 @@ impl Metrics {
             "Sequence rows decoded, summed over steps (rows / steps = mean batch size)",
             self.decode_rows.clone(),
         );
+        r.register(
+            "grammar_masks",
+            "Decode steps whose logits were masked by a request's grammar (structured output, forced tool calls)",
+            self.grammar_masks.clone(),
+        );
+        r.register_with_unit(
+            "grammar_mask",
+            "Host time computing grammar masks, while the steps' model calls ran",
+            Unit::Seconds,
+            self.grammar_mask_seconds.clone(),
+        );
         self
     }
 
@@ -306,6 +321,12 @@ impl Metrics {
     pub fn record_decode_step(&self, rows: u64) {
         self.decode_steps.inc();
         self.decode_rows.inc_by(rows);
+    }
+
+    /// One decode step masked by grammars, whose masks took `seconds` on the host.
+    pub fn record_grammar_masks(&self, seconds: f64) {
+        self.grammar_masks.inc();
+        self.grammar_mask_seconds.inc_by(seconds);
     }
 
     /// A sequence ended early because its client went away.

@@ -54,11 +54,22 @@ def main():
     without = client.messages.count_tokens(model=model, messages=turn).input_tokens
     check(with_tools > without, "tools reach the chat template")
 
+    # Forced calls (the test model has random weights: only the constraint makes these valid).
+    bounded = [{"name": n, "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                                             "required": ["city"], "additionalProperties": False}} for n in ("get_weather", "get_time")]
+    sampled = {"extra_body": {"temperature": 1.0, "seed": 3}}
+    r = client.messages.create(model=model, max_tokens=300, messages=messages, tools=bounded, tool_choice={"type": "any"}, **sampled)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check(r.stop_reason == "tool_use" and uses and all(isinstance(u.input["city"], str) for u in uses), "tool_choice any gives tool_use blocks")
+    r = client.messages.create(model=model, max_tokens=300, messages=messages, tools=bounded,
+                               tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True}, **sampled)
+    uses = [b for b in r.content if b.type == "tool_use"]
+    check(len(uses) == 1 and uses[0].name == "get_time", "tool_choice tool gives one call of that tool")
     try:
-        client.messages.create(model=model, max_tokens=4, messages=turn, tools=tools, tool_choice={"type": "any"})
-        check(False, "tool_choice any is refused")
+        client.messages.create(model=model, max_tokens=4, messages=messages, tools=bounded, tool_choice={"type": "tool", "name": "nope"})
+        check(False, "an unknown tool name is refused")
     except anthropic.BadRequestError as e:
-        check(e.status_code == 400 and "tool_choice" in str(e), "tool_choice any is refused with 400 naming it")
+        check(e.body["error"]["type"] == "invalid_request_error" and "nope" in str(e), "an unknown tool name gets invalid_request_error")
     try:
         client.messages.create(model="not-this-one", max_tokens=4, messages=messages)
         check(False, "an unknown model is refused")

@@ -1,14 +1,21 @@
 """Drives a running mlx-serve with the official OpenAI Python client: chat
-(non-stream and stream), text completions, tools, the Responses API (create,
-stream, previous_response_id, retrieve), and errors. Exits non-zero
-on the first failed check.
+(non-stream and stream), text completions, tools, structured output
+(response_format, chat.completions.parse and responses.parse with pydantic
+models, tool_choice), the Responses API (create, stream,
+previous_response_id, retrieve), and errors. Exits non-zero on the first
+failed check.
 
 usage: python openai_client.py BASE_URL        (e.g. http://127.0.0.1:5413/v1)
+The server must run with --tool-call-parser hermes (the test model's template
+shows no tool format).
 """
 
+import json
 import sys
+from typing import List, Literal
 
 import openai
+import pydantic
 from openai import OpenAI
 
 from client_checks import check
@@ -61,7 +68,56 @@ def main():
     except openai.NotFoundError as e:
         check(e.status_code == 404, "an unknown model is refused with 404")
     responses(client, model)
+    structured(client, model)
     print("openai client: all checks passed")
+
+
+class Forecast(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=10)
+    unit: Literal["celsius", "fahrenheit"]
+    high: int = pydantic.Field(ge=-40, le=50)
+    tags: List[Literal["sun", "rain", "wind"]] = pydantic.Field(max_length=3)
+
+
+def structured(client, model):
+    """Structured output and forced tool calls, as SDK users write them. The
+    test model has random weights: only the constraint makes these valid."""
+    messages = [{"role": "user", "content": "The forecast for Paris, as JSON."}]
+    sampled = {"temperature": 1.0, "seed": 7, "max_tokens": 300}
+    parsed = client.chat.completions.parse(model=model, messages=messages, response_format=Forecast, **sampled)
+    p = parsed.choices[0].message.parsed
+    check(isinstance(p, Forecast) and len(p.city) <= 10 and -40 <= p.high <= 50, "chat.completions.parse returns a valid pydantic object")
+    beta = client.beta.chat.completions.parse(model=model, messages=messages, response_format=Forecast, **dict(sampled, seed=8))
+    check(isinstance(beta.choices[0].message.parsed, Forecast), "beta.chat.completions.parse returns a valid pydantic object")
+
+    r = client.chat.completions.create(model=model, messages=messages, response_format={"type": "json_object"}, **sampled)
+    check(r.choices[0].finish_reason == "stop" and isinstance(json.loads(r.choices[0].message.content), dict),
+          "response_format json_object gives a JSON object")
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": False}}}
+        for n in ("get_weather", "get_time")]
+    r = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice="required", **sampled)
+    calls = r.choices[0].message.tool_calls or []
+    check(r.choices[0].finish_reason == "tool_calls" and calls and all(c.function.name in ("get_weather", "get_time") for c in calls),
+          "tool_choice required gives tool calls")
+    check(all(isinstance(json.loads(c.function.arguments)["city"], str) for c in calls), "the calls' arguments follow the tool's schema")
+    named = {"type": "function", "function": {"name": "get_time"}}
+    r = client.chat.completions.create(model=model, messages=messages, tools=tools, tool_choice=named, parallel_tool_calls=False, **sampled)
+    calls = r.choices[0].message.tool_calls or []
+    check(len(calls) == 1 and calls[0].function.name == "get_time", "a named tool_choice gives one call of that function")
+    try:
+        client.chat.completions.create(model=model, messages=messages, tools=tools,
+                                       tool_choice={"type": "function", "function": {"name": "nope"}}, max_tokens=4)
+        check(False, "an unknown tool name is refused")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and (e.body or {}).get("param") == "tool_choice", "an unknown tool name gets 400 naming tool_choice")
+
+    rp = client.responses.parse(model=model, input="The forecast for Paris.", text_format=Forecast, max_output_tokens=300, temperature=1.0)
+    check(isinstance(rp.output_parsed, Forecast), "responses.parse returns a valid pydantic object")
+    flat = [{"type": "function", "name": "get_weather", "parameters": tools[0]["function"]["parameters"]}]
+    rc = client.responses.create(model=model, input="Weather?", tools=flat, tool_choice="required", max_output_tokens=300, temperature=1.0)
+    check("function_call" in [i.type for i in rc.output], "responses tool_choice required gives a function_call item")
 
 
 def responses(client, model):

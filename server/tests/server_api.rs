@@ -399,7 +399,7 @@ fn sigterm_stops_the_server_cleanly() {
 
 #[test]
 fn the_official_openai_client_works_against_the_server() {
-    let s = TestServer::start(&model(), &[]);
+    let s = TestServer::start(&model(), &["--tool-call-parser", "hermes"]);
     let out = std::process::Command::new(common::python())
         .arg(common::repo().join("server/tests/openai_client.py"))
         .arg(format!("{}/v1", s.base))

@@ -7,9 +7,10 @@
 //! past reasoning). The answer is the chat endpoint's output taken apart the
 //! same way (reasoning, text, tool calls) and put in Anthropic's content
 //! blocks: `thinking`, `text`, `tool_use`. Streams are Anthropic's named
-//! events. What this server cannot do gets 400 naming it: images and
-//! documents, server tools, and `tool_choice` `any`/`tool` (which need
-//! constrained decoding). Errors on these routes are Anthropic's error JSON.
+//! events. `tool_choice` `any` / `tool` constrain the output to calls of the
+//! tools (see `structured`). What this server cannot do gets 400 naming it:
+//! images and documents, server tools. Errors on these routes are Anthropic's
+//! error JSON.
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -20,6 +21,7 @@ use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_object, read_request, CommonParams, StopField};
+use super::structured;
 use super::AppState;
 use crate::engine::{Event, FinishReason, Usage};
 use crate::tokenizer::tool_calls::{StreamItem, ToolCall};
@@ -102,8 +104,36 @@ enum ToolChoice {
         disable_parallel_tool_use: bool,
     },
     None {},
-    Any {},
-    Tool {},
+    Any {
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+    Tool {
+        name: String,
+        #[serde(default)]
+        disable_parallel_tool_use: bool,
+    },
+}
+
+impl ToolChoice {
+    /// The choice in OpenAI's terms (`any` is `required`, `tool` a named function).
+    fn forced(&self) -> structured::ToolChoice {
+        match self {
+            ToolChoice::Auto { .. } => structured::ToolChoice::Auto,
+            ToolChoice::None {} => structured::ToolChoice::None,
+            ToolChoice::Any { .. } => structured::ToolChoice::Required,
+            ToolChoice::Tool { name, .. } => structured::ToolChoice::Named(name.clone()),
+        }
+    }
+
+    fn one_call(&self) -> bool {
+        match self {
+            ToolChoice::Auto { disable_parallel_tool_use } | ToolChoice::Any { disable_parallel_tool_use } | ToolChoice::Tool { disable_parallel_tool_use, .. } => {
+                *disable_parallel_tool_use
+            }
+            ToolChoice::None {} => false,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,15 +218,8 @@ fn chat_messages(req: &MessagesRequest) -> Result<Vec<ChatMessage>, ApiError> {
 /// The tools in OpenAI's form for the template (None when the request has
 /// none or says `tool_choice: none`).
 fn chat_tools(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
-    match req.tool_choice {
-        Some(ToolChoice::Any {}) | Some(ToolChoice::Tool {}) => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "tool_choice `any` and `tool` (forcing a call) are not supported yet: use `auto` or `none`",
-            ))
-        }
-        Some(ToolChoice::None {}) => return Ok(None),
-        Some(ToolChoice::Auto { .. }) | None => {}
+    if matches!(req.tool_choice, Some(ToolChoice::None {})) {
+        return Ok(None);
     }
     let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) else { return Ok(None) };
     let mut out = Vec::with_capacity(tools.len());
@@ -212,10 +235,7 @@ fn chat_tools(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
 
 /// `thinking: {type: enabled|disabled}` → the template's `enable_thinking`.
 fn template_kwargs(req: &MessagesRequest) -> Option<Value> {
-    let enabled = match req.thinking.as_ref()?.kind.as_str() {
-        "enabled" | "adaptive" => true,
-        _ => false,
-    };
+    let enabled = matches!(req.thinking.as_ref()?.kind.as_str(), "enabled" | "adaptive");
     Some(json!({"enable_thinking": enabled}))
 }
 
@@ -239,11 +259,14 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     anthropic_defaults(&mut common, &req);
     let p = prepare(&req)?;
     let tool_format = p.tools.as_ref().and(state.tool_format);
+    let one_call = req.tool_choice.as_ref().is_some_and(ToolChoice::one_call);
+    let choice = req.tool_choice.as_ref().map_or(structured::ToolChoice::Auto, ToolChoice::forced);
+    let output = structured::wanted_output(&choice, p.tools.as_ref(), state.tool_format, !one_call, None)?;
     let (prompt, thinking) = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
-    let one_call = matches!(req.tool_choice, Some(ToolChoice::Auto { disable_parallel_tool_use: true }));
     let shape = OutputShape { tools: tool_format, thinking, one_call };
     let prompt_tokens = prompt.len();
-    let params = common.generation(state, prompt, None)?;
+    let mut params = common.generation(state, prompt, None)?;
+    params.guide = structured::guide(state, output, thinking, "tools").await?;
     let rx = generation::submit(state, params)?;
     let id = generation::response_id("msg");
     if common.stream {
@@ -486,8 +509,9 @@ mod tests {
         let image = json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
         let e = prepare(&request(image)).err().unwrap();
         assert!(e.message.contains("image"), "{}", e.message);
-        let any = json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}], "tool_choice": {"type": "any"}});
-        assert!(prepare(&request(any)).err().unwrap().message.contains("tool_choice"));
+        let tool = json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"name": "f"}], "tool_choice": {"type": "tool", "name": "f"}});
+        let choice = request(tool).tool_choice.unwrap();
+        assert_eq!((choice.forced(), choice.one_call()), (structured::ToolChoice::Named("f".into()), false));
         let server_tool = json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305", "name": "web_search"}]});
         assert!(prepare(&request(server_tool)).err().unwrap().message.contains("web_search_20250305"));
     }

@@ -16,6 +16,7 @@ use super::generation::{self, error_chunk, token_text, usage_json, with_cut_erro
 use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_request};
 use super::shutdown::CUT_FINISH_REASON;
+use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
@@ -33,6 +34,7 @@ struct ChatRequest {
     chat_template_kwargs: Option<Value>,
     /// false: at most one tool call is returned.
     parallel_tool_calls: Option<bool>,
+    response_format: Option<Value>,
 }
 
 /// A request's `chat_template_kwargs`: extra variables for the chat template
@@ -46,14 +48,14 @@ pub(super) fn template_kwargs(kwargs: Option<Value>) -> Result<Option<Value>, Ap
 }
 
 /// The tools passed to the template, unless tool_choice is "none".
-fn active_tools(req: &ChatRequest) -> Result<Option<Value>, ApiError> {
+fn active_tools(req: &ChatRequest, choice: &ToolChoice) -> Result<Option<Value>, ApiError> {
     let Some(tools) = &req.tools else { return Ok(None) };
     for (i, t) in tools.iter().enumerate() {
         if t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_none() {
             return Err(ApiError::bad_param(&format!("tools[{i}]"), format!("tools[{i}] needs function.name")));
         }
     }
-    if req.tool_choice.as_ref().and_then(Value::as_str) == Some("none") || tools.is_empty() {
+    if *choice == ToolChoice::None || tools.is_empty() {
         return Ok(None);
     }
     Ok(Some(Value::Array(tools.clone())))
@@ -84,13 +86,18 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         (false, _) => None,
     };
     let messages = template_messages(&req.messages)?;
-    let tools = active_tools(&req)?;
+    let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
+    let tools = active_tools(&req, &choice)?;
     let kwargs = template_kwargs(req.chat_template_kwargs)?;
     let tool_format = tools.as_ref().and(state.tool_format);
+    let schema = structured::format_schema(req.response_format.as_ref(), "response_format")?;
+    let one_call = req.parallel_tool_calls == Some(false);
+    let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
     let (prompt, thinking) = encode_prompt(state, messages, tools, kwargs).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call: req.parallel_tool_calls == Some(false) };
+    let shape = OutputShape { tools: tool_format, thinking, one_call };
     let mut params = common.generation(state, prompt, top)?;
     params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
+    params.guide = structured::guide(state, output, thinking, "response_format.json_schema.schema").await?;
     let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.models.id.clone() };
     if common.stream {

@@ -17,6 +17,7 @@ pub mod prompt_limit;
 pub mod response_store;
 mod responses;
 pub mod shutdown;
+mod structured;
 mod tokenize;
 pub mod tokenize_pool;
 
@@ -66,6 +67,8 @@ pub struct AppState {
     pub kv_footprint: KvFootprint,
     /// Stored Responses API responses (`previous_response_id`, GET by id).
     pub responses: Arc<response_store::ResponseStore>,
+    /// Compiles structured-output grammars against the model's vocabulary.
+    pub grammars: Arc<crate::structured::Grammars>,
     /// With --stream-experts: the expert cache's counters.
     pub experts: Option<crate::experts::ExpertCounters>,
     pub created: u64,

@@ -254,6 +254,7 @@ impl CommonParams {
             logprobs,
             ignore_eos: self.ignore_eos,
             keep_special_tokens: false,
+            guide: None,
             prompt,
         })
     }

@@ -7,10 +7,10 @@
 //! output taken apart (reasoning, text, tool calls) as `reasoning`, `message`
 //! and `function_call` output items, whole or as the API's streaming events.
 //! Stored responses (`store`, default true) live in a bounded in-memory store.
-//! What this server cannot do gets 400 naming it: non-function tools,
-//! `tool_choice` `required` or a named function and structured `text.format`
-//! (constrained decoding), images and files, `background`, `conversation`,
-//! `prompt`, `truncation: auto`.
+//! `text.format` `json_schema` / `json_object` and `tool_choice` `required` or
+//! a named function constrain the output (see `structured`). What this server
+//! cannot do gets 400 naming it: non-function tools, images and files,
+//! `background`, `conversation`, `prompt`, `truncation: auto`.
 
 use std::sync::Arc;
 
@@ -24,6 +24,7 @@ use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_request};
 use super::response_store::{ResponseStore, Stored};
+use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::engine::{Event, FinishReason, Usage};
 use crate::tokenizer::tool_calls::{StreamItem, ToolCall};
@@ -69,9 +70,6 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     }
     if req.truncation.as_deref().is_some_and(|t| t != "disabled") {
         return refuse("truncation", "truncation `auto`");
-    }
-    if let Some(kind) = req.text.as_ref().and_then(|t| t["format"]["type"].as_str()).filter(|k| *k != "text") {
-        return refuse("text.format", &format!("text.format `{kind}` (structured output needs constrained decoding, not implemented yet)"));
     }
     Ok(())
 }
@@ -120,7 +118,9 @@ fn input_messages(input: &InputField) -> Result<Vec<Value>, ApiError> {
                         if !last["tool_calls"].is_array() {
                             last["tool_calls"] = json!([]);
                         }
-                        last["tool_calls"].as_array_mut().map(|c| c.push(call));
+                        if let Some(calls) = last["tool_calls"].as_array_mut() {
+                            calls.push(call);
+                        }
                     }
                     // "" rather than null: templates that add strings to the content fail on null.
                     _ => out.push(json!({"role": "assistant", "content": "", "tool_calls": [call]})),
@@ -142,17 +142,9 @@ fn input_messages(input: &InputField) -> Result<Vec<Value>, ApiError> {
 }
 
 /// Function tools in the chat form (None: no tools, or `tool_choice: none`).
-fn chat_tools(req: &ResponsesRequest) -> Result<Option<Value>, ApiError> {
-    match &req.tool_choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "auto" => {}
-        Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "tool_choice",
-                "tool_choice `required` or a named tool (forcing a call) is not supported yet: use `auto` or `none`",
-            ))
-        }
+fn chat_tools(req: &ResponsesRequest, choice: &ToolChoice) -> Result<Option<Value>, ApiError> {
+    if *choice == ToolChoice::None {
+        return Ok(None);
     }
     let Some(tools) = req.tools.as_ref().filter(|t| !t.is_empty()) else { return Ok(None) };
     let mut out = Vec::with_capacity(tools.len());
@@ -199,6 +191,8 @@ struct Echo {
     store: bool,
     metadata: Value,
     parallel_tool_calls: bool,
+    /// The request's `text` (its output format).
+    text: Value,
 }
 
 impl Echo {
@@ -219,7 +213,7 @@ impl Echo {
             "reasoning": {"effort": null, "summary": null},
             "store": self.store,
             "temperature": self.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": self.text,
             "tool_choice": self.tool_choice,
             "tools": self.tools,
             "top_p": self.top_p,
@@ -300,11 +294,17 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         prompt_messages.push(json!({"role": "system", "content": i}));
     }
     prompt_messages.extend(conversation.iter().cloned());
-    let tools = chat_tools(&req)?;
+    let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
+    let tools = chat_tools(&req, &choice)?;
     let tool_format = tools.as_ref().and(state.tool_format);
+    let text_format = req.text.as_ref().map(|t| &t["format"]);
+    let schema = structured::format_schema(text_format, "text.format")?;
+    let one_call = req.parallel_tool_calls == Some(false);
+    let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
     let (prompt, thinking) = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call: req.parallel_tool_calls == Some(false) };
-    let params = common.generation(state, prompt, None)?;
+    let shape = OutputShape { tools: tool_format, thinking, one_call };
+    let mut params = common.generation(state, prompt, None)?;
+    params.guide = structured::guide(state, output, thinking, "text.format.schema").await?;
     let echo = Echo {
         id: generation::response_id("resp"),
         created_at: generation::unix_now(),
@@ -318,7 +318,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         top_p: params.sampling.top_p,
         store: req.store.unwrap_or(true),
         metadata: req.metadata.clone().unwrap_or(json!({})),
-        parallel_tool_calls: req.parallel_tool_calls != Some(false),
+        parallel_tool_calls: !one_call,
+        text: req.text.clone().filter(|t| !t.is_null()).unwrap_or(json!({"format": {"type": "text"}})),
     };
     let rx = generation::submit(state, params)?;
     let keep = echo.store.then(|| Keep { store: state.responses.clone(), conversation });
@@ -556,17 +557,16 @@ mod tests {
     fn what_cannot_be_served_is_refused_naming_the_field() {
         let cases = [
             (json!({"input": "x", "background": true}), "background"),
-            (json!({"input": "x", "text": {"format": {"type": "json_schema"}}}), "text.format"),
             (json!({"input": "x", "truncation": "auto"}), "truncation"),
         ];
         for (body, param) in cases {
             let e = refuse_unsupported(&request(body)).unwrap_err();
             assert!(e.body()["error"]["param"] == param, "{param}: {}", e.message);
         }
-        let e = chat_tools(&request(json!({"input": "x", "tools": [{"type": "web_search"}]}))).unwrap_err();
+        let e = chat_tools(&request(json!({"input": "x", "tools": [{"type": "web_search"}]})), &ToolChoice::Auto).unwrap_err();
         assert_eq!(e.body()["error"]["param"], "tools[0].type");
-        let e = chat_tools(&request(json!({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "required"}))).unwrap_err();
-        assert_eq!(e.body()["error"]["param"], "tool_choice");
+        let none = request(json!({"input": "x", "tools": [{"type": "function", "name": "f"}], "tool_choice": "none"}));
+        assert_eq!(chat_tools(&none, &ToolChoice::None).unwrap(), None);
         let e = input_messages(&request(json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]})).input).unwrap_err();
         assert_eq!(e.body()["error"]["param"], "input[0].content[0].type");
     }
@@ -576,7 +576,7 @@ mod tests {
         let echo = Echo {
             id: "resp_1".into(), created_at: 1, model: "m".into(), instructions: None, max_output_tokens: None,
             previous_response_id: None, tools: json!([]), tool_choice: json!("auto"), temperature: 0.0, top_p: 1.0,
-            store: false, metadata: json!({}), parallel_tool_calls: true,
+            store: false, metadata: json!({}), parallel_tool_calls: true, text: json!({"format": {"type": "text"}}),
         };
         let mut s = ResponseStream::new(echo, OutputSplit::new(OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: Some(false), one_call: false }), None);
         let events = feed_chars(&mut s, THINK_SAY_CALL);

@@ -1,22 +1,27 @@
 //! The decode batch: every sequence past its prefill takes its decode steps
 //! here, one model call per step for all of them, whatever their cache kinds.
 //!
-//! A step is queued with `async_eval` before the previous one's tokens are
-//! read (mlx-lm's pipelining), unless a row's logits processors need the
-//! previous token on the host, or sequences are waiting to join.
+//! A step's model call is queued with `async_eval` before the previous step's
+//! tokens are read (mlx-lm's pipelining), unless sequences are waiting to join.
+//! Its sampling is queued at the next turn, once the rows' previous tokens are
+//! on the host: penalties read them, and a constrained row's grammar computes
+//! the tokens it allows from them, on the host while the model call runs.
+
+use std::time::Instant;
 
 use mlx_rs_safe::{async_eval, ops, Array, Dtype};
+use rayon::prelude::*;
 
 use super::sequence::Sequence;
+use super::token_mask::TokenMask;
+use crate::structured::Guide;
 use crate::error::{Error, Result};
 use crate::kv::{KvCompression, KvSnapshot, ModelCache, Phase};
 use crate::models::LanguageModel;
 
-/// The sampled tokens ([B] uint32) and log-probabilities ([B, vocab]) of a
-/// queued step.
+/// The logits ([B, vocab]) of a queued model call.
 struct Pending {
-    tokens: Array,
-    logprobs: Array,
+    logits: Array,
 }
 
 pub struct DecodeBatch {
@@ -26,8 +31,17 @@ pub struct DecodeBatch {
     /// [B, 1] ids to feed at the next step: each row's newest token.
     input: Array,
     pending: Option<Pending>,
+    /// Expands grammar masks on the device (made at the first constrained step).
+    token_mask: Option<TokenMask>,
     /// Rows compressed by decode steps (crossing --quantized-kv-start), not yet counted in the metrics.
     pub compressed: usize,
+}
+
+/// What a step ended: the rows that finished, with their KV for the prompt
+/// cache, and the host seconds spent on grammar masks (None: no row constrained).
+pub struct StepOutcome {
+    pub ended: Vec<(Sequence, KvSnapshot)>,
+    pub mask_seconds: Option<f64>,
 }
 
 /// A sequence whose prompt is in its cache, ready to decode from `next`.
@@ -45,7 +59,7 @@ fn ids_column(ids: &[u32]) -> Result<Array> {
 impl DecodeBatch {
     /// A batch of the first sequence to decode.
     pub fn new(first: Joining) -> Result<DecodeBatch> {
-        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, compressed: 0 })
+        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, token_mask: None, compressed: 0 })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -76,15 +90,59 @@ impl DecodeBatch {
         Ok(())
     }
 
-    /// Queues one decode step for every row: the model call, the cache's
-    /// compression policy, then sampling (one argmax for a batch of plain
-    /// greedy rows, else each row's own sampler).
-    fn queue_step(&mut self, model: &dyn LanguageModel, compression: Option<&KvCompression>) -> Result<()> {
+    /// Queues the model call of one decode step for every row, and the cache's
+    /// compression policy after it.
+    fn queue_forward(&mut self, model: &dyn LanguageModel, compression: Option<&KvCompression>) -> Result<()> {
         let logits = model.forward(&self.input, &mut self.cache)?;
         self.compressed += self.cache.compress(compression, Phase::Decode)?;
         let v = logits.dim(-1)?;
-        let b = self.seqs.len() as i32;
-        let logits = ops::reshape(&logits, &[b, v])?;
+        let logits = ops::reshape(&logits, &[self.seqs.len() as i32, v])?;
+        async_eval(&[&logits])?;
+        self.pending = Some(Pending { logits });
+        Ok(())
+    }
+
+    /// `logits` ([B, vocab]) masked by the rows' grammars, when a row follows
+    /// one: the guides fill their rows' bits (in parallel when several do), the
+    /// other rows allow every token. A row whose grammar fails ends with the
+    /// error (its step's token is then dropped). Returns the host seconds the
+    /// masks took too.
+    fn mask_logits(&mut self, logits: Array, vocab: usize) -> Result<(Array, Option<f64>)> {
+        let guided = self.seqs.iter().filter(|s| s.guide.is_some()).count();
+        if guided == 0 {
+            return Ok((logits, None));
+        }
+        let start = Instant::now();
+        if self.token_mask.as_ref().is_none_or(|m| m.vocab() != vocab) {
+            self.token_mask = Some(TokenMask::new(vocab)?);
+        }
+        let Some(mask) = self.token_mask.as_ref() else { return Err(Error::Internal("token mask")) };
+        let width = mask.words_per_row();
+        let mut words = vec![u32::MAX; self.seqs.len() * width];
+        let mut guides: Vec<_> = self.seqs.iter_mut().map(|s| s.guide.as_mut()).collect();
+        let fill = |(row, guide): (&mut [u32], &mut Option<&mut Guide>)| guide.as_mut().and_then(|g| g.fill_allowed(row).err());
+        // One row: no thread hand-off (a mask takes ~50 us).
+        let failures: Vec<Option<String>> = if guided == 1 {
+            words.chunks_mut(width).zip(guides.iter_mut()).map(fill).collect()
+        } else {
+            words.par_chunks_mut(width).zip(guides.par_iter_mut()).map(fill).collect()
+        };
+        for (seq, failure) in self.seqs.iter_mut().zip(failures) {
+            if let Some(e) = failure {
+                seq.fail(&format!("structured output: {e}"));
+            }
+        }
+        let masked = mask.apply(&words, &logits)?;
+        Ok((masked, Some(start.elapsed().as_secs_f64())))
+    }
+
+    /// Queues the sampling of a queued model call's `logits`: the rows' grammar
+    /// masks, then one argmax for a batch of plain greedy rows, else each row's
+    /// own sampler. Returns the tokens ([B] uint32), log-probabilities
+    /// ([B, vocab]) and the mask's host seconds (None: no row constrained).
+    fn queue_sampling(&mut self, logits: Array) -> Result<(Array, Array, Option<f64>)> {
+        let v = logits.dim(-1)?;
+        let (logits, mask_seconds) = self.mask_logits(logits, v as usize)?;
         let (tokens, logprobs) = if self.seqs.iter().all(|s| s.sampler.is_plain_greedy()) {
             let logprobs = ops::subtract(&logits, &ops::logsumexp(&logits, &[-1], true)?)?;
             (ops::argmax(&logprobs, -1, false)?, logprobs)
@@ -102,37 +160,32 @@ impl DecodeBatch {
             (ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?, ops::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?)
         };
         // Cast inside the step's graph: reading the ids back adds no op behind
-        // the next step, which may be queued meanwhile.
+        // the next model call, queued meanwhile.
         let tokens = ops::astype(&tokens, Dtype::Uint32)?;
         async_eval(&[&tokens, &logprobs])?;
-        self.pending = Some(Pending { tokens, logprobs });
-        Ok(())
+        Ok((tokens, logprobs, mask_seconds))
     }
 
-    /// Whether the next step may be queued before this step's tokens are read.
-    fn can_pipeline(&self) -> bool {
-        !self.seqs.iter().any(|s| s.sampler.uses_history())
-    }
-
-    /// Runs one step: queues it if needed, queues the following one where
-    /// allowed (`pipeline`), then hands each row its token. Returns the rows
-    /// that ended, with their KV for the prompt cache.
+    /// Runs one step: queues its model call if needed and its sampling, queues
+    /// the next model call where allowed (`pipeline`), then hands each row its
+    /// token.
     pub fn step(
         &mut self,
         model: &dyn LanguageModel,
         compression: Option<&KvCompression>,
         pipeline: bool,
         mut accept: impl FnMut(&mut Sequence, u32, Option<&Array>) -> Result<bool>,
-    ) -> Result<Vec<(Sequence, KvSnapshot)>> {
+    ) -> Result<StepOutcome> {
         if self.pending.is_none() {
-            self.queue_step(model, compression)?;
+            self.queue_forward(model, compression)?;
         }
         let step = self.pending.take().ok_or(Error::Internal("no decode step queued"))?;
-        self.input = ops::reshape(&step.tokens, &[-1, 1])?;
-        if pipeline && self.can_pipeline() {
-            self.queue_step(model, compression)?;
+        let (tokens, logprobs, mask_seconds) = self.queue_sampling(step.logits)?;
+        self.input = ops::reshape(&tokens, &[-1, 1])?;
+        if pipeline {
+            self.queue_forward(model, compression)?;
         }
-        let ids = step.tokens.to_vec::<u32>()?;
+        let ids = tokens.to_vec::<u32>()?;
         if ids.len() != self.seqs.len() {
             return Err(Error::Internal("a decode step sampled a token count other than its rows"));
         }
@@ -140,16 +193,16 @@ impl DecodeBatch {
         for (b, seq) in self.seqs.iter_mut().enumerate() {
             let row = if seq.request.params.logprobs.is_some() {
                 let b = b as i32;
-                let v = step.logprobs.dim(-1)?;
-                Some(ops::reshape(&ops::slice(&step.logprobs, &[b, 0], &[b + 1, v], &[1, 1])?, &[v])?)
+                let v = logprobs.dim(-1)?;
+                Some(ops::reshape(&ops::slice(&logprobs, &[b, 0], &[b + 1, v], &[1, 1])?, &[v])?)
             } else {
                 None
             };
-            if accept(seq, ids[b], row.as_ref())? {
+            if seq.finished || accept(seq, ids[b], row.as_ref())? {
                 ended.push(b);
             }
         }
-        self.remove(&ended)
+        Ok(StepOutcome { ended: self.remove(&ended)?, mask_seconds })
     }
 
     /// Takes the rows in `ended` out of the batch, with their KV.
@@ -165,7 +218,7 @@ impl DecodeBatch {
             let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
             self.input = ops::take(&self.input, &idx, 0)?;
             if let Some(p) = self.pending.take() {
-                self.pending = Some(Pending { tokens: ops::take(&p.tokens, &idx, 0)?, logprobs: ops::take(&p.logprobs, &idx, 0)? });
+                self.pending = Some(Pending { logits: ops::take(&p.logits, &idx, 0)? });
             }
         }
         let mut seqs: Vec<Option<Sequence>> = self.seqs.drain(..).map(Some).collect();

@@ -319,8 +319,11 @@ impl Engine {
         });
         metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
         match result {
-            Ok(ended) => {
-                for (seq, kv) in ended {
+            Ok(outcome) => {
+                if let Some(seconds) = outcome.mask_seconds {
+                    metrics.record_grammar_masks(seconds);
+                }
+                for (seq, kv) in outcome.ended {
                     self.keep_in_prompt_cache(&seq, kv);
                 }
             }

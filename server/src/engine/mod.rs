@@ -9,6 +9,7 @@ mod sampler;
 mod sequence;
 mod stats;
 mod stop;
+mod token_mask;
 
 pub use self::core::{Engine, EngineConfig};
 pub use handle::{EngineHandle, SubmitError};

@@ -7,6 +7,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::sampler::SamplingParams;
 use super::stop::FinishReason;
+use crate::structured::Guide;
 
 /// What to generate: a validated, tokenized prompt and how to continue it.
 #[derive(Debug, Clone)]
@@ -23,6 +24,8 @@ pub struct Generation {
     /// Leave special tokens in the text: a tool-call format whose markers are
     /// special tokens (Mistral's `[TOOL_CALLS]`) must see them.
     pub keep_special_tokens: bool,
+    /// The grammar the output must follow (structured output, forced tool calls).
+    pub guide: Option<Guide>,
 }
 
 /// A generation on its way to the engine.

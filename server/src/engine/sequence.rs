@@ -9,6 +9,7 @@ use super::request::{Event, Request, TokenLogprob, Usage};
 use super::sampler::Sampler;
 use super::stop::{FinishReason, StopMatcher};
 use crate::metrics::Metrics;
+use crate::structured::Guide;
 use crate::error::Result;
 use crate::tokenizer::{StreamingDetokenizer, Tokenizer};
 
@@ -27,6 +28,8 @@ pub struct Sequence {
     last_token_at: Option<Instant>,
     /// Set once the sequence has ended (finished, cancelled or failed).
     pub finished: bool,
+    /// The grammar its output follows: the decode step masks its logits with it.
+    pub guide: Option<Guide>,
 }
 
 /// The `n` most likely tokens of a [vocab] log-probability row, best first.
@@ -44,7 +47,7 @@ fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
 }
 
 impl Sequence {
-    pub fn new(request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize) -> Sequence {
+    pub fn new(mut request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize) -> Sequence {
         let eos = if request.params.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
         Sequence {
             stop: StopMatcher::new(eos, request.params.stop.clone()),
@@ -55,6 +58,7 @@ impl Sequence {
             cache_source: None,
             last_token_at: None,
             finished: false,
+            guide: request.params.guide.take(),
             sampler,
             request,
         }
@@ -97,6 +101,12 @@ impl Sequence {
         if self.stop.is_eos(token) {
             return self.finish(FinishReason::Stop, tokenizer, true);
         }
+        if let Some(guide) = self.guide.as_mut() {
+            if let Err(e) = guide.advance(token) {
+                self.fail(&e);
+                return Ok(true);
+            }
+        }
         self.generated += 1;
         metrics.add_generated_tokens(1);
         let logprob = match (self.request.params.logprobs, logprobs) {
@@ -114,6 +124,11 @@ impl Sequence {
         }
         if piece.stopped {
             return self.finish(FinishReason::Stop, tokenizer, false);
+        }
+        if self.guide.as_ref().is_some_and(Guide::is_done) {
+            // The grammar is complete and nothing may follow: the end token it
+            // would force next is not worth a step.
+            return self.finish(FinishReason::Stop, tokenizer, true);
         }
         if self.generated >= self.request.params.max_tokens {
             return self.finish(FinishReason::Length, tokenizer, true);

@@ -62,8 +62,8 @@ impl ReasoningSplit {
             match self.state {
                 State::Start => {
                     let trimmed = self.held.trim_start();
-                    if trimmed.starts_with(THINK_START) {
-                        self.held = trimmed[THINK_START.len()..].to_string();
+                    if let Some(rest) = trimmed.strip_prefix(THINK_START) {
+                        self.held = rest.to_string();
                         self.state = State::Reasoning;
                     } else if trimmed.is_empty() || THINK_START.starts_with(trimmed) {
                         return out;

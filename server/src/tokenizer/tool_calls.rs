@@ -20,9 +20,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Deserializer, Value};
 
-const HERMES_START: &str = "<tool_call>";
-const HERMES_END: &str = "</tool_call>";
-const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+pub(crate) const HERMES_START: &str = "<tool_call>";
+pub(crate) const HERMES_END: &str = "</tool_call>";
+pub(crate) const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 const MISTRAL_CALL_ID: &str = "[CALL_ID]";
 const PYTHON_TAG: &str = "<|python_tag|>";

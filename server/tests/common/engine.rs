@@ -95,6 +95,7 @@ pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize
                     logprobs,
                     ignore_eos: true,
                     keep_special_tokens: false,
+                    guide: None,
                 };
                 engine.submit(Request { params, arrived: Instant::now(), events: tx });
                 streams[i] = Some(rx);

@@ -1,0 +1,141 @@
+//! What a request's output must be, as a Lark grammar for llguidance: JSON of
+//! a schema, or tool calls in the model family's format, after the reasoning
+//! block when the template thinks.
+
+use serde_json::{json, Value};
+
+use crate::tokenizer::tool_calls::{ToolCallFormat, HERMES_END, HERMES_START, MISTRAL_CALLS};
+
+/// One callable function: its name and the JSON schema of its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallSchema {
+    pub name: String,
+    pub parameters: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Output {
+    /// A JSON value of this schema (`response_format`).
+    Json(Value),
+    /// Calls of these functions, written as `format` writes them (`tool_choice`
+    /// `required` or a named function); one call unless `parallel`.
+    Calls { format: ToolCallFormat, functions: Vec<CallSchema>, parallel: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GuideSpec {
+    pub output: Output,
+    /// Some(whether the output starts inside `<think>`) when the template thinks:
+    /// the reasoning block is free text, the constraint starts after it.
+    pub thinking: Option<bool>,
+}
+
+/// How constrained JSON is written: one line, with the separators of Python's
+/// `json.dumps` (what models saw most), no free whitespace (which an unsure
+/// model could emit forever).
+fn with_layout(schema: &Value) -> Value {
+    let mut schema = match schema {
+        Value::Object(_) => schema.clone(),
+        // `true` / `{}`: any JSON value.
+        Value::Bool(true) => json!({}),
+        other => other.clone(),
+    };
+    if let Value::Object(fields) = &mut schema {
+        fields.entry("x-guidance").or_insert(json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}));
+    }
+    schema
+}
+
+/// `%json {schema}`: a nested JSON grammar.
+fn json_rule(schema: &Value) -> String {
+    format!("%json {}", with_layout(schema))
+}
+
+/// The schema of one call written as `{"name": .., <args_key>: {..}}`.
+fn call_schema(functions: &[CallSchema], args_key: &str) -> Value {
+    let one = |f: &CallSchema| {
+        json!({
+            "type": "object",
+            "properties": {"name": {"const": f.name}, args_key: f.parameters},
+            "required": ["name", args_key],
+            "additionalProperties": false,
+        })
+    };
+    match functions {
+        [f] => one(f),
+        _ => json!({"anyOf": functions.iter().map(one).collect::<Vec<_>>()}),
+    }
+}
+
+impl GuideSpec {
+    /// The grammar; `literal` writes a marker string as a Lark item (a special
+    /// token's reference, or a quoted string).
+    pub fn lark(&self, literal: impl Fn(&str) -> String) -> String {
+        let mut rules = Vec::new();
+        let body = match &self.output {
+            Output::Json(schema) => json_rule(schema),
+            Output::Calls { format, functions, parallel } => {
+                let (call, sep) = match format {
+                    ToolCallFormat::Hermes => {
+                        let call = format!(r#"{} "\n" {} "\n" {}"#, literal(HERMES_START), json_rule(&call_schema(functions, "arguments")), literal(HERMES_END));
+                        (call, r#""\n""#)
+                    }
+                    ToolCallFormat::Llama3Json => (json_rule(&call_schema(functions, "parameters")), r#""; ""#),
+                    ToolCallFormat::Mistral => {
+                        let mut list = json!({"type": "array", "items": call_schema(functions, "arguments"), "minItems": 1});
+                        if !parallel {
+                            list["maxItems"] = json!(1);
+                        }
+                        (format!("{} {}", literal(MISTRAL_CALLS), json_rule(&list)), "")
+                    }
+                };
+                rules.push(format!("call: {call}"));
+                if *parallel && !sep.is_empty() {
+                    format!("call ({sep} call)*")
+                } else {
+                    "call".to_string()
+                }
+            }
+        };
+        let start = match self.thinking {
+            None => body,
+            Some(true) => format!("think {body}"),
+            Some(false) => format!("({} think)? {body}", literal("<think>")),
+        };
+        if self.thinking.is_some() {
+            rules.push(format!("think: think_text WS?\nthink_text[suffix={}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/", literal("</think>")));
+        }
+        rules.insert(0, format!("start: {start}"));
+        rules.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quoted(s: &str) -> String {
+        serde_json::to_string(s).unwrap()
+    }
+
+    #[test]
+    fn json_output_is_one_nested_json_rule_with_fixed_separators() {
+        let spec = GuideSpec { output: Output::Json(json!({"type": "object"})), thinking: None };
+        let g = spec.lark(quoted);
+        assert!(g.starts_with("start: %json {\"type\":\"object\",\"x-guidance\":{"), "{g}");
+        assert!(g.contains("\"key_separator\":\": \""), "{g}");
+    }
+
+    #[test]
+    fn calls_follow_the_format_and_thinking_comes_first() {
+        let f = vec![CallSchema { name: "get".into(), parameters: json!({"type": "object"}) }];
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions: f.clone(), parallel: true }, thinking: Some(false) };
+        let g = spec.lark(quoted);
+        assert!(g.starts_with("start: (\"<think>\" think)? call (\"\\n\" call)*\ncall: \"<tool_call>\" \"\\n\" %json "), "{g}");
+        assert!(g.contains("think_text[suffix=\"</think>\"]"), "{g}");
+        let one = GuideSpec { output: Output::Calls { format: ToolCallFormat::Mistral, functions: f, parallel: false }, thinking: None };
+        let g = one.lark(|s| if s == MISTRAL_CALLS { "<[5]>".into() } else { quoted(s) });
+        assert!(g.starts_with("start: call\ncall: <[5]> %json {\"type\":\"array\""), "{g}");
+        assert!(g.contains("\"maxItems\":1"), "{g}");
+    }
+}
