@@ -194,12 +194,12 @@ def ref_argv(python, model, extra) -> list:
 
 # ---------------------------------------------------------------- client
 
-async def stream_request(client, url, messages, max_tokens, attempts=3) -> dict:
-    """One streaming chat completion; times the first and last content chunk. A connection
-    dropped before any response byte is retried (as the openai client does), from the
-    same start time; the retries are counted."""
+async def stream_request(client, url, messages, max_tokens, attempts=3, extra=None) -> dict:
+    """One streaming chat completion (with the `extra` body fields); times the first and
+    last content chunk. A connection dropped before any response byte is retried (as the
+    openai client does), from the same start time; the retries are counted."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     first = last = usage = status = None
     error = None
@@ -263,17 +263,17 @@ def client_for(n_requests, timeout=1800.0):
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=httpx.Limits(max_connections=n_requests + 4))
 
 
-async def wave(url, message_lists, max_tokens, timeout=1800.0) -> dict:
+async def wave(url, message_lists, max_tokens, timeout=1800.0, extra=None) -> dict:
     """All requests at once; aggregate tok/s over the wave's wall time."""
     async with client_for(len(message_lists), timeout) as client:
-        reqs = await asyncio.gather(*(stream_request(client, url, m, max_tokens) for m in message_lists))
+        reqs = await asyncio.gather(*(stream_request(client, url, m, max_tokens, extra=extra) for m in message_lists))
     wall = max(r["end"] for r in reqs) - min(r["start"] for r in reqs)
     return {"requests": reqs, "wall_s": wall,
             "aggregate_tps": sum(r["completion_tokens"] for r in reqs) / wall}
 
 
-def run_wave(url, message_lists, max_tokens, timeout=1800.0):
-    return asyncio.run(wave(url, message_lists, max_tokens, timeout))
+def run_wave(url, message_lists, max_tokens, timeout=1800.0, extra=None):
+    return asyncio.run(wave(url, message_lists, max_tokens, timeout, extra))
 
 
 def python_versions(python) -> list:
