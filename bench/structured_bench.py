@@ -39,6 +39,13 @@ def constrained(kind):
     return {"response_format": {"type": "json_schema", "json_schema": {"name": "rows", "strict": True, "schema": schema}}}
 
 
+def grammar_counters(url):
+    """(masked steps, mask host seconds) so far."""
+    text = serving.httpx.get(url + "/metrics").text
+    value = lambda name: next((float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ")), 0.0)
+    return value("mlx_serve_grammar_masks_total"), value("mlx_serve_grammar_mask_seconds_total")
+
+
 def measure(url, tok, a, c, rnd, extra):
     msgs = [chat("List the records as JSON. " + make_text(tok, a.prompt_tokens, f"{rnd}-{c}-{i}")) for i in range(c)]
     w = run_wave(url, msgs, a.gen_tokens, extra=extra)
@@ -74,13 +81,17 @@ def main():
             for extra in (None, CONSTRAINED):
                 measure(server.url, tok, a, c, "warm", extra)
             runs = {"free": [], "json_schema": []}
+            steps0, seconds0 = grammar_counters(server.url)
             for rnd in range(a.rounds):
                 for name, extra in (("free", None), ("json_schema", CONSTRAINED)):
                     runs[name].append(measure(server.url, tok, a, c, rnd, extra))
                     log(f"c={c} round {rnd} {name}: {runs[name][-1]}")
+            steps1, seconds1 = grammar_counters(server.url)
+            mask_ms = 1e3 * (seconds1 - seconds0) / max(steps1 - steps0, 1)
+            log(f"c={c}: {mask_ms:.3f} ms of grammar masks a step")
             med = {n: {k: statistics.median(r[k] for r in v if r[k] is not None) for k in ("per_stream_tps", "steady_tps")}
                    for n, v in runs.items()}
-            results[c] = {"runs": runs, "median": med,
+            results[c] = {"runs": runs, "median": med, "mask_ms_per_step": mask_ms,
                           "ratio_per_stream": med["json_schema"]["per_stream_tps"] / med["free"]["per_stream_tps"],
                           "ratio_steady": med["json_schema"]["steady_tps"] / med["free"]["steady_tps"]}
         metrics = serving.httpx.get(server.url + "/metrics").text
