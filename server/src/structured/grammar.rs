@@ -85,6 +85,79 @@ fn schema_error(e: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::structured::{CallSchema, Output};
+    use crate::tokenizer::tool_calls::ToolCallFormat;
+
+    /// A byte-level tokenizer of single bytes, `<think>` / `</think>` /
+    /// `<tool_call>` as added text tokens and `<|im_end|>` as its special end token.
+    fn tokenizer() -> (tempfile::TempDir, Arc<Tokenizer>) {
+        let mut vocab = serde_json::Map::new();
+        let mut next = 256u32;
+        for b in 0..=255u32 {
+            // GPT-2's byte-to-character map, as the ByteLevel decoder reads it.
+            let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+            let c = if printable { char::from_u32(b) } else { next += 1; char::from_u32(next - 1) };
+            vocab.insert(c.unwrap().to_string(), json!(b));
+        }
+        let added = ["<think>", "</think>", "<tool_call>", "<|im_end|>"];
+        let added: Vec<_> = added.iter().enumerate().map(|(i, t)| json!({"id": 256 + i, "content": t, "special": *t == "<|im_end|>",
+            "single_word": false, "lstrip": false, "rstrip": false, "normalized": false})).collect();
+        let json = json!({"version": "1.0", "added_tokens": added, "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            "post_processor": null, "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            "model": {"type": "BPE", "vocab": vocab, "merges": []}});
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
+        std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>"}"#).unwrap();
+        let t = Arc::new(Tokenizer::load(dir.path(), None).unwrap());
+        (dir, t)
+    }
+
+    /// Feeds `text`'s tokens, checking each was allowed; returns whether the grammar is done.
+    fn feed(guide: &mut Guide, tokenizer: &Tokenizer, text: &str) -> bool {
+        for t in tokenizer.encode(text, false).unwrap() {
+            let mut row = vec![0u32; 9];
+            guide.fill_allowed(&mut row).unwrap();
+            assert!(row[t as usize / 32] >> (t % 32) & 1 == 1, "token {t} of {text:?} not allowed");
+            guide.advance(t).unwrap();
+        }
+        guide.is_done()
+    }
+
+    #[test]
+    fn after_free_reasoning_the_output_is_the_schemas_json() {
+        let (_dir, tokenizer) = tokenizer();
+        let grammars = Grammars::new(tokenizer.clone());
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
+        let spec = GuideSpec { output: Output::Json(schema), thinking: Some(false) };
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<think>any {text} at all</think>\n\n"));
+        assert!(feed(&mut g, &tokenizer, "{\"a\": 12}"));
+        // Straight to the JSON is fine too; anything else is not allowed.
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(feed(&mut g, &tokenizer, "{\"a\": 3}"));
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err());
+    }
+
+    #[test]
+    fn a_forced_hermes_call_is_a_call_of_a_given_tool() {
+        let (_dir, tokenizer) = tokenizer();
+        let grammars = Grammars::new(tokenizer.clone());
+        let functions = vec![CallSchema { name: "get".into(), parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"], "additionalProperties": false}) }];
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions, parallel: false }, thinking: None };
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(feed(&mut g, &tokenizer, "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>"));
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<tool_call>\n{\"name\": \""));
+        assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err(), "only `get` may be called");
+    }
+
     #[test]
     fn schema_errors_lose_the_grammar_excerpt() {
         let e = "at 1(8): failed to compile JSON schema: Unimplemented keys: [\"uniqueItems\"]\n   1 | start: %json {}\n   ^\n";

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::tokenizer::reasoning::{THINK_END, THINK_START};
 use crate::tokenizer::tool_calls::{ToolCallFormat, HERMES_END, HERMES_START, MISTRAL_CALLS};
 
 /// One callable function: its name and the JSON schema of its arguments.
@@ -100,10 +101,10 @@ impl GuideSpec {
         let start = match self.thinking {
             None => body,
             Some(true) => format!("think {body}"),
-            Some(false) => format!("({} think)? {body}", literal("<think>")),
+            Some(false) => format!("({} think)? {body}", literal(THINK_START)),
         };
         if self.thinking.is_some() {
-            rules.push(format!("think: think_text WS?\nthink_text[suffix={}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/", literal("</think>")));
+            rules.push(format!("think: think_text WS?\nthink_text[suffix={}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/", literal(THINK_END)));
         }
         rules.insert(0, format!("start: {start}"));
         rules.join("\n")
