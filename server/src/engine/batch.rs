@@ -13,7 +13,7 @@ use mlx_rs_safe::{async_eval, ops, Array, Dtype};
 use rayon::prelude::*;
 
 use super::sequence::Sequence;
-use super::token_mask::TokenMask;
+use super::token_mask;
 use crate::structured::Guide;
 use crate::error::{Error, Result};
 use crate::kv::{KvCompression, KvSnapshot, ModelCache, Phase};
@@ -31,8 +31,6 @@ pub struct DecodeBatch {
     /// [B, 1] ids to feed at the next step: each row's newest token.
     input: Array,
     pending: Option<Pending>,
-    /// Expands grammar masks on the device (made at the first constrained step).
-    token_mask: Option<TokenMask>,
     /// Rows compressed by decode steps (crossing --quantized-kv-start), not yet counted in the metrics.
     pub compressed: usize,
 }
@@ -59,7 +57,7 @@ fn ids_column(ids: &[u32]) -> Result<Array> {
 impl DecodeBatch {
     /// A batch of the first sequence to decode.
     pub fn new(first: Joining) -> Result<DecodeBatch> {
-        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, token_mask: None, compressed: 0 })
+        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, compressed: 0 })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,17 +105,13 @@ impl DecodeBatch {
     /// other rows allow every token. A row whose grammar fails ends with the
     /// error (its step's token is then dropped). Returns the host seconds the
     /// masks took too.
-    fn mask_logits(&mut self, logits: Array, vocab: usize) -> Result<(Array, Option<f64>)> {
+    fn mask_logits(&mut self, logits: Array) -> Result<(Array, Option<f64>)> {
         let guided = self.seqs.iter().filter(|s| s.guide.is_some()).count();
         if guided == 0 {
             return Ok((logits, None));
         }
         let start = Instant::now();
-        if self.token_mask.as_ref().is_none_or(|m| m.vocab() != vocab) {
-            self.token_mask = Some(TokenMask::new(vocab)?);
-        }
-        let Some(mask) = self.token_mask.as_ref() else { return Err(Error::Internal("token mask")) };
-        let width = mask.words_per_row();
+        let width = token_mask::words_per_row(logits.dim(-1)? as usize);
         let mut words = vec![u32::MAX; self.seqs.len() * width];
         let mut guides: Vec<_> = self.seqs.iter_mut().map(|s| s.guide.as_mut()).collect();
         let fill = |(row, guide): (&mut [u32], &mut Option<&mut Guide>)| guide.as_mut().and_then(|g| g.fill_allowed(row).err());
@@ -132,7 +126,7 @@ impl DecodeBatch {
                 seq.fail(&format!("structured output: {e}"));
             }
         }
-        let masked = mask.apply(&words, &logits)?;
+        let masked = token_mask::apply(&words, &logits)?;
         Ok((masked, Some(start.elapsed().as_secs_f64())))
     }
 
@@ -141,8 +135,8 @@ impl DecodeBatch {
     /// own sampler. Returns the tokens ([B] uint32), log-probabilities
     /// ([B, vocab]) and the mask's host seconds (None: no row constrained).
     fn queue_sampling(&mut self, logits: Array) -> Result<(Array, Array, Option<f64>)> {
+        let (logits, mask_seconds) = self.mask_logits(logits)?;
         let v = logits.dim(-1)?;
-        let (logits, mask_seconds) = self.mask_logits(logits, v as usize)?;
         let (tokens, logprobs) = if self.seqs.iter().all(|s| s.sampler.is_plain_greedy()) {
             let logprobs = ops::subtract(&logits, &ops::logsumexp(&logits, &[-1], true)?)?;
             (ops::argmax(&logprobs, -1, false)?, logprobs)
