@@ -40,10 +40,12 @@ def constrained(kind):
 
 
 def grammar_counters(url):
-    """(masked steps, mask host seconds) so far."""
+    """(masked steps, mask host seconds, mask rows uploaded, mask rows reused) so far."""
     text = serving.httpx.get(url + "/metrics").text
     value = lambda name: next((float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " ")), 0.0)
-    return value("mlx_serve_grammar_masks_total"), value("mlx_serve_grammar_mask_seconds_total")
+    rows = lambda source: value('mlx_serve_grammar_mask_rows_total{source="%s"}' % source)
+    return (value("mlx_serve_grammar_masks_total"), value("mlx_serve_grammar_mask_seconds_total"),
+            rows("uploaded"), rows("reused"))
 
 
 def measure(url, tok, a, c, rnd, extra):
@@ -81,17 +83,19 @@ def main():
             for extra in (None, CONSTRAINED):
                 measure(server.url, tok, a, c, "warm", extra)
             runs = {"free": [], "json_schema": []}
-            steps0, seconds0 = grammar_counters(server.url)
+            steps0, seconds0, up0, re0 = grammar_counters(server.url)
             for rnd in range(a.rounds):
                 for name, extra in (("free", None), ("json_schema", CONSTRAINED)):
                     runs[name].append(measure(server.url, tok, a, c, rnd, extra))
                     log(f"c={c} round {rnd} {name}: {runs[name][-1]}")
-            steps1, seconds1 = grammar_counters(server.url)
+            steps1, seconds1, up1, re1 = grammar_counters(server.url)
             mask_ms = 1e3 * (seconds1 - seconds0) / max(steps1 - steps0, 1)
-            log(f"c={c}: {mask_ms:.3f} ms of grammar masks a step")
+            uploaded, reused = up1 - up0, re1 - re0
+            log(f"c={c}: {mask_ms:.3f} ms of grammar masks a step; mask rows uploaded {uploaded:.0f}, reused {reused:.0f}")
             med = {n: {k: statistics.median(r[k] for r in v if r[k] is not None) for k in ("per_stream_tps", "steady_tps")}
                    for n, v in runs.items()}
             results[c] = {"runs": runs, "median": med, "mask_ms_per_step": mask_ms,
+                          "mask_rows_uploaded": uploaded, "mask_rows_reused": reused,
                           "ratio_per_stream": med["json_schema"]["per_stream_tps"] / med["free"]["per_stream_tps"],
                           "ratio_steady": med["json_schema"]["steady_tps"] / med["free"]["steady_tps"]}
         metrics = serving.httpx.get(server.url + "/metrics").text

@@ -31,6 +31,12 @@ struct PhaseLabels {
     phase: &'static str,
 }
 
+/// Labels of `mlx_serve_grammar_mask_rows_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MaskSourceLabels {
+    source: &'static str,
+}
+
 /// Labels of `mlx_serve_kv_format_info`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FormatLabels {
@@ -73,6 +79,7 @@ pub struct Metrics {
     decode_rows: Counter,
     grammar_masks: Counter,
     grammar_mask_seconds: Counter<f64, AtomicU64>,
+    grammar_mask_rows: Family<MaskSourceLabels, Counter>,
 }
 
 impl Metrics {
@@ -110,6 +117,7 @@ impl Metrics {
             decode_rows: Counter::default(),
             grammar_masks: Counter::default(),
             grammar_mask_seconds: Counter::default(),
+            grammar_mask_rows: Family::default(),
         };
         metrics.registered()
     }
@@ -240,6 +248,11 @@ impl Metrics {
             Unit::Seconds,
             self.grammar_mask_seconds.clone(),
         );
+        r.register(
+            "grammar_mask_rows",
+            "Mask rows of constrained steps by how they reached the device: uploaded from the host, or reused (the same bits kept from an earlier step)",
+            self.grammar_mask_rows.clone(),
+        );
         self
     }
 
@@ -323,10 +336,13 @@ impl Metrics {
         self.decode_rows.inc_by(rows);
     }
 
-    /// One decode step masked by grammars, whose masks took `seconds` on the host.
-    pub fn record_grammar_masks(&self, seconds: f64) {
+    /// One decode step masked by grammars, whose masks took `seconds` on the host and
+    /// whose rows were `uploaded` or `reused` on the device.
+    pub fn record_grammar_masks(&self, seconds: f64, uploaded: u64, reused: u64) {
         self.grammar_masks.inc();
         self.grammar_mask_seconds.inc_by(seconds);
+        self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "uploaded" }).inc_by(uploaded);
+        self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "reused" }).inc_by(reused);
     }
 
     /// A sequence ended early because its client went away.

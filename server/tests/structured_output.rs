@@ -111,8 +111,15 @@ fn every_output_follows_its_random_json_schema() {
     assert!(serde_json::from_str::<Value>(&text).is_err(), "{text:?}");
     // Every constrained step was masked, and the masks' host time is counted.
     let metrics = s.get("/metrics").body;
-    assert!(counter_value(&metrics, "mlx_serve_grammar_masks_total").unwrap() >= 24.0 * 2.0, "{metrics}");
+    let masked_steps = counter_value(&metrics, "mlx_serve_grammar_masks_total").unwrap();
+    assert!(masked_steps >= 24.0 * 2.0, "{metrics}");
     assert!(counter_value(&metrics, "mlx_serve_grammar_mask_seconds_total").unwrap() > 0.0);
+    // One row a step (the requests ran one at a time), each either uploaded or
+    // found on the device: masks repeat (string bodies, keys), so most are found.
+    let rows = |source: &str| counter_value(&metrics, &format!("mlx_serve_grammar_mask_rows_total{{source=\"{source}\"}}")).unwrap();
+    let (uploaded, reused) = (rows("uploaded"), rows("reused"));
+    assert_eq!(uploaded + reused, masked_steps, "{metrics}");
+    assert!(uploaded > 0.0 && reused > uploaded, "uploaded {uploaded}, reused {reused}");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use mlx_rs_safe::{async_eval, ops, Array, Dtype};
 use rayon::prelude::*;
 
 use super::sequence::Sequence;
-use super::token_mask;
+use super::token_mask::{self, MaskRows, RowSources};
 use crate::structured::Guide;
 use crate::error::{Error, Result};
 use crate::kv::{KvCompression, KvSnapshot, ModelCache, Phase};
@@ -36,10 +36,17 @@ pub struct DecodeBatch {
 }
 
 /// What a step ended: the rows that finished, with their KV for the prompt
-/// cache, and the host seconds spent on grammar masks (None: no row constrained).
+/// cache, and its grammar masks' work (None: no row constrained).
 pub struct StepOutcome {
     pub ended: Vec<(Sequence, KvSnapshot)>,
-    pub mask_seconds: Option<f64>,
+    pub masks: Option<MaskWork>,
+}
+
+/// A constrained step's masks: host seconds, and how their rows reached the device.
+#[derive(Debug, Clone, Copy)]
+pub struct MaskWork {
+    pub seconds: f64,
+    pub rows: RowSources,
 }
 
 /// A sequence whose prompt is in its cache, ready to decode from `next`.
@@ -102,10 +109,10 @@ impl DecodeBatch {
 
     /// `logits` ([B, vocab]) masked by the rows' grammars, when a row follows
     /// one: the guides fill their rows' bits (in parallel when several do), the
-    /// other rows allow every token. A row whose grammar fails ends with the
-    /// error (its step's token is then dropped). Returns the host seconds the
-    /// masks took too.
-    fn mask_logits(&mut self, logits: Array) -> Result<(Array, Option<f64>)> {
+    /// other rows allow every token; rows already on the device from `kept`
+    /// are not uploaded again. A row whose grammar fails ends with the error
+    /// (its step's token is then dropped). Returns the masks' work too.
+    fn mask_logits(&mut self, logits: Array, kept: &mut MaskRows) -> Result<(Array, Option<MaskWork>)> {
         let guided = self.seqs.iter().filter(|s| s.guide.is_some()).count();
         if guided == 0 {
             return Ok((logits, None));
@@ -126,16 +133,17 @@ impl DecodeBatch {
                 seq.fail(&format!("structured output: {e}"));
             }
         }
-        let masked = token_mask::apply(&words, &logits)?;
-        Ok((masked, Some(start.elapsed().as_secs_f64())))
+        let (rows, sources) = kept.device_rows(&words, width)?;
+        let masked = token_mask::apply(&rows, &logits)?;
+        Ok((masked, Some(MaskWork { seconds: start.elapsed().as_secs_f64(), rows: sources })))
     }
 
     /// Queues the sampling of a queued model call's `logits`: the rows' grammar
     /// masks, then one argmax for a batch of plain greedy rows, else each row's
     /// own sampler. Returns the tokens ([B] uint32), log-probabilities
-    /// ([B, vocab]) and the mask's host seconds (None: no row constrained).
-    fn queue_sampling(&mut self, logits: Array) -> Result<(Array, Array, Option<f64>)> {
-        let (logits, mask_seconds) = self.mask_logits(logits)?;
+    /// ([B, vocab]) and the masks' work (None: no row constrained).
+    fn queue_sampling(&mut self, logits: Array, kept: &mut MaskRows) -> Result<(Array, Array, Option<MaskWork>)> {
+        let (logits, masks) = self.mask_logits(logits, kept)?;
         let v = logits.dim(-1)?;
         let (tokens, logprobs) = if self.seqs.iter().all(|s| s.sampler.is_plain_greedy()) {
             let logprobs = ops::subtract(&logits, &ops::logsumexp(&logits, &[-1], true)?)?;
@@ -157,24 +165,25 @@ impl DecodeBatch {
         // the next model call, queued meanwhile.
         let tokens = ops::astype(&tokens, Dtype::Uint32)?;
         async_eval(&[&tokens, &logprobs])?;
-        Ok((tokens, logprobs, mask_seconds))
+        Ok((tokens, logprobs, masks))
     }
 
     /// Runs one step: queues its model call if needed and its sampling, queues
     /// the next model call where allowed (`pipeline`), then hands each row its
-    /// token.
+    /// token. Grammar masks reuse the rows in `kept_masks`.
     pub fn step(
         &mut self,
         model: &dyn LanguageModel,
         compression: Option<&KvCompression>,
         pipeline: bool,
+        kept_masks: &mut MaskRows,
         mut accept: impl FnMut(&mut Sequence, u32, Option<&Array>) -> Result<bool>,
     ) -> Result<StepOutcome> {
         if self.pending.is_none() {
             self.queue_forward(model, compression)?;
         }
         let step = self.pending.take().ok_or(Error::Internal("no decode step queued"))?;
-        let (tokens, logprobs, mask_seconds) = self.queue_sampling(step.logits)?;
+        let (tokens, logprobs, masks) = self.queue_sampling(step.logits, kept_masks)?;
         self.input = ops::reshape(&tokens, &[-1, 1])?;
         if pipeline {
             self.queue_forward(model, compression)?;
@@ -196,7 +205,7 @@ impl DecodeBatch {
                 ended.push(b);
             }
         }
-        Ok(StepOutcome { ended: self.remove(&ended)?, mask_seconds })
+        Ok(StepOutcome { ended: self.remove(&ended)?, masks })
     }
 
     /// Takes the rows in `ended` out of the batch, with their KV.

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use mlx_rs_safe::{eval, memory, Array};
 
 use super::batch::{DecodeBatch, Joining};
+use super::token_mask::{MaskRows, KEPT_ROWS_BYTES};
 use super::policy::Policy;
 use super::request::{Event, Request};
 use super::sampler::Sampler;
@@ -77,6 +78,8 @@ pub struct Engine {
     /// Prefilled sequences about to join the batch.
     ready: Vec<Joining>,
     batch: Option<DecodeBatch>,
+    /// Grammar mask rows kept on the device across steps and requests.
+    kept_masks: MaskRows,
     prompt_cache: PromptCache,
     /// Decode turns run, to clear MLX's buffer cache every CLEAR_CACHE_EVERY of them.
     decode_turns: u64,
@@ -122,6 +125,7 @@ impl Engine {
             prefill: VecDeque::new(),
             ready: Vec::new(),
             batch: None,
+            kept_masks: MaskRows::new(KEPT_ROWS_BYTES),
             decode_turns: 0,
         })
     }
@@ -309,7 +313,8 @@ impl Engine {
         let tokenizer = self.tokenizer.clone();
         let metrics = self.metrics.clone();
         metrics.record_decode_step(batch.seqs.len() as u64);
-        let result = batch.step(self.model.as_ref(), self.config.kv_compression.as_ref(), pipeline, |seq, token, logprobs| {
+        let kept_masks = &mut self.kept_masks;
+        let result = batch.step(self.model.as_ref(), self.config.kv_compression.as_ref(), pipeline, kept_masks, |seq, token, logprobs| {
             if !seq.is_connected() {
                 metrics.record_cancelled();
                 seq.finished = true;
@@ -320,8 +325,8 @@ impl Engine {
         metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
         match result {
             Ok(outcome) => {
-                if let Some(seconds) = outcome.mask_seconds {
-                    metrics.record_grammar_masks(seconds);
+                if let Some(m) = outcome.masks {
+                    metrics.record_grammar_masks(m.seconds, m.rows.uploaded as u64, m.rows.reused as u64);
                 }
                 for (seq, kv) in outcome.ended {
                     self.keep_in_prompt_cache(&seq, kv);
