@@ -80,6 +80,9 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
     loop {
         engine.step();
         while let Ok(event) = rx.try_recv() {
+            if let Event::Progress(_) = event {
+                continue;
+            }
             first.get_or_insert_with(|| {
                 run.experts_at_first_token = experts.map(ExpertCounters::summary);
                 start.elapsed()
@@ -99,6 +102,7 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
                     return Ok(run);
                 }
                 Event::Error(message) => return Err(Error::Engine(message)),
+                Event::Progress(_) => {}
             }
         }
         if engine.is_idle() {
@@ -146,6 +150,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         ignore_eos: args.ignore_eos,
         keep_special_tokens: false,
         guide: None,
+        progress: false,
     };
     if args.warmup {
         // The whole generation once: MLX's GPU backends compile kernels per

@@ -731,3 +731,60 @@ fn anthropic_routes_answer_anthropic_errors_and_the_stream_is_named_events() {
         assert_eq!(event.strip_prefix("event: ").unwrap(), data["type"], "{block}");
     }
 }
+
+/// The `prompt_progress` objects of a stream's chunks, and the index of the
+/// first chunk carrying text.
+fn progress_of(body: &str) -> (Vec<Value>, Option<usize>, Vec<Value>) {
+    let events = sse_events(body);
+    let chunks: Vec<Value> = events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let progress: Vec<Value> = chunks.iter().filter_map(|c| c.get("prompt_progress").cloned()).collect();
+    let first_text = chunks.iter().position(|c| {
+        let choice = &c["choices"][0];
+        choice["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()) || choice["text"].as_str().is_some_and(|t| !t.is_empty())
+    });
+    (progress, first_text, chunks)
+}
+
+#[test]
+fn streams_that_ask_report_prefill_progress_chunk_by_chunk() {
+    // Chunks of 16 tokens: a ~100-token prompt is read in several.
+    let s = TestServer::start(&model(), &["--prefill-size", "16"]);
+    let system = "the model token server memory cache layer weight attention value key query stream ".repeat(5);
+    let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": "hello"}],
+                      "max_tokens": 4, "ignore_eos": true, "stream": true, "return_progress": true,
+                      "stream_options": {"include_usage": true}});
+    let r = s.post_json("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (progress, first_text, chunks) = progress_of(&r.body);
+    let total = chunks.last().unwrap()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(total > 64, "the prompt has {total} tokens");
+    // One report a chunk (the last prompt token is the first decode step's), rising to the whole prompt.
+    assert_eq!(progress.len() as u64, (total - 1).div_ceil(16), "{progress:?}");
+    let processed: Vec<u64> = progress.iter().map(|p| p["processed"].as_u64().unwrap()).collect();
+    assert!(processed.windows(2).all(|w| w[0] < w[1]), "{processed:?}");
+    assert_eq!(processed[0], 16);
+    assert_eq!(*processed.last().unwrap(), total);
+    for p in &progress {
+        assert_eq!((p["total"].as_u64(), p["cache"].as_u64()), (Some(total), Some(0)), "{p}");
+        assert!(p["time_ms"].is_u64(), "{p}");
+    }
+    // Progress comes before the answer, in chunks whose choice is empty.
+    let last_progress = chunks.iter().rposition(|c| c.get("prompt_progress").is_some()).unwrap();
+    assert!(first_text.is_some_and(|t| t > last_progress));
+    let c = &chunks[last_progress];
+    assert_eq!((c["object"].as_str(), &c["choices"][0]["delta"], &c["choices"][0]["finish_reason"]), (Some("chat.completion.chunk"), &json!({}), &Value::Null));
+
+    // The same prompt again: most of it comes from the prompt cache, which the report says.
+    let (progress, _, _) = progress_of(&s.post_json("/v1/chat/completions", &body).body);
+    let cached = progress[0]["cache"].as_u64().unwrap();
+    assert!(cached > 64, "{progress:?}");
+    assert_eq!(progress.last().unwrap()["processed"].as_u64(), Some(total));
+
+    // Text completions carry it too; without return_progress, no stream does.
+    let completion = json!({"prompt": system, "max_tokens": 2, "stream": true, "return_progress": true, "ignore_eos": true});
+    let (progress, _, chunks) = progress_of(&s.post_json("/v1/completions", &completion).body);
+    assert!(progress.len() > 1 && chunks.iter().all(|c| c["object"] == "text_completion"), "{progress:?}");
+    let plain = json!({"prompt": system, "max_tokens": 2, "stream": true});
+    assert!(progress_of(&s.post_json("/v1/completions", &plain).body).0.is_empty());
+    assert!(!s.post_json("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": true})).body.contains("prompt_progress"));
+}

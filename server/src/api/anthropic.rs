@@ -447,6 +447,8 @@ impl ChunkWriter for MessageStream {
                 out.push(json!({"type": "message_stop"}));
             }
             Event::Error(message) => out.push(error_event("api_error", &message)),
+            // The Messages API has no progress event (its requests never ask).
+            Event::Progress(_) => {}
         }
         out
     }

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, with_cut_error, ChunkWriter};
+use super::generation::{self, error_chunk, progress_json, token_text, usage_json, with_cut_error, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
 use super::params::{fields, read_request};
 use super::shutdown::CUT_FINISH_REASON;
@@ -365,6 +365,11 @@ impl ChunkWriter for ChatStream {
                 }
             }
             Event::Error(message) => out.push(error_chunk(&message)),
+            Event::Progress(p) => {
+                let mut c = self.chunk(json!({}), Value::Null, Value::Null);
+                c["prompt_progress"] = progress_json(&p);
+                out.push(c);
+            }
         }
         out
     }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generation::{self, error_chunk, token_text, usage_json, with_cut_error, ChunkWriter};
+use super::generation::{self, error_chunk, progress_json, token_text, usage_json, with_cut_error, ChunkWriter};
 use super::params::{fields, read_request};
 use super::prompt_limit::PromptLimit;
 use super::shutdown::CUT_FINISH_REASON;
@@ -222,6 +222,11 @@ impl ChunkWriter for CompletionStream {
                 out
             }
             Event::Error(message) => vec![error_chunk(&message)],
+            Event::Progress(p) => {
+                let mut c = self.chunk(String::new(), Value::Null, Value::Null);
+                c["prompt_progress"] = progress_json(&p);
+                vec![c]
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use super::error::{ApiError, SHUTTING_DOWN};
 use super::shutdown::Shutdown;
 use super::AppState;
-use crate::engine::{Event, FinishReason, Generation, Request, SubmitError, TokenLogprob, Usage};
+use crate::engine::{Event, FinishReason, Generation, PromptProgress, Request, SubmitError, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
 
 /// Queues `params` with the engine; its events arrive on the returned receiver.
@@ -61,6 +61,8 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>, shutdown: &Shutdown) -> R
                 return Ok(Collected { text, logprobs, finish_reason, usage });
             }
             Some(Event::Error(message)) => return Err(ApiError::internal(message)),
+            // Asked for by streams only.
+            Some(Event::Progress(_)) => {}
             None => return Err(ApiError::internal("the engine dropped the request")),
         }
     }
@@ -179,6 +181,12 @@ pub fn with_cut_error(mut chunk: Value, message: &str) -> Value {
 /// A token as text, for log-probability reports.
 pub fn token_text(tokenizer: &Tokenizer, id: u32) -> String {
     tokenizer.decode(&[id], false).unwrap_or_default()
+}
+
+/// llama-server's `prompt_progress` object, which OpenAI-style stream chunks
+/// carry beside their (empty) choice.
+pub fn progress_json(p: &PromptProgress) -> Value {
+    json!({"total": p.total, "cache": p.cached, "processed": p.processed, "time_ms": p.elapsed_ms})
 }
 
 pub fn usage_json(u: &Usage) -> Value {

@@ -140,6 +140,9 @@ pub struct CommonParams {
     /// Generate past end-of-sequence tokens (benchmarks; also mlx-lm's name).
     #[serde(default)]
     pub ignore_eos: bool,
+    /// Streams report the prompt's prefill progress (llama-server's name).
+    #[serde(default)]
+    pub return_progress: bool,
 }
 
 impl CommonParams {
@@ -255,6 +258,7 @@ impl CommonParams {
             ignore_eos: self.ignore_eos,
             keep_special_tokens: false,
             guide: None,
+            progress: self.stream && self.return_progress,
             prompt,
         })
     }

@@ -510,6 +510,8 @@ impl ChunkWriter for ResponseStream {
                 let e = json!({"type": "error", "code": "server_error", "message": message, "param": null});
                 out.push(self.event(e));
             }
+            // The Responses API has no progress event (its requests never ask).
+            Event::Progress(_) => {}
         }
         out
     }

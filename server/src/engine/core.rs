@@ -17,13 +17,14 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use mlx_rs_safe::{eval, memory, Array};
 
 use super::batch::{DecodeBatch, Joining};
 use super::token_mask::{MaskRows, KEPT_ROWS_BYTES};
 use super::policy::Policy;
-use super::request::{Event, Request};
+use super::request::{Event, PromptProgress, Request};
 use super::sampler::Sampler;
 use super::sequence::Sequence;
 use super::stats::EngineSnapshot;
@@ -53,6 +54,9 @@ struct Prefill {
     cache: ModelCache,
     /// Prompt tokens already in `cache`.
     done: usize,
+    started: Instant,
+    /// The `processed` count last sent as progress (when the request asks).
+    reported: usize,
 }
 
 impl Prefill {
@@ -60,6 +64,20 @@ impl Prefill {
     /// decode step's input (as in mlx-lm).
     fn remaining(&self) -> usize {
         self.seq.request.params.prompt.len().saturating_sub(self.done + 1)
+    }
+
+    /// Sends the prompt's progress if the request asks for it and it moved.
+    /// The last prompt token is the first decode step's input, so a prompt
+    /// with nothing left to prefill counts as read whole.
+    fn report_progress(&mut self) {
+        let total = self.seq.request.params.prompt.len();
+        let processed = if self.remaining() == 0 { total } else { self.done };
+        if !self.seq.request.params.progress || processed == self.reported {
+            return;
+        }
+        self.reported = processed;
+        let elapsed_ms = self.started.elapsed().as_millis() as u64;
+        self.seq.send(Event::Progress(PromptProgress { total, cached: self.seq.cached_tokens, processed, elapsed_ms }));
     }
 }
 
@@ -210,7 +228,7 @@ impl Engine {
             };
             let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached);
             seq.cache_source = source;
-            self.prefill.push_back(Prefill { seq, cache, done: cached });
+            self.prefill.push_back(Prefill { seq, cache, done: cached, started: Instant::now(), reported: cached });
         }
     }
 
@@ -243,6 +261,7 @@ impl Engine {
                     }
                 }
             }
+            p.report_progress();
             // Admission refused empty prompts, so there is a last token.
             if let (0, Some(&next)) = (p.remaining(), p.seq.request.params.prompt.last()) {
                 // Decoding starts: what compresses then (TurboQuant) does so now.

@@ -14,7 +14,7 @@ mod token_mask;
 pub use self::core::{Engine, EngineConfig};
 pub use handle::{EngineHandle, SubmitError};
 pub use policy::Policy;
-pub use request::{Event, Generation, Request, TokenLogprob, Usage};
+pub use request::{Event, Generation, PromptProgress, Request, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};
 pub use stats::{EngineSnapshot, EngineStats};
 pub use stop::{FinishReason, StopMatcher};

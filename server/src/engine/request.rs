@@ -26,6 +26,9 @@ pub struct Generation {
     pub keep_special_tokens: bool,
     /// The grammar the output must follow (structured output, forced tool calls).
     pub guide: Option<Guide>,
+    /// Send an [`Event::Progress`] after each prefill chunk (llama-server's
+    /// `return_progress`: a long prompt shows it is being read).
+    pub progress: bool,
 }
 
 /// A generation on its way to the engine.
@@ -55,8 +58,24 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+/// How far a request's prompt has been read (prefilled) into the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptProgress {
+    /// Prompt tokens.
+    pub total: usize,
+    /// Of them, taken from the prompt cache.
+    pub cached: usize,
+    /// Of them, in the KV cache now (cached ones included): `total` once the
+    /// prompt is read.
+    pub processed: usize,
+    /// Milliseconds since the prefill began.
+    pub elapsed_ms: u64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// Prefill progress, before the first token (only when the request asks).
+    Progress(PromptProgress),
     /// One generated token and the text it completes (possibly empty: the
     /// detokenizer holds back incomplete characters, the stop matcher a
     /// possible stop string's start).

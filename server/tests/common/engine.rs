@@ -96,6 +96,7 @@ pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize
                     ignore_eos: true,
                     keep_special_tokens: false,
                     guide: None,
+                    progress: false,
                 };
                 engine.submit(Request { params, arrived: Instant::now(), events: tx });
                 streams[i] = Some(rx);
@@ -113,6 +114,7 @@ pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize
                     }
                     Event::Done { .. } => out.done = true,
                     Event::Error(e) => panic!("the engine failed: {e}"),
+                    Event::Progress(_) => panic!("progress sent to a request that did not ask"),
                 }
             }
         }
