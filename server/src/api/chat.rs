@@ -128,7 +128,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
 
 /// The prompt ids of template-ready `messages` (checked against the context
 /// before tokenizing), and Some(whether the output starts inside `<think>`)
-/// when the template thinks.
+/// when the template thinks and the prompt leaves thinking on
+/// (`reasoning::prompt_thinking`).
 pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Option<Value>, kwargs: Option<Value>) -> Result<(Vec<u32>, Option<bool>), ApiError> {
     let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
     let text_bytes = messages_bytes(&messages);
@@ -136,16 +137,16 @@ pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Opti
         .tokenize_pool
         .run(text_bytes, move || {
             let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
-            let mut opens = false;
+            let mut opens = None;
             let ids = tokenizer.encode_chat_checked(&messages, &how, |text| {
-                opens = reasoning::prompt_opens_thinking(text);
+                opens = reasoning::prompt_thinking(text);
                 limit.check_text(text.len(), "messages")
             })?;
             Ok::<_, ApiError>((ids, opens))
         })
         .await?;
     let thinks = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks);
-    Ok((prompt, thinks.then_some(opens_thinking)))
+    Ok((prompt, opens_thinking.filter(|_| thinks)))
 }
 
 /// Bytes of text in the messages (what the template renders, roughly).

@@ -18,13 +18,20 @@ pub fn template_thinks(chat_template: &str) -> bool {
     chat_template.contains(THINK_END)
 }
 
-/// Whether the rendered prompt leaves the model inside an open `<think>`.
-pub fn prompt_opens_thinking(prompt: &str) -> bool {
-    match (prompt.rfind(THINK_START), prompt.rfind(THINK_END)) {
+/// Where a thinking template's rendered prompt leaves the model: Some(true)
+/// inside an open `<think>`; None right after a closed block (thinking turned
+/// off: Qwen3's `enable_thinking: false` renders an empty one), so the output
+/// has no reasoning and a grammar must not offer a block; Some(false) where
+/// the model may open a block of its own.
+pub fn prompt_thinking(prompt: &str) -> Option<bool> {
+    if prompt.trim_end().ends_with(THINK_END) {
+        return None;
+    }
+    Some(match (prompt.rfind(THINK_START), prompt.rfind(THINK_END)) {
         (Some(open), Some(close)) => open > close,
         (Some(_), None) => true,
         _ => false,
-    }
+    })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -185,9 +192,10 @@ mod tests {
 
     #[test]
     fn a_prompt_that_opens_thinking_starts_the_output_in_reasoning() {
-        assert!(prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
-        assert!(!prompt_opens_thinking("<|im_start|>assistant\n"));
+        assert_eq!(prompt_thinking("<|im_start|>assistant\n<think>\n"), Some(true));
+        assert_eq!(prompt_thinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"), None);
+        assert_eq!(prompt_thinking("<think>a</think>b<|im_end|><|im_start|>assistant\n"), Some(false));
+        assert_eq!(prompt_thinking("<|im_start|>assistant\n"), Some(false));
         assert_eq!(split_whole("hmm, 4.</think>Four.", true), (Some("hmm, 4.".into()), "Four.".into()));
         // Out of tokens while thinking: all reasoning, no answer.
         assert_eq!(split_whole("still thinking", true), (Some("still thinking".into()), String::new()));
