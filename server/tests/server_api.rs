@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::models::{long_context_model, model, quantizable_kv_model};
+use common::models::{long_context_model, model, quantizable_kv_model, THINKING_TEMPLATE};
 use common::server::{sse_events, TestServer};
 use mlx_serve::metrics::counter_value;
 use serde_json::{json, Value};
@@ -643,13 +643,6 @@ fn tokenize_and_detokenize_answer_in_vllm_and_llama_cpp_shapes() {
     }
     assert_eq!(s.post_json("/tokenize", &json!({"prompt": "a", "model": "other"})).status, 404);
 }
-
-/// A Qwen3-style thinking template (as a chat_template.jinja beside the model,
-/// which wins over tokenizer_config.json): the assistant turn opens a
-/// `<think>` block unless `enable_thinking` is false, which closes it at once.
-const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
-{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}\
-<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
 
 #[test]
 fn a_thinking_template_splits_reasoning_out_and_chat_template_kwargs_reach_it() {

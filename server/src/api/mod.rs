@@ -20,6 +20,7 @@ pub mod shutdown;
 mod structured;
 mod tokenize;
 pub mod tokenize_pool;
+mod web_page;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -258,7 +259,9 @@ async fn unknown_route(req: HttpRequest, state: web::Data<AppState>) -> HttpResp
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/health", web::get().to(health))
+    cfg.route("/", web::get().to(web_page::index))
+        .route("/web/{file}", web::get().to(web_page::asset))
+        .route("/health", web::get().to(health))
         .route("/metrics", web::get().to(metrics_text))
         .route("/v1/models", web::get().to(list_models))
         .route("/v1/models/{model:.*}", web::get().to(get_model))

@@ -32,3 +32,10 @@ pub fn qwen3_fixture(name: &str, context: u64, head_dim: u64) -> PathBuf {
     super::fixture(name, &json!({"config": config, "dtype": "float32", "quantize": null,
                                  "prompt_tokens": 8, "max_tokens": 4, "seed": 5}))
 }
+
+/// A Qwen3-style thinking template (as a chat_template.jinja beside the model,
+/// which wins over tokenizer_config.json): the assistant turn opens a
+/// `<think>` block unless `enable_thinking` is false, which closes it at once.
+pub const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}\
+<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}";
