@@ -69,13 +69,16 @@ impl MaskRows {
     /// The [B, width] device array of `words` (B rows of `width` words each),
     /// uploading only the rows not already kept.
     pub fn device_rows(&mut self, words: &[u32], width: usize) -> Result<(Array, RowSources)> {
+        if width == 0 || words.is_empty() || words.len() % width != 0 {
+            return Err(crate::error::Error::Internal("grammar mask rows of a width that does not divide them"));
+        }
         if width != self.width {
             self.kept.clear();
             self.len = 0;
             self.width = width;
         }
         let mut sources = RowSources::default();
-        let mut rows = Vec::with_capacity(words.len() / width.max(1));
+        let mut rows = Vec::with_capacity(words.len() / width);
         for bits in words.chunks(width) {
             self.clock += 1;
             let key = content_key(bits);
@@ -92,8 +95,8 @@ impl MaskRows {
             rows.push(row);
             sources.uploaded += 1;
         }
-        let batch = match rows.len() {
-            1 => rows.pop().expect("one row"),
+        let batch = match rows.as_slice() {
+            [one] => one.clone(),
             _ => ops::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?,
         };
         Ok((batch, sources))
