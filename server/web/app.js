@@ -245,6 +245,17 @@ async function send(text) {
     fillMessage(div, m);
     $("#messages").scrollTop = $("#messages").scrollHeight;
   };
+  // At most one redraw a frame: a fast model sends many tokens per frame, and
+  // each redraw renders the whole answer's Markdown again.
+  let drawQueued = false;
+  const scheduleRedraw = () => {
+    if (drawQueued) return;
+    drawQueued = true;
+    requestAnimationFrame(() => {
+      drawQueued = false;
+      redraw();
+    });
+  };
   try {
     const r = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -292,7 +303,7 @@ async function send(text) {
           if (t.function?.arguments) slot.arguments += t.function.arguments;
         }
         if (choice.finish_reason) finish = choice.finish_reason;
-        if (piece || d.tool_calls) redraw();
+        if (piece || d.tool_calls) scheduleRedraw();
       }
     }
   } catch (e) {
