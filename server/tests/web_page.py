@@ -89,7 +89,8 @@ with sync_playwright() as p:
     page.screenshot(path=os.path.join(shots, "chat.png"))
 
     # Stop: a long answer cut by the button.
-    setting(page, "#max-tokens", "1500")
+    # Long enough (the tiny model writes ~600 tokens a second here) to still run when Stop is clicked.
+    setting(page, "#max-tokens", "6000")
     setting(page, "#system-prompt", "")
     page.fill("#prompt", "Write a very long story")
     page.press("#prompt", "Enter")
