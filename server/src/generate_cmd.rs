@@ -80,9 +80,6 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
     loop {
         engine.step();
         while let Ok(event) = rx.try_recv() {
-            if let Event::Progress(_) = event {
-                continue;
-            }
             first.get_or_insert_with(|| {
                 run.experts_at_first_token = experts.map(ExpertCounters::summary);
                 start.elapsed()
@@ -102,6 +99,7 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
                     return Ok(run);
                 }
                 Event::Error(message) => return Err(Error::Engine(message)),
+                // Never sent: this generation does not ask for progress.
                 Event::Progress(_) => {}
             }
         }

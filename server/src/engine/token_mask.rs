@@ -17,6 +17,7 @@ use mlx_rs_safe::{ops, Array, Dtype};
 use rustc_hash::FxHasher;
 
 use crate::error::Result;
+use crate::models::compiled::call_compiled;
 
 /// Device memory the kept rows may take: ~1000 rows of a 128k vocabulary,
 /// more distinct masks than a few concurrent schemas produce.
@@ -69,7 +70,7 @@ impl MaskRows {
     /// The [B, width] device array of `words` (B rows of `width` words each),
     /// uploading only the rows not already kept.
     pub fn device_rows(&mut self, words: &[u32], width: usize) -> Result<(Array, RowSources)> {
-        if width == 0 || words.is_empty() || words.len() % width != 0 {
+        if width == 0 || words.is_empty() || !words.len().is_multiple_of(width) {
             return Err(crate::error::Error::Internal("grammar mask rows of a width that does not divide them"));
         }
         if width != self.width {
@@ -153,12 +154,7 @@ pub fn apply(rows: &Array, logits: &Array) -> Result<Array> {
         BIT_POSITIONS.with(|b| b.clone()).ok_or(crate::error::Error::Internal("no bit positions for the mask"))?,
         ops::reshape(&whole, &[batch, width, 32])?,
     ];
-    let masked = MASK.with(|c| match c {
-        Some(c) => c.call(&inputs.iter().collect::<Vec<_>>()),
-        // Compilation unavailable: the same graph, unfused.
-        None => mask_graph(&inputs),
-    })?;
-    let masked = masked.into_iter().next().ok_or(crate::error::Error::Internal("the mask kernel returned no output"))?;
+    let masked = call_compiled(&MASK, mask_graph, &inputs.iter().collect::<Vec<_>>())?;
     let masked = ops::reshape(&masked, &[batch, padded])?;
     Ok(if padded == vocab { masked } else { ops::slice(&masked, &[0, 0], &[batch, vocab], &[1, 1])? })
 }

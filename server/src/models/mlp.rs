@@ -3,6 +3,7 @@
 use mlx_rs_safe::compile::Compiled;
 use mlx_rs_safe::{ops, Array};
 
+use super::compiled::call_compiled;
 use super::layers::Linear;
 use super::quant::QuantConfig;
 use super::weights::Weights;
@@ -70,18 +71,9 @@ thread_local! {
     static GELU_GLU: Option<Compiled> = Compiled::new(gelu_glu_graph, true).ok();
 }
 
-fn call_compiled(f: &'static std::thread::LocalKey<Option<Compiled>>, graph: fn(&[Array]) -> mlx_rs_safe::Result<Vec<Array>>, gate: &Array, x: &Array) -> Result<Array> {
-    let out = f.with(|c| match c {
-        Some(c) => c.call(&[gate, x]),
-        // Compilation unavailable: the same graph, unfused.
-        None => graph(&[gate.clone(), x.clone()]),
-    })?;
-    out.into_iter().next().ok_or(crate::error::Error::Internal("the activation kernel returned no output"))
-}
-
 /// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, compiled.
 pub fn swiglu(gate: &Array, x: &Array) -> Result<Array> {
-    call_compiled(&SWIGLU, swiglu_graph, gate, x)
+    call_compiled(&SWIGLU, swiglu_graph, &[gate, x])
 }
 
 impl Mlp {
@@ -130,7 +122,7 @@ impl Mlp {
         };
         let h = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => call_compiled(&GELU_GLU, gelu_glu_graph, &gate, &up)?,
+            Activation::GeluApprox => call_compiled(&GELU_GLU, gelu_glu_graph, &[&gate, &up])?,
         };
         self.down_proj.forward(&h)
     }

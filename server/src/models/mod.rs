@@ -2,6 +2,7 @@
 //! config.json's `model_type` to a loaded model.
 
 mod attention;
+pub(crate) mod compiled;
 mod config;
 mod decoder;
 mod gemma3_text;
