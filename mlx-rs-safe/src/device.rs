@@ -55,41 +55,78 @@ impl Device {
 
     /// A description of the device from MLX ("cpu", or the GPU's name when MLX knows it).
     pub fn name(self) -> String {
+        match self.info(c"device_name") {
+            Some(InfoValue::Text(name)) => name,
+            _ => match self {
+                Device::Cpu => "cpu".to_string(),
+                Device::Gpu => "gpu".to_string(),
+            },
+        }
+    }
+
+    /// A size MLX reports for the device (bytes for memory keys), if it has the
+    /// key: `free_memory` and `total_memory` on CUDA, `memory_size` and
+    /// `max_recommended_working_set_size` on Metal. CUDA's values are read once,
+    /// when MLX first describes the device.
+    pub fn info_size(self, key: &CStr) -> Option<usize> {
+        match self.info(key) {
+            Some(InfoValue::Size(n)) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// One entry of MLX's description of the device (`mlx_device_info`).
+    fn info(self, key: &CStr) -> Option<InfoValue> {
         init();
         let dev = DeviceHandle(self.to_sys());
         // SAFETY: a fresh info object, freed below.
-        let mut info = unsafe { sys::mlx_device_info_new() };
-        let mut out = match self {
-            Device::Cpu => "cpu".to_string(),
-            Device::Gpu => "gpu".to_string(),
-        };
-        // SAFETY: `info` and `dev.0` are live handles.
-        if check(unsafe { sys::mlx_device_info_get(&mut info, dev.0) }).is_ok() {
-            let key = c"device_name";
-            let mut has = false;
-            let mut is_str = false;
-            // SAFETY: live `info`, NUL-terminated key, valid out pointers.
-            let ok = unsafe {
-                sys::mlx_device_info_has_key(&mut has, info, key.as_ptr()) == 0
-                    && has
-                    && sys::mlx_device_info_is_string(&mut is_str, info, key.as_ptr()) == 0
-                    && is_str
-            };
-            if ok {
-                let mut value: *const std::ffi::c_char = std::ptr::null();
-                // SAFETY: the key holds a string; the returned pointer lives as long as `info`.
-                if unsafe { sys::mlx_device_info_get_string(&mut value, info, key.as_ptr()) } == 0
-                    && !value.is_null()
-                {
-                    // SAFETY: NUL-terminated string owned by `info`, copied before it is freed.
-                    out = unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned();
-                }
-            }
+        let info = unsafe { sys::mlx_device_info_new() };
+        let mut info = InfoHandle(info);
+        // SAFETY: `info.0` and `dev.0` are live handles.
+        if check(unsafe { sys::mlx_device_info_get(&mut info.0, dev.0) }).is_err() {
+            let _ = crate::error::take_last_error();
+            return None;
         }
+        let mut has = false;
+        // SAFETY: live `info`, NUL-terminated key, valid out pointer.
+        if unsafe { sys::mlx_device_info_has_key(&mut has, info.0, key.as_ptr()) } != 0 || !has {
+            let _ = crate::error::take_last_error();
+            return None;
+        }
+        let mut is_str = false;
+        // SAFETY: as above.
+        if unsafe { sys::mlx_device_info_is_string(&mut is_str, info.0, key.as_ptr()) } != 0 {
+            let _ = crate::error::take_last_error();
+            return None;
+        }
+        let value = if is_str {
+            let mut value: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: the key holds a string; the returned pointer lives as long as `info`.
+            let ok = unsafe { sys::mlx_device_info_get_string(&mut value, info.0, key.as_ptr()) } == 0 && !value.is_null();
+            // SAFETY: NUL-terminated string owned by `info`, copied before it is freed.
+            ok.then(|| InfoValue::Text(unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned()))
+        } else {
+            let mut n = 0usize;
+            // SAFETY: the key holds a size; `n` is a valid out pointer.
+            (unsafe { sys::mlx_device_info_get_size(&mut n, info.0, key.as_ptr()) } == 0).then_some(InfoValue::Size(n))
+        };
         let _ = crate::error::take_last_error();
-        // SAFETY: `info` was created above and is freed once.
-        unsafe { sys::mlx_device_info_free(info) };
-        out
+        value
+    }
+}
+
+/// A value of MLX's device description.
+enum InfoValue {
+    Text(String),
+    Size(usize),
+}
+
+struct InfoHandle(sys::mlx_device_info);
+
+impl Drop for InfoHandle {
+    fn drop(&mut self) {
+        // SAFETY: each InfoHandle owns its info object and frees it once.
+        unsafe { sys::mlx_device_info_free(self.0) };
     }
 }
 
@@ -200,6 +237,16 @@ pub(crate) fn with_current<R>(f: impl FnOnce(sys::mlx_stream) -> R) -> Result<R>
 pub fn synchronize() -> Result<()> {
     // SAFETY: `raw` is the thread's live current stream.
     with_current(|raw| check(unsafe { sys::mlx_synchronize(raw) }))?
+}
+
+/// The device of this thread's current stream (see the module docs): what the
+/// ops called now run on.
+pub fn current_device() -> Result<Device> {
+    let stream = CURRENT.with(|c| c.borrow().clone());
+    match stream {
+        Some(s) => s.device(),
+        None => Device::default_device(),
+    }
 }
 
 /// Runs `f` with `stream` as this thread's current stream, then restores the previous one.

@@ -24,7 +24,7 @@ pub mod quantized;
 pub mod random;
 
 pub use array::Array;
-pub use device::{set_default_device, synchronize, with_stream, Device, Stream};
+pub use device::{current_device, set_default_device, synchronize, with_stream, Device, Stream};
 pub use dtype::{Dtype, Element};
 pub use error::{Error, Result};
 pub use transforms::{async_eval, eval};

@@ -22,3 +22,27 @@ pub fn trim() -> bool {
         false
     }
 }
+
+/// Makes glibc serve every block of `bytes` or more with its own mapping,
+/// returned to the operating system when freed. By default glibc raises that
+/// threshold (up to 32 MiB) each time such a block is freed, after which
+/// MLX's buffers of a few MiB (KV rows, activations) come from its arenas and
+/// stay resident once freed: a server whose MLX buffers peaked at 775 MiB
+/// held 1171 MiB resident, 825 MiB with a fixed 1 MiB threshold. Returns
+/// whether the setting took; a no-op returning false where the C library is
+/// not glibc.
+pub fn map_blocks_from(bytes: usize) -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let Ok(bytes) = i32::try_from(bytes) else { return false };
+        // SAFETY: mallopt takes two plain ints and only changes the allocator's
+        // own parameters under its lock; a fixed threshold also turns off
+        // glibc's dynamic adjustment of it.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = bytes;
+        false
+    }
+}
