@@ -16,10 +16,13 @@ use crate::api::{self, generation, AppState, KvFootprint};
 use crate::cli::ServeArgs;
 use crate::engine::{EngineConfig, EngineHandle};
 use crate::error::{Error, Result};
+use crate::experts::CacheBudget;
 use crate::kv::{bytes_per_token, KvCompression};
+use crate::memory_plan::{self, Machine, MemoryPlan, Wants};
 use crate::metrics::Metrics;
 use crate::system_info::SystemInfo;
 use crate::tokenizer::Tokenizer;
+use crate::models::ModelFiles;
 use crate::{http_server, hub, models};
 
 fn init_logging(level: &str) -> Result<()> {
@@ -74,10 +77,47 @@ fn state_metrics_kv(metrics: &Metrics, compression: Option<&KvCompression>, foot
     metrics.set_kv_format(&kind, footprint.bytes_per_token);
 }
 
+/// What the flags fix of the memory plan.
+fn plan_wants(args: &ServeArgs, kv_compression: Option<KvCompression>) -> Result<Wants> {
+    Ok(Wants {
+        budget: args.memory_budget.as_deref().map(|b| CacheBudget::parse_for("--memory-budget", "of the memory there is", b)).transpose()?,
+        gpu_layers: args.load.gpu_layers,
+        stream_experts: args.load.stream_experts,
+        expert_cache: args.load.expert_cache_bytes.as_deref().map(CacheBudget::parse).transpose()?,
+        kv_compression,
+        context: args.context_length,
+        prompt_cache_bytes: args.prompt_cache_bytes.map(|b| b as u64),
+    })
+}
+
+/// The memory plan for the model `files` holds on this machine.
+fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants) -> Result<MemoryPlan> {
+    let fields: ServingFields = files.config().parse()?;
+    memory_plan::plan(machine, &files.shape()?, fields.context_length(), wants)
+}
+
+/// `--plan`: prints the memory plan without reading the weights.
+pub fn print_plan(args: &ServeArgs) -> Result<()> {
+    init_logging(&args.log_level)?;
+    let (model, _) = crate::cli::model_or_default(args.model.as_deref())?;
+    let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
+    let files = ModelFiles::open(&dir, args.load.options()?.quantize)?;
+    let plan = plan_for(&files, &Machine::detect()?, &plan_wants(args, kv_compression(args)?)?)?;
+    println!("{}", plan.describe());
+    println!("{}", serde_json::to_string_pretty(&plan).map_err(|e| Error::Startup(e.to_string()))?);
+    Ok(())
+}
+
 /// Loads the model and serves until SIGINT/SIGTERM.
 pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.plan {
+        return print_plan(&args);
+    }
     init_logging(&args.log_level)?;
-    let kv_compression = kv_compression(&args)?;
+    // Freed MLX buffers go back to the system, so the process stays within
+    // the memory plan (see map_blocks_from).
+    mlx_rs_safe::process_heap::map_blocks_from(1 << 20);
+    let wants = plan_wants(&args, kv_compression(&args)?)?;
     if args.max_concurrency == 0 {
         return Err(Error::Config("--max-concurrency must be at least 1".into()));
     }
@@ -90,14 +130,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let tokenizer = Arc::new(Tokenizer::load(&dir, template.as_deref())?);
     let tool_format = api::tool_format(args.tool_call_parser.as_deref(), &tokenizer)?;
     let system = SystemInfo::collect()?;
-    let engine_config = EngineConfig {
-        prefill_size: args.prefill_size.max(1),
-        max_concurrency: args.max_concurrency,
-        max_queue: args.max_queue,
-        prompt_cache_bytes: args.prompt_cache_bytes,
-        kv_compression,
-    };
-    let load_options = args.load.options()?;
+    let machine = Machine::detect()?;
+    let mut load_options = args.load.options()?;
     let mut metrics = Metrics::new();
     let expert_counters = load_options.experts.as_ref().map(|e| e.counters.clone());
     if let Some(c) = &expert_counters {
@@ -106,22 +140,41 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(metrics);
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
-    // The loader hands back what the server reads of the model: its KV
-    // layout and its config (read once, with the weights).
+    let (prefill_size, max_concurrency, max_queue) = (args.prefill_size.max(1), args.max_concurrency, args.max_queue);
+    // The loader plans the memory from the opened files, loads as planned,
+    // and hands back what the server reads of the model: its KV layout, its
+    // config and the plan.
     let loaded = Arc::new(Mutex::new(None));
     let handed_back = loaded.clone();
     let engine = EngineHandle::spawn(
         Box::new(move || {
-            let (model, config) = models::load_with(&load_dir, &load_options)?;
-            *handed_back.lock().unwrap_or_else(|e| e.into_inner()) = Some((model.kv_layout(), config));
-            Ok(model)
+            let files = ModelFiles::open(&load_dir, load_options.quantize)?;
+            let plan = plan_for(&files, &machine, &wants)?;
+            log::info!("{}", plan.describe());
+            // MLX frees its buffer cache rather than grow past the budget.
+            mlx_rs_safe::memory::set_memory_limit(plan.mlx_memory_limit() as usize)?;
+            load_options.placement = plan.gpu_layers.map(models::Placement::gpu_layers).unwrap_or_default();
+            if let Some(e) = load_options.experts.as_mut() {
+                e.budget = plan.expert_cache_bytes.map(CacheBudget::Bytes);
+            }
+            let model = files.load(&load_options)?;
+            let config = EngineConfig {
+                prefill_size,
+                max_concurrency,
+                max_queue,
+                prompt_cache_bytes: plan.prompt_cache_bytes as usize,
+                kv_compression: plan.kv_compression,
+                kv_tokens: plan.kv_tokens as usize,
+                context: Some(plan.context as usize),
+            };
+            *handed_back.lock().unwrap_or_else(|e| e.into_inner()) = Some((model.model.kv_layout(), model.config, plan));
+            Ok((model.model, config))
         }),
         tokenizer.clone(),
-        engine_config,
         metrics.clone(),
     )?;
     // Set by the loader before the engine reported the model loaded.
-    let (layout, config) = loaded.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout and config"))?;
+    let (layout, config, plan) = loaded.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout and config"))?;
     // Errors name the file the config came from: config.json, or the GGUF file.
     let config_path = crate::gguf::locate(&dir)?.unwrap_or_else(|| dir.join("config.json"));
     let fields: ServingFields = models::ConfigFile { value: &config, path: &config_path }.parse()?;
@@ -140,7 +193,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         kv_compression.and_then(|c| c.turbo_preset()).map(|p| format!(", TurboQuant {}", p.name())).unwrap_or_default()
     );
     state_metrics_kv(&metrics, kv_compression.as_ref(), &kv_footprint);
-    let prompt_limit = PromptLimit { context: fields.context_length(), max_bytes_per_token: tokenizer.max_bytes_per_token() };
+    let context_length = Some(plan.context as usize);
+    let prompt_limit = PromptLimit { context: context_length, max_bytes_per_token: tokenizer.max_bytes_per_token() };
     match prompt_limit.max_text_bytes() {
         Some(max) => log::info!("prompts over {max} bytes are refused before tokenizing (they cannot fit the context)"),
         None => log::info!("no byte bound for this model's prompts: each is tokenized before its length is checked"),
@@ -152,7 +206,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         tokenizer,
         metrics,
         models: api::model_names::ModelNames::new(&model_id, &dir, &args.served_model_name),
-        context_length: fields.context_length(),
+        context_length,
+        memory_plan: plan,
         prompt_limit,
         vocab_size,
         default_max_tokens: args.max_tokens,

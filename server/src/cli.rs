@@ -147,9 +147,24 @@ pub struct ServeArgs {
     /// Requests waiting for a slot; beyond this the server answers 503.
     #[arg(long, env = "MLX_SERVE_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: usize,
-    /// Bytes of KV kept for prompt reuse across requests (0 turns the prompt cache off).
-    #[arg(long, env = "MLX_SERVE_PROMPT_CACHE_BYTES", default_value_t = 2 << 30)]
-    pub prompt_cache_bytes: usize,
+    /// Bytes of KV kept for prompt reuse across requests (0 turns the prompt
+    /// cache off). Default: a quarter of the memory plan's KV memory, at most 2 GiB.
+    #[arg(long, env = "MLX_SERVE_PROMPT_CACHE_BYTES")]
+    pub prompt_cache_bytes: Option<usize>,
+    /// Memory the server may use on the device that runs the model, in bytes
+    /// (64g, 512m) or as a share of what it has (80%). Default: the GPU's free
+    /// memory (CUDA), Metal's recommended working set, or the RAM available
+    /// (within any cgroup limit). The memory plan fits everything into it.
+    #[arg(long, env = "MLX_SERVE_MEMORY_BUDGET")]
+    pub memory_budget: Option<String>,
+    /// Longest sequence (prompt and generated tokens). Default: the model's
+    /// context, or what the memory plan fits.
+    #[arg(long, env = "MLX_SERVE_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
+    /// Print the memory plan (what fits this machine, and why) and exit
+    /// without loading the weights.
+    #[arg(long)]
+    pub plan: bool,
     /// Requests must carry `Authorization: Bearer <key>` (also /metrics and
     /// the detailed /health; /health without credentials answers only
     /// `{"status": "ok"}`, a liveness probe).
@@ -294,6 +309,11 @@ pub struct LoadArgs {
     /// when routing changes between prompts).
     #[arg(long, env = "MLX_SERVE_NO_EXPERT_READ_AHEAD", requires = "stream_experts")]
     pub no_expert_read_ahead: bool,
+    /// Decoder layers run on the GPU; the rest, and the output head, run on
+    /// the CPU with their weights and KV in host memory (a model larger than
+    /// the GPU's memory still runs). Default: all, or what the memory plan fits.
+    #[arg(long, env = "MLX_SERVE_GPU_LAYERS")]
+    pub gpu_layers: Option<usize>,
 }
 
 impl LoadArgs {
@@ -314,6 +334,7 @@ impl LoadArgs {
         Ok(crate::models::LoadOptions {
             quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
             experts,
+            placement: self.gpu_layers.map(crate::models::Placement::gpu_layers).unwrap_or_default(),
         })
     }
 }

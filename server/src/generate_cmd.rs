@@ -117,7 +117,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     };
     let (model, _) = crate::cli::model_or_default(args.model.as_deref())?;
     let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
-    let (model, _config) = models::load_with(&dir, &load)?;
+    let model = models::load_with(&dir, &load)?.model;
     let tok = Arc::new(Tokenizer::load(&dir, None)?);
     let prompt = prompt_tokens(&tok, args)?;
     let sampling = SamplingParams {
@@ -137,6 +137,9 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         max_queue: 1,
         prompt_cache_bytes: 0,
         kv_compression,
+        // As mlx_lm.generate: no memory plan, no context bound.
+        kv_tokens: usize::MAX,
+        context: None,
     };
     let mut engine = Engine::new(model, tok, config, Arc::new(Metrics::new()))?;
     let params = |sampling: SamplingParams| Generation {

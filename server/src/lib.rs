@@ -12,6 +12,7 @@ pub mod gguf;
 pub mod http_server;
 pub mod hub;
 pub mod kv;
+pub mod memory_plan;
 pub mod metrics;
 pub mod models;
 pub mod quality;

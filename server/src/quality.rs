@@ -183,7 +183,7 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
     if formats.first().map(|f| f.name.as_str()) != Some("fp16") {
         return Err(Error::Config("--formats must start with fp16 (the reference row)".into()));
     }
-    let (model, _) = models::load(&args.model)?;
+    let model = models::load(&args.model)?.model;
     let layout = model.kv_layout();
     let formats: Vec<Format> = formats
         .into_iter()

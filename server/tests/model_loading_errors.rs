@@ -72,7 +72,7 @@ fn load_err(dir: &Path) -> String {
 fn the_untouched_model_loads_and_runs() {
     let d = tempfile::tempdir().unwrap();
     good_model(d.path());
-    let (model, _) = models::load(d.path()).unwrap();
+    let model = models::load(d.path()).unwrap().model;
     let mut cache = mlx_serve::kv::ModelCache::new(&model.kv_layout().kinds).unwrap();
     let ids = mlx_rs_safe::Array::from_slice(&[1i32, 2, 3], &[1, 3]).unwrap();
     let logits = model.forward(&ids, &mut cache).unwrap();

@@ -50,6 +50,8 @@ pub struct AppState {
     pub models: ModelNames,
     /// Prompt + completion tokens the model takes (config.json), if stated.
     pub context_length: Option<usize>,
+    /// What the memory plan chose (/health shows it).
+    pub memory_plan: crate::memory_plan::MemoryPlan,
     /// Token ids below this are valid.
     pub vocab_size: usize,
     /// What a prompt may hold, checked before tokenizing.
@@ -239,6 +241,7 @@ fn health_details(state: &AppState) -> Value {
             "stream_experts": state.experts.is_some(),
         },
         "experts": state.experts.as_ref().map(|e| e.summary()),
+        "memory_plan": state.memory_plan,
     })
 }
 

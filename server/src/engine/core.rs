@@ -46,6 +46,12 @@ pub struct EngineConfig {
     pub prompt_cache_bytes: usize,
     /// How sequences' caches are compressed as they grow (`--kv-bits`).
     pub kv_compression: Option<KvCompression>,
+    /// Tokens of KV the running sequences may hold together (each reserves
+    /// its prompt plus its max_tokens; `usize::MAX`: no bound).
+    pub kv_tokens: usize,
+    /// A sequence ends (finish_reason "length") when it holds this many
+    /// tokens.
+    pub context: Option<usize>,
 }
 
 /// A request whose prompt is being prefilled, chunk by chunk.
@@ -134,7 +140,11 @@ impl Engine {
         Ok(Engine {
             model,
             tokenizer,
-            policy: Policy { max_concurrency: config.max_concurrency.max(1), prefill_size: config.prefill_size.max(1) },
+            policy: Policy {
+                max_concurrency: config.max_concurrency.max(1),
+                prefill_size: config.prefill_size.max(1),
+                kv_tokens: config.kv_tokens,
+            },
             prompt_cache: PromptCache::new(config.prompt_cache_bytes),
             config,
             metrics,
@@ -187,10 +197,25 @@ impl Engine {
         self.prefill_chunk();
     }
 
-    /// Starts prefilling waiting requests while slots are free.
+    /// Tokens of KV each running sequence reserves.
+    fn reserved_tokens(&self) -> Vec<usize> {
+        let batch = self.batch.iter().flat_map(|b| b.seqs.iter());
+        let joining = self.ready.iter().map(|j| &j.seq);
+        let prefilling = self.prefill.iter().map(|p| &p.seq);
+        batch.chain(joining).chain(prefilling).map(Sequence::reserved_tokens).collect()
+    }
+
+    /// Starts prefilling waiting requests while slots are free and their KV
+    /// fits the pool, oldest first.
     fn admit(&mut self) {
         let admissions = self.policy.admissions(self.running(), self.queue.len());
+        let mut reserved = self.reserved_tokens();
         for _ in 0..admissions {
+            let Some(front) = self.queue.front() else { return };
+            let need = Sequence::reservation(&front.params, self.config.context);
+            if !front.events.is_closed() && !self.policy.fits(&reserved, need) {
+                return;
+            }
             let Some(request) = self.queue.pop_front() else { return };
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             if request.events.is_closed() {
@@ -226,7 +251,8 @@ impl Engine {
                     }
                 },
             };
-            let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached);
+            let mut seq = Sequence::new(request, sampler, &self.tokenizer, cached, self.config.context);
+            reserved.push(seq.reserved_tokens());
             seq.cache_source = source;
             self.prefill.push_back(Prefill { seq, cache, done: cached, started: Instant::now(), reported: cached });
         }

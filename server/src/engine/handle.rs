@@ -43,22 +43,22 @@ pub struct EngineHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-type ModelLoader = Box<dyn FnOnce() -> Result<Box<dyn LanguageModel>> + Send>;
+/// Loads the model, and says how the engine runs it (the memory plan's limits).
+type ModelLoader = Box<dyn FnOnce() -> Result<(Box<dyn LanguageModel>, EngineConfig)> + Send>;
 
 impl EngineHandle {
     /// Starts the engine thread, which loads the model with `load` and builds
     /// the engine; returns once that is done (or failed).
-    pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, config: EngineConfig, metrics: Arc<Metrics>) -> Result<EngineHandle> {
+    pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, metrics: Arc<Metrics>) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(EngineStats::default());
-        let max_queue = config.max_queue;
         let (w, s) = (waiting.clone(), stats.clone());
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
-                match load().and_then(|model| Engine::with_queue_counter(model, tokenizer, config, metrics, w)) {
+                match load().and_then(|(model, config)| Engine::with_queue_counter(model, tokenizer, config, metrics, w)) {
                     Ok(engine) => {
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         run(engine, &s, rx);
@@ -70,7 +70,7 @@ impl EngineHandle {
             })
             .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue, config, stats, thread: Mutex::new(Some(thread)) }),
+            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
         }

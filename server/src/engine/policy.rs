@@ -9,6 +9,9 @@ pub struct Policy {
     pub max_concurrency: usize,
     /// Prompt tokens per prefill chunk, and per turn.
     pub prefill_size: usize,
+    /// Tokens of KV the running sequences may reserve together (the memory
+    /// plan's KV pool; `usize::MAX`: no bound).
+    pub kv_tokens: usize,
 }
 
 impl Policy {
@@ -16,6 +19,16 @@ impl Policy {
     /// (decoding, prefilling or about to join) already taking slots.
     pub fn admissions(&self, running: usize, queued: usize) -> usize {
         self.max_concurrency.saturating_sub(running).min(queued)
+    }
+
+    /// Whether a request reserving `need` tokens of KV starts now beside
+    /// running sequences reserving `reserved` each. A decode batch pads every
+    /// row to its longest, so the batch may hold rows × the longest
+    /// reservation: that must fit the pool. Alone, a request always starts
+    /// (the API bounds it by the context, which the plan keeps within the pool).
+    pub fn fits(&self, reserved: &[usize], need: usize) -> bool {
+        let longest = reserved.iter().copied().max().unwrap_or(0).max(need);
+        reserved.is_empty() || (reserved.len() + 1).saturating_mul(longest) <= self.kv_tokens
     }
 
     /// How many tokens this turn prefills of each admitted prompt, oldest
@@ -47,7 +60,18 @@ mod tests {
     use super::Policy;
 
     fn policy() -> Policy {
-        Policy { max_concurrency: 4, prefill_size: 512 }
+        Policy { max_concurrency: 4, prefill_size: 512, kv_tokens: 1000 }
+    }
+
+    #[test]
+    fn requests_start_while_their_kv_fits_the_pool() {
+        let p = policy();
+        assert!(p.fits(&[], 5000), "alone, a request always starts");
+        assert!(p.fits(&[500], 400));
+        assert!(!p.fits(&[500], 501), "two rows of the longest");
+        assert!(!p.fits(&[600], 10), "a short request pads to the longest row");
+        assert!(p.fits(&[100, 200, 240], 240));
+        assert!(!p.fits(&[usize::MAX - 1], 2), "no overflow");
     }
 
     #[test]
@@ -80,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_zero_chunk_size_still_makes_progress() {
-        let p = Policy { max_concurrency: 1, prefill_size: 0 };
+        let p = Policy { max_concurrency: 1, prefill_size: 0, kv_tokens: usize::MAX };
         assert_eq!(p.prefill(&[5, 5]), vec![1]);
     }
 }

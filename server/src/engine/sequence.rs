@@ -5,9 +5,10 @@ use std::time::Instant;
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
-use super::request::{Event, Request, TokenLogprob, Usage};
+use super::request::{Event, Generation, Request, TokenLogprob, Usage};
 use super::sampler::Sampler;
 use super::stop::{FinishReason, StopMatcher};
+use crate::kv::KV_STEP;
 use crate::metrics::Metrics;
 use crate::structured::Guide;
 use crate::error::Result;
@@ -22,6 +23,10 @@ pub struct Sequence {
     /// stores their KV when the sequence ends.
     pub history: Vec<u32>,
     generated: usize,
+    /// Tokens it may generate: max_tokens, within the context.
+    max_new_tokens: usize,
+    /// Tokens of KV it may hold (see [`Sequence::reservation`]).
+    reserved: usize,
     pub cached_tokens: usize,
     /// The prompt-cache entry this sequence started from: its own entry replaces it.
     pub cache_source: Option<u64>,
@@ -47,9 +52,11 @@ fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
 }
 
 impl Sequence {
-    pub fn new(mut request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize) -> Sequence {
+    pub fn new(mut request: Request, sampler: Sampler, tokenizer: &Tokenizer, cached_tokens: usize, context: Option<usize>) -> Sequence {
         let eos = if request.params.ignore_eos { Default::default() } else { tokenizer.eos_ids().clone() };
         Sequence {
+            max_new_tokens: Sequence::max_new_tokens(&request.params, context),
+            reserved: Sequence::reservation(&request.params, context),
             stop: StopMatcher::new(eos, request.params.stop.clone()),
             detok: StreamingDetokenizer::new(!request.params.keep_special_tokens),
             history: request.params.prompt.clone(),
@@ -62,6 +69,27 @@ impl Sequence {
             sampler,
             request,
         }
+    }
+
+    /// Tokens a request may generate: its max_tokens, within `context`
+    /// tokens in all (a prompt that fills the context was refused before).
+    fn max_new_tokens(params: &Generation, context: Option<usize>) -> usize {
+        match context {
+            Some(c) => params.max_tokens.min(c.saturating_sub(params.prompt.len()).max(1)),
+            None => params.max_tokens,
+        }
+    }
+
+    /// Tokens of KV a request may hold: its prompt and what it may generate,
+    /// rounded up to the cache's allocation step.
+    pub fn reservation(params: &Generation, context: Option<usize>) -> usize {
+        let tokens = params.prompt.len().saturating_add(Sequence::max_new_tokens(params, context));
+        tokens.div_ceil(KV_STEP).saturating_mul(KV_STEP)
+    }
+
+    /// Tokens of KV this sequence may hold (see [`Sequence::reservation`]).
+    pub fn reserved_tokens(&self) -> usize {
+        self.reserved
     }
 
     /// Whether the client is still listening.
@@ -130,7 +158,7 @@ impl Sequence {
             // would force next is not worth a step.
             return self.finish(FinishReason::Stop, tokenizer, true);
         }
-        if self.generated >= self.request.params.max_tokens {
+        if self.generated >= self.max_new_tokens {
             return self.finish(FinishReason::Length, tokenizer, true);
         }
         Ok(false)

@@ -11,14 +11,19 @@ pub enum CacheBudget {
 }
 
 impl CacheBudget {
-    /// "4000000000", "4g" / "512m" / "64k" (powers of 1024), or "25%".
+    /// `--expert-cache-bytes`: "4000000000", "4g" / "512m" / "64k" (powers of 1024), or "25%".
     pub fn parse(s: &str) -> Result<CacheBudget> {
-        let bad = || Error::Config(format!("--expert-cache-bytes takes bytes (e.g. 4000000000, 4g, 512m) or a share of the experts (e.g. 25%), got {s:?}"));
+        CacheBudget::parse_for("--expert-cache-bytes", "of the experts", s)
+    }
+
+    /// [`CacheBudget::parse`] for flag `flag`, whose shares are `of_what`.
+    pub fn parse_for(flag: &str, of_what: &str, s: &str) -> Result<CacheBudget> {
+        let bad = || Error::Config(format!("{flag} takes bytes (e.g. 4000000000, 4g, 512m) or a share {of_what} (e.g. 25%), got {s:?}"));
         let t = s.trim().to_ascii_lowercase();
         if let Some(p) = t.strip_suffix('%') {
             let p: f64 = p.trim().parse().map_err(|_| bad())?;
             if !(p > 0.0 && p <= 100.0) {
-                return Err(Error::Config(format!("--expert-cache-bytes {s}: a share must be above 0% and at most 100%")));
+                return Err(Error::Config(format!("{flag} {s}: a share must be above 0% and at most 100%")));
             }
             return Ok(CacheBudget::Share(p / 100.0));
         }

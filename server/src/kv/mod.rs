@@ -22,6 +22,8 @@ pub use cache::ModelCache;
 pub use compression::{bytes_per_token, CompressAt, KvCompression, Phase, TurboPreset, AFFINE_BITS, AFFINE_GROUP_SIZES};
 pub use layer::LayerCache;
 pub use mask::{causal_mask, AttentionMask, StepMemo};
+/// Tokens a cache grows by at a time.
+pub const KV_STEP: usize = padded::STEP as usize;
 pub use prompt_cache::{PromptCache, PromptCacheHit};
 pub use snapshot::KvSnapshot;
 pub use store::{AttendArgs, KvKind, KvRow, KvStore};

@@ -136,9 +136,4 @@ impl Attention {
         let out = ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
-
-    /// (KV heads, head size).
-    pub fn kv_shape(&self) -> (i32, i32) {
-        (self.spec.n_kv_heads, self.spec.head_dim)
-    }
 }

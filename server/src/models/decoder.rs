@@ -10,6 +10,7 @@ use super::attention::{Attention, AttentionSpec};
 use super::config::RopeScaling;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
+use super::placement::Placement;
 use super::moe::{MoeSpec, SparseMoe};
 use super::quant::QuantConfig;
 use super::rope::Rope;
@@ -47,6 +48,13 @@ pub struct DecoderSpec {
     pub moe_layers: Vec<bool>,
 }
 
+impl DecoderSpec {
+    /// What the model's KV cache holds: every layer dense.
+    pub fn kv_layout(&self) -> KvLayout {
+        KvLayout { kinds: vec![KvKind::Dense; self.num_layers as usize], kv_heads: self.attention.n_kv_heads, head_dim: self.attention.head_dim }
+    }
+}
+
 /// A layer's feed-forward: one dense MLP or a mixture of experts.
 enum FeedForward {
     Dense(Mlp),
@@ -75,10 +83,14 @@ pub struct Decoder {
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    placement: Placement,
+    layout: KvLayout,
 }
 
 impl Decoder {
-    pub fn load(spec: &DecoderSpec, mut w: Weights, quant: &QuantConfig) -> Result<Decoder> {
+    /// Loads each layer on the device `placement` gives it (its weights are
+    /// read and checked there).
+    pub fn load(spec: &DecoderSpec, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Decoder> {
         // Weights mlx-lm's sanitize drops: precomputed rotary tables, and the
         // output head when it is tied to the embedding.
         w.discard(|k| k.contains("self_attn.rotary_emb.inv_freq"));
@@ -90,26 +102,29 @@ impl Decoder {
         let mut layers = Vec::with_capacity(spec.num_layers as usize);
         for i in 0..spec.num_layers {
             let p = format!("model.layers.{i}");
-            let rope = Rope::new(&spec.rope)?;
-            layers.push(Block {
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
-                attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), rope, quant)?,
-                post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
-                mlp: match &spec.moe {
-                    Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
-                        FeedForward::Moe(Box::new(SparseMoe::load(&mut w, &format!("{p}.{}", moe.module), i as u32, h, moe.clone(), quant)?))
-                    }
-                    _ if spec.fused_gate_up => FeedForward::Dense(Mlp::load_fused(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, quant)?),
-                    _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
-                },
-            });
+            let block = placement.run(i as usize, || {
+                Ok(Block {
+                    input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), h, eps)?,
+                    attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec.attention.clone(), Rope::new(&spec.rope)?, quant)?,
+                    post_attn_norm: RmsNorm::load(&mut w, &format!("{p}.post_attention_layernorm"), h, eps)?,
+                    mlp: match &spec.moe {
+                        Some(moe) if spec.moe_layers.get(i as usize).copied().unwrap_or(false) => {
+                            FeedForward::Moe(Box::new(SparseMoe::load(&mut w, &format!("{p}.{}", moe.module), i as u32, h, moe.clone(), quant)?))
+                        }
+                        _ if spec.fused_gate_up => FeedForward::Dense(Mlp::load_fused(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, quant)?),
+                        _ => FeedForward::Dense(Mlp::load(&mut w, &format!("{p}.mlp"), h, spec.intermediate_size, spec.mlp_bias, quant)?),
+                    },
+                })
+            })?;
+            layers.push(block);
         }
-        let model = Decoder {
-            embed: Embedding::load(&mut w, "model.embed_tokens", v, h, quant)?,
-            norm: RmsNorm::load(&mut w, "model.norm", h, eps)?,
-            lm_head: if spec.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, v, false, quant)?) },
-            layers,
-        };
+        let embed = Embedding::load(&mut w, "model.embed_tokens", v, h, quant)?;
+        let (norm, lm_head) = placement.run_head(layers.len(), || {
+            let norm = RmsNorm::load(&mut w, "model.norm", h, eps)?;
+            let head = if spec.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, v, false, quant)?) };
+            Ok((norm, head))
+        })?;
+        let model = Decoder { embed, norm, lm_head, layers, placement, layout: spec.kv_layout() };
         w.finish()?;
         Ok(model)
     }
@@ -119,21 +134,25 @@ impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
         let (caches, masks) = cache.for_forward();
-        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
-            let hh = ops::add(&h, &r)?;
-            let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
-            h = ops::add(&hh, &r)?;
+        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+            h = self.placement.run(i, || {
+                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
+                let hh = ops::add(&h, &r)?;
+                let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
+                Ok(ops::add(&hh, &r)?)
+            })?;
         }
-        let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed.as_linear(&h),
-        }
+        self.placement.run_head(self.layers.len(), || {
+            let h = self.norm.forward(&h)?;
+            match &self.lm_head {
+                Some(head) => head.forward(&h),
+                None => self.embed.as_linear(&h),
+            }
+        })
     }
 
+
     fn kv_layout(&self) -> KvLayout {
-        let (kv_heads, head_dim) = self.layers.first().map(|l| l.attn.kv_shape()).unwrap_or((0, 0));
-        KvLayout { kinds: vec![KvKind::Dense; self.layers.len()], kv_heads, head_dim }
+        self.layout.clone()
     }
 }

@@ -10,6 +10,7 @@ use super::config::{ConfigFile, RopeScaling};
 use super::decoder::RopeSpec;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::{Activation, Mlp};
+use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::Weights;
@@ -77,9 +78,18 @@ pub struct Gemma3Text {
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
+    placement: Placement,
 }
 
 impl Gemma3TextConfig {
+    /// What the model's KV cache holds: sliding layers keep a rotating window.
+    pub fn kv_layout(&self) -> KvLayout {
+        let kinds = (0..self.num_hidden_layers)
+            .map(|i| if self.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.sliding_window } })
+            .collect();
+        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim }
+    }
+
     fn is_global(&self, layer: i32) -> bool {
         layer % self.sliding_window_pattern == self.sliding_window_pattern - 1
     }
@@ -98,7 +108,8 @@ fn clip_residual(x: &Array, y: &Array) -> Result<Array> {
 }
 
 impl Gemma3Text {
-    pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig) -> Result<Gemma3Text> {
+    /// Loads each layer on the device `placement` gives it.
+    pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Gemma3Text> {
         let cfg: Gemma3TextConfig = config.parse()?;
         let rope_scaling = RopeScaling::read(config, "rope_scaling", (cfg.head_dim / 2) as usize, None)?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
@@ -121,28 +132,29 @@ impl Gemma3Text {
                 scale: Some(cfg.query_pre_attn_scalar.powf(-0.5)),
                 fused_qkv: false,
             };
-            layers.push(Block {
-                attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec, rope, quant)?,
-                mlp: Mlp::load_with(&mut w, &format!("{p}.mlp"), h, cfg.intermediate_size, false, Activation::GeluApprox, quant)?,
-                input_norm: norm(&mut w, &format!("{p}.input_layernorm"), h)?,
-                post_attn_norm: norm(&mut w, &format!("{p}.post_attention_layernorm"), h)?,
-                pre_ffn_norm: norm(&mut w, &format!("{p}.pre_feedforward_layernorm"), h)?,
-                post_ffn_norm: norm(&mut w, &format!("{p}.post_feedforward_layernorm"), h)?,
-            });
+            let block = placement.run(i as usize, || {
+                Ok(Block {
+                    attn: Attention::load(&mut w, &format!("{p}.self_attn"), h, spec, rope, quant)?,
+                    mlp: Mlp::load_with(&mut w, &format!("{p}.mlp"), h, cfg.intermediate_size, false, Activation::GeluApprox, quant)?,
+                    input_norm: norm(&mut w, &format!("{p}.input_layernorm"), h)?,
+                    post_attn_norm: norm(&mut w, &format!("{p}.post_attention_layernorm"), h)?,
+                    pre_ffn_norm: norm(&mut w, &format!("{p}.pre_feedforward_layernorm"), h)?,
+                    post_ffn_norm: norm(&mut w, &format!("{p}.post_feedforward_layernorm"), h)?,
+                })
+            })?;
+            layers.push(block);
         }
         // Tied unless the checkpoint carries an output head (mlx-lm's sanitize).
-        let lm_head = if w.contains("lm_head.weight") || w.contains("lm_head.scales") {
-            Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?)
-        } else {
-            None
-        };
-        let model = Gemma3Text {
-            embed: Embedding::load(&mut w, "model.embed_tokens", cfg.vocab_size, h, quant)?,
-            norm: norm(&mut w, "model.norm", h)?,
-            lm_head,
-            layers,
-            cfg,
-        };
+        let embed = Embedding::load(&mut w, "model.embed_tokens", cfg.vocab_size, h, quant)?;
+        let (final_norm, lm_head) = placement.run_head(layers.len(), || {
+            let head = if w.contains("lm_head.weight") || w.contains("lm_head.scales") {
+                Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?)
+            } else {
+                None
+            };
+            Ok((norm(&mut w, "model.norm", h)?, head))
+        })?;
+        let model = Gemma3Text { embed, norm: final_norm, lm_head, layers, cfg, placement };
         w.finish()?;
         Ok(model)
     }
@@ -157,22 +169,24 @@ impl LanguageModel for Gemma3Text {
         let (caches, masks) = cache.for_forward();
         for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
             let window = (!self.cfg.is_global(i as i32)).then_some(self.cfg.sliding_window);
-            let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, window)?;
-            let hh = clip_residual(&h, &layer.post_attn_norm.forward(&r)?)?;
-            let r = layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?;
-            h = clip_residual(&hh, &layer.post_ffn_norm.forward(&r)?)?;
+            h = self.placement.run(i, || {
+                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, window)?;
+                let hh = clip_residual(&h, &layer.post_attn_norm.forward(&r)?)?;
+                let r = layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?;
+                clip_residual(&hh, &layer.post_ffn_norm.forward(&r)?)
+            })?;
         }
-        let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed.as_linear(&h),
-        }
+        self.placement.run_head(self.layers.len(), || {
+            let h = self.norm.forward(&h)?;
+            match &self.lm_head {
+                Some(head) => head.forward(&h),
+                None => self.embed.as_linear(&h),
+            }
+        })
     }
 
+
     fn kv_layout(&self) -> KvLayout {
-        let kinds = (0..self.cfg.num_hidden_layers)
-            .map(|i| if self.cfg.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.cfg.sliding_window } })
-            .collect();
-        KvLayout { kinds, kv_heads: self.cfg.num_key_value_heads, head_dim: self.cfg.head_dim }
+        self.cfg.kv_layout()
     }
 }

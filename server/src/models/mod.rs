@@ -13,6 +13,7 @@ mod mlp;
 mod moe;
 mod phi3;
 mod olmoe;
+mod placement;
 pub mod quant;
 mod qwen2;
 mod qwen2_moe;
@@ -31,6 +32,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::kv::{KvKind, ModelCache, AFFINE_BITS, AFFINE_GROUP_SIZES};
 pub use config::ConfigFile;
+pub use placement::Placement;
 use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
@@ -53,26 +55,43 @@ pub struct KvLayout {
     pub head_dim: i32,
 }
 
-/// How each `model_type` loads: the shared decoder from its config's spec, or
-/// an architecture of its own.
-type Loader = fn(&ConfigFile, Weights, &QuantConfig) -> Result<Box<dyn LanguageModel>>;
-
-fn decoder(spec: DecoderSpec, w: Weights, quant: &QuantConfig) -> Result<Box<dyn LanguageModel>> {
-    Ok(Box::new(Decoder::load(&spec, w, quant)?))
+/// How an architecture is built from its config: the shared decoder from the
+/// spec its config maps to, or a model of its own.
+#[derive(Clone, Copy)]
+enum Arch {
+    Decoder(fn(&ConfigFile) -> Result<DecoderSpec>),
+    Gemma3Text,
 }
 
-/// `model_type` → loader (mistral is llama, as in mlx-lm).
-const REGISTRY: &[(&str, Loader)] = &[
-    ("llama", |c, w, q| decoder(llama::spec(c)?, w, q)),
-    ("mistral", |c, w, q| decoder(llama::spec(c)?, w, q)),
-    ("qwen2", |c, w, q| decoder(qwen2::spec(c)?, w, q)),
-    ("qwen3", |c, w, q| decoder(qwen3::spec(c)?, w, q)),
-    ("qwen3_moe", |c, w, q| decoder(qwen3_moe::spec(c)?, w, q)),
-    ("qwen2_moe", |c, w, q| decoder(qwen2_moe::spec(c)?, w, q)),
-    ("mixtral", |c, w, q| decoder(mixtral::spec(c)?, w, q)),
-    ("olmoe", |c, w, q| decoder(olmoe::spec(c)?, w, q)),
-    ("phi3", |c, w, q| decoder(phi3::spec(c)?, w, q)),
-    ("gemma3_text", |c, w, q| Ok(Box::new(gemma3_text::Gemma3Text::load(c, w, q)?))),
+impl Arch {
+    /// What the model's KV cache will hold, from its config alone.
+    fn kv_layout(self, c: &ConfigFile) -> Result<KvLayout> {
+        match self {
+            Arch::Decoder(spec) => Ok(spec(c)?.kv_layout()),
+            Arch::Gemma3Text => Ok(c.parse::<gemma3_text::Gemma3TextConfig>()?.kv_layout()),
+        }
+    }
+
+    fn load(self, c: &ConfigFile, w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Box<dyn LanguageModel>> {
+        Ok(match self {
+            Arch::Decoder(spec) => Box::new(Decoder::load(&spec(c)?, w, quant, placement)?),
+            Arch::Gemma3Text => Box::new(gemma3_text::Gemma3Text::load(c, w, quant, placement)?),
+        })
+    }
+}
+
+/// `model_type` → architecture (mistral is llama, as in mlx-lm).
+const REGISTRY: &[(&str, Arch)] = &[
+    ("llama", Arch::Decoder(llama::spec)),
+    ("mistral", Arch::Decoder(llama::spec)),
+    ("qwen2", Arch::Decoder(qwen2::spec)),
+    ("qwen3", Arch::Decoder(qwen3::spec)),
+    ("qwen3_moe", Arch::Decoder(qwen3_moe::spec)),
+    ("qwen2_moe", Arch::Decoder(qwen2_moe::spec)),
+    ("mixtral", Arch::Decoder(mixtral::spec)),
+    ("olmoe", Arch::Decoder(olmoe::spec)),
+    ("phi3", Arch::Decoder(phi3::spec)),
+    ("gemma3_text", Arch::Gemma3Text),
 ];
 
 /// `model_type`s this build can load.
@@ -87,12 +106,25 @@ pub struct LoadOptions {
     pub quantize: Option<quant::QuantParams>,
     /// Stream the routed experts of a MoE model from disk (`--stream-experts`).
     pub experts: Option<crate::experts::ExpertOptions>,
+    /// Which device runs each layer (`--gpu-layers`).
+    pub placement: Placement,
+}
+
+/// A loaded model and its config.json (or the config its GGUF file maps to).
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    pub config: Value,
 }
 
 /// Loads the model in folder `dir` (config.json + safetensors), or the GGUF
 /// file `dir` stands for (see [`crate::gguf::locate`]).
-pub fn load(dir: &Path) -> Result<(Box<dyn LanguageModel>, Value)> {
+pub fn load(dir: &Path) -> Result<LoadedModel> {
     load_with(dir, &LoadOptions::default())
+}
+
+/// [`load`] with options.
+pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    ModelFiles::open(dir, opts.quantize)?.load(opts)
 }
 
 /// config.json of the model folder `dir`, and its path.
@@ -104,63 +136,102 @@ fn folder_config(dir: &Path) -> Result<(Value, PathBuf)> {
     Ok((config, config_path))
 }
 
-/// [`load`] with options.
-pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<(Box<dyn LanguageModel>, Value)> {
-    let gguf = crate::gguf::locate(dir)?;
-    let (config, config_path, mut weights) = match &gguf {
-        Some(file) => {
-            let model = crate::gguf::GgufModel::open(file)?;
-            (model.config()?, file.clone(), model.weights()?)
+/// What the memory plan needs to know of a model before it loads.
+#[derive(Debug, Clone)]
+pub struct ModelShape {
+    pub weights: weights::WeightFootprint,
+    pub kv_layout: KvLayout,
+}
+
+/// A model's files opened: its config read and its tensors indexed (a
+/// safetensors tensor is read when first evaluated, so nothing is read yet
+/// but headers); what the memory plan looks at before the model loads.
+pub struct ModelFiles {
+    config: Value,
+    config_path: PathBuf,
+    weights: Weights,
+    quant: QuantConfig,
+    arch: Arch,
+    gguf: bool,
+    /// Quantized at load (`--quantize`).
+    quantized_at_load: bool,
+}
+
+impl ModelFiles {
+    /// Opens folder (or GGUF file) `dir`; `quantize`: `--quantize`.
+    pub fn open(dir: &Path, quantize: Option<quant::QuantParams>) -> Result<ModelFiles> {
+        let gguf = crate::gguf::locate(dir)?;
+        let (config, config_path, mut weights) = match &gguf {
+            Some(file) => {
+                let model = crate::gguf::GgufModel::open(file)?;
+                (model.config()?, file.clone(), model.weights()?)
+            }
+            None => {
+                let (config, path) = folder_config(dir)?;
+                (config, path, Weights::load(dir)?)
+            }
+        };
+        let model_type = config
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
+        let arch = REGISTRY.iter().find(|(name, _)| *name == model_type).map(|(_, arch)| *arch).ok_or_else(|| {
+            Error::model_file(&config_path, format!("model_type {model_type:?} is not supported; supported: {}", supported().join(", ")))
+        })?;
+        let mut quant = QuantConfig::from_config(&config)?;
+        if let Some(q) = quantize {
+            // A GGUF file may mix blocks MLX keeps (Q4_0, Q4_1, Q8_0: named per
+            // layer in its config) with ones dequantized at load: those are quantized.
+            if quant.is_quantized() && gguf.is_none() {
+                return Err(Error::Config(format!(
+                    "{} is already quantized; --quantize applies to float models",
+                    dir.display()
+                )));
+            }
+            if !AFFINE_BITS.contains(&q.bits) || !AFFINE_GROUP_SIZES.contains(&q.group_size) {
+                return Err(Error::Config(format!(
+                    "--quantize needs bits in 2, 3, 4, 5, 6, 8 and a group size of 32, 64 or 128 (got {} bits, group {})",
+                    q.bits, q.group_size
+                )));
+            }
+            if weights.quantize_in_place(q.group_size, q.bits)? == 0 {
+                return Err(Error::Config(format!("--quantize: {} has no float weight matrix to quantize", dir.display())));
+            }
+            quant = quant.with_default(q);
         }
-        None => {
-            let (config, path) = folder_config(dir)?;
-            (config, path, Weights::load(dir)?)
-        }
-    };
-    let model_type = config
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::model_file(&config_path, "missing field `model_type`"))?;
-    let mut quant = QuantConfig::from_config(&config)?;
-    if let Some(experts) = &opts.experts {
-        if gguf.is_some() {
-            return Err(Error::Config(format!(
-                "--stream-experts reads the experts' bytes where they lie in safetensors files; {} is a GGUF file, whose blocks are repacked at load",
-                config_path.display()
-            )));
-        }
-        if opts.quantize.is_some() {
-            return Err(Error::Config("--stream-experts reads experts as stored: it cannot be combined with --quantize".into()));
-        }
-        let (expert_bytes, resident_bytes) = weights.stored_bytes();
-        let stream = crate::experts::ExpertStream::start(experts, &weights.files(), expert_bytes, resident_bytes)?;
-        weights.stream_experts(std::sync::Arc::new(stream));
+        Ok(ModelFiles { config, config_path, weights, quant, arch, gguf: gguf.is_some(), quantized_at_load: quantize.is_some() })
     }
-    if let Some(q) = opts.quantize {
-        // A GGUF file may mix blocks MLX keeps (Q4_0, Q4_1, Q8_0: named per
-        // layer in its config) with ones dequantized at load: those are quantized.
-        if quant.is_quantized() && gguf.is_none() {
-            return Err(Error::Config(format!(
-                "{} is already quantized; --quantize applies to float models",
-                dir.display()
-            )));
-        }
-        if !AFFINE_BITS.contains(&q.bits) || !AFFINE_GROUP_SIZES.contains(&q.group_size) {
-            return Err(Error::Config(format!(
-                "--quantize needs bits in 2, 3, 4, 5, 6, 8 and a group size of 32, 64 or 128 (got {} bits, group {})",
-                q.bits, q.group_size
-            )));
-        }
-        if weights.quantize_in_place(q.group_size, q.bits)? == 0 {
-            return Err(Error::Config(format!("--quantize: {} has no float weight matrix to quantize", dir.display())));
-        }
-        quant = quant.with_default(q);
+
+    /// The config (config.json, or what the GGUF file maps to).
+    pub fn config(&self) -> ConfigFile<'_> {
+        ConfigFile { value: &self.config, path: &self.config_path }
     }
-    let load = REGISTRY.iter().find(|(name, _)| *name == model_type).map(|(_, load)| load).ok_or_else(|| {
-        Error::model_file(&config_path, format!("model_type {model_type:?} is not supported; supported: {}", supported().join(", ")))
-    })?;
-    let model = load(&ConfigFile { value: &config, path: &config_path }, weights, &quant)?;
-    // The weight checks' temporaries: not kept for reuse.
-    mlx_rs_safe::memory::clear_cache()?;
-    Ok((model, config))
+
+    /// The weights' bytes and the KV layout, before anything is read.
+    pub fn shape(&self) -> Result<ModelShape> {
+        Ok(ModelShape { weights: self.weights.footprint(), kv_layout: self.arch.kv_layout(&self.config())? })
+    }
+
+    /// Builds the model, reading (and checking) its weights.
+    pub fn load(mut self, opts: &LoadOptions) -> Result<LoadedModel> {
+        if let Some(experts) = &opts.experts {
+            if self.gguf {
+                return Err(Error::Config(format!(
+                    "--stream-experts reads the experts' bytes where they lie in safetensors files; {} is a GGUF file, whose blocks are repacked at load",
+                    self.config_path.display()
+                )));
+            }
+            if self.quantized_at_load {
+                return Err(Error::Config("--stream-experts reads experts as stored: it cannot be combined with --quantize".into()));
+            }
+            let (expert_bytes, resident_bytes) = self.weights.stored_bytes();
+            let stream = crate::experts::ExpertStream::start(experts, &self.weights.files(), expert_bytes, resident_bytes)?;
+            self.weights.stream_experts(std::sync::Arc::new(stream));
+        }
+        let config = ConfigFile { value: &self.config, path: &self.config_path };
+        let model = self.arch.load(&config, self.weights, &self.quant, opts.placement)?;
+        // The weight checks' temporaries: not kept for reuse.
+        mlx_rs_safe::memory::clear_cache()?;
+        Ok(LoadedModel { model, config: self.config })
+    }
 }

@@ -49,6 +49,35 @@ pub struct Weights {
     streaming: Option<Arc<ExpertStream>>,
 }
 
+/// A model's weight bytes by where they sit (see [`Weights::footprint`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WeightFootprint {
+    /// Each decoder layer's weights, its routed experts included.
+    pub layers: Vec<u64>,
+    /// Of each layer's bytes, its routed experts'.
+    pub routed: Vec<u64>,
+    /// The embedding, final norm and output head.
+    pub other: u64,
+}
+
+impl WeightFootprint {
+    pub fn total(&self) -> u64 {
+        self.layers.iter().sum::<u64>() + self.other
+    }
+
+    pub fn routed_experts(&self) -> u64 {
+        self.routed.iter().sum()
+    }
+
+    /// Bytes layers `range` keep in memory: all, or without their routed
+    /// experts when those are streamed from disk.
+    pub fn resident(&self, range: std::ops::Range<usize>, streamed: bool) -> u64 {
+        let end = range.end.min(self.layers.len());
+        let start = range.start.min(end);
+        (start..end).map(|i| self.layers[i] - if streamed { self.routed[i] } else { 0 }).sum()
+    }
+}
+
 #[derive(Deserialize)]
 struct ShardIndex {
     weight_map: BTreeMap<String, String>,
@@ -125,6 +154,32 @@ impl Weights {
                 (experts, rest + src.meta.nbytes)
             }
         })
+    }
+
+    /// Where the weights' bytes sit, for the memory plan: per decoder layer
+    /// (`model.layers.{i}.`), elsewhere (embedding, final norm, output head),
+    /// and the routed experts (counted apart: `--stream-experts` keeps them on
+    /// disk). Sizes as MLX will hold them (after `--quantize`).
+    pub fn footprint(&self) -> WeightFootprint {
+        let mut f = WeightFootprint::default();
+        for (name, a) in &self.tensors {
+            let bytes = a.nbytes() as u64;
+            let layer = name.strip_prefix("model.layers.").and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
+            match layer {
+                Some(i) => {
+                    if f.layers.len() <= i {
+                        f.layers.resize(i + 1, 0);
+                        f.routed.resize(i + 1, 0);
+                    }
+                    f.layers[i] += bytes;
+                    if Weights::is_routed_expert(name) {
+                        f.routed[i] += bytes;
+                    }
+                }
+                None => f.other += bytes,
+            }
+        }
+        f
     }
 
     /// The safetensors files the tensors come from.

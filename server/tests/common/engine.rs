@@ -48,7 +48,7 @@ pub fn engine_with_prompt_cache(
     load: &models::LoadOptions,
     prompt_cache_bytes: usize,
 ) -> (Engine, Arc<Metrics>) {
-    let (model, _) = models::load_with(model_dir, load).unwrap();
+    let model = models::load_with(model_dir, load).unwrap().model;
     let tokenizer = Arc::new(Tokenizer::load(tokenizer_dir, None).unwrap());
     let kv_compression = match (spec["kv_bits"].as_i64(), spec["turbo_kv"].as_str()) {
         (Some(bits), _) => {
@@ -64,6 +64,8 @@ pub fn engine_with_prompt_cache(
         max_queue: 16,
         prompt_cache_bytes,
         kv_compression,
+        kv_tokens: usize::MAX,
+        context: None,
     };
     let metrics = Arc::new(Metrics::new());
     (Engine::new(model, tokenizer, config, metrics.clone()).unwrap(), metrics)

@@ -66,7 +66,13 @@ impl TestServer {
     /// Starts the server with exactly these flags (and a free port, quiet
     /// logs); without --model it serves the default model.
     pub fn start_with(flags: &[&str]) -> TestServer {
-        let mut child = Command::new(binary())
+        TestServer::start_by(Command::new(binary()), flags)
+    }
+
+    /// Starts the server with these flags by `command`: the binary, or a
+    /// wrapper that execs the program and arguments it is given.
+    pub fn start_by(mut command: Command, flags: &[&str]) -> TestServer {
+        let mut child = command
             .env_remove("MLX_SERVE_MODEL")
             .args(["--port", "0", "--log-level", "warn"])
             .args(flags)

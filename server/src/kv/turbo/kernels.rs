@@ -64,8 +64,14 @@ pub fn encode_applies(codec: &Codec) -> bool {
 /// once, on small random data, the first time a TurboQuant cache asks. A
 /// kernel that does not compile or disagrees is reported once and left
 /// unused (the Metal twins have not run on an Apple GPU).
+///
+/// Only where the ops run on the GPU: a layer placed on the CPU
+/// (`--gpu-layers`) takes the MLX-ops path.
 pub fn usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
+    if mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) {
+        return false;
+    }
     *USABLE.get_or_init(|| {
         let Some(lang) = language() else { return false };
         match self_check() {

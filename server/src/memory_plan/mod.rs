@@ -1,0 +1,314 @@
+//! The memory plan: from the memory this machine gives the server, the
+//! model's weight bytes and its KV bytes per token, what fits — the GPU
+//! layers, the expert cache (`--stream-experts`), the KV format, the KV pool
+//! the running sequences share, the context, the prompt cache. Flags a person
+//! sets win; the plan fills in the rest and never exceeds the budget.
+//!
+//! Pure arithmetic over [`Machine`] and [`ModelShape`]: tested with simulated
+//! memory sizes; `machine` reads the real ones.
+
+pub mod machine;
+
+use serde::Serialize;
+
+pub use machine::Machine;
+
+use crate::error::{Error, Result};
+use crate::experts::CacheBudget;
+use crate::kv::{bytes_per_token, KvCompression};
+use crate::models::ModelShape;
+
+/// Memory kept free of plans for MLX's working buffers (a prefill chunk's
+/// activations, logits): a twentieth of the budget, at least 256 MiB; and
+/// for the GPU runtime's own (`runtime`).
+fn reserve(budget: u64, runtime: u64) -> u64 {
+    (budget / 20).max(256 << 20) + runtime
+}
+
+/// Of the reserve, what the process holds outside MLX's allocator (code,
+/// tokenizer, HTTP buffers: ~20 MiB measured) with room to spare: MLX's own
+/// limit is the budget less this, so its buffer cache never crowds it out.
+const RUNTIME_BYTES: u64 = 128 << 20;
+
+/// Tokens of KV the GPU must hold beside its layers' weights before layers
+/// move to the CPU: a working context.
+const MIN_KV_TOKENS: u64 = 4096;
+/// The prompt cache takes at most a quarter of the KV pool unless told.
+const PROMPT_CACHE_SHARE: u64 = 4;
+const PROMPT_CACHE_DEFAULT: u64 = 2 << 30;
+/// Prompt tokens a TurboQuant sequence holds at 16 bits before it is
+/// compressed (its prefill threshold) when the plan picks TurboQuant.
+const PLANNED_TURBO_THRESHOLD: i32 = 4096;
+
+/// What the flags fix; None: the plan chooses.
+#[derive(Debug, Clone, Default)]
+pub struct Wants {
+    /// `--memory-budget`: bytes, or a share of what the machine has.
+    pub budget: Option<CacheBudget>,
+    pub gpu_layers: Option<usize>,
+    /// `--stream-experts`, with `--expert-cache-bytes` when given.
+    pub stream_experts: bool,
+    pub expert_cache: Option<CacheBudget>,
+    /// `--kv-bits` / `--turbo-kv`.
+    pub kv_compression: Option<KvCompression>,
+    /// `--context-length`.
+    pub context: Option<usize>,
+    /// `--prompt-cache-bytes`.
+    pub prompt_cache_bytes: Option<u64>,
+}
+
+/// The plan: printed at start-up, shown by /health and `--plan`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    /// Bytes the plan may use on the device that runs the model.
+    pub budget_bytes: u64,
+    /// Where the budget came from.
+    pub budget_source: String,
+    /// Kept for MLX's working buffers and the GPU runtime.
+    pub reserve_bytes: u64,
+    /// Weights held on the device (the first `gpu_layers` layers and the
+    /// embedding; all of them where the CPU runs the model).
+    pub device_weight_bytes: u64,
+    /// Weights of the layers on the CPU, in host memory.
+    pub host_weight_bytes: u64,
+    /// Decoder layers on the GPU, of `layers` (None: no GPU, or all of them).
+    pub gpu_layers: Option<usize>,
+    pub layers: usize,
+    /// The expert slot pools' bytes (`--stream-experts`).
+    pub expert_cache_bytes: Option<u64>,
+    /// fp16, kv8 (affine 8-bit), turbo-balanced or turbo-compact.
+    pub kv_format: String,
+    pub kv_bytes_per_token: f64,
+    /// Tokens of KV the running sequences share (each reserves its prompt
+    /// plus its max_tokens).
+    pub kv_tokens: u64,
+    /// Longest sequence (prompt + generated tokens).
+    pub context: u64,
+    pub prompt_cache_bytes: u64,
+    /// The settings the flags fixed.
+    pub from_flags: Vec<&'static str>,
+    /// Of the reserve, the GPU runtime's.
+    pub runtime_bytes: u64,
+    #[serde(skip)]
+    pub kv_compression: Option<KvCompression>,
+}
+
+impl MemoryPlan {
+    /// The limit for MLX's allocator (its live buffers and its cache): the
+    /// budget less what the runtime holds outside it (both within the reserve).
+    pub fn mlx_memory_limit(&self) -> u64 {
+        self.budget_bytes - self.runtime_bytes - RUNTIME_BYTES
+    }
+
+    /// Everything the plan lets the server hold on the device at once.
+    pub fn device_total(&self) -> u64 {
+        let kv_on_device = self.kv_bytes_per_token * self.kv_tokens as f64 * self.device_share();
+        self.device_weight_bytes + self.expert_cache_bytes.unwrap_or(0) + kv_on_device.ceil() as u64 + self.prompt_cache_bytes + self.reserve_bytes
+    }
+
+    /// The share of each token's KV held on the device (its layers' share).
+    fn device_share(&self) -> f64 {
+        match self.gpu_layers {
+            Some(n) if self.layers > 0 => n as f64 / self.layers as f64,
+            _ => 1.0,
+        }
+    }
+
+    /// One line per choice, for the log and `--plan`.
+    pub fn describe(&self) -> String {
+        let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+        let mut lines = vec![
+            format!("memory plan: budget {} ({}), {} kept for working buffers", gib(self.budget_bytes), self.budget_source, gib(self.reserve_bytes)),
+            format!("  weights: {} on the device, {} in host memory", gib(self.device_weight_bytes), gib(self.host_weight_bytes)),
+        ];
+        if let Some(n) = self.gpu_layers {
+            lines.push(format!("  GPU layers: {n} of {} (the rest and the output head on the CPU)", self.layers));
+        }
+        if let Some(b) = self.expert_cache_bytes {
+            lines.push(format!("  expert cache: {}", gib(b)));
+        }
+        lines.push(format!(
+            "  KV cache: {} at {:.0} bytes per token; {} tokens shared by the running sequences; context {}",
+            self.kv_format, self.kv_bytes_per_token, self.kv_tokens, self.context
+        ));
+        lines.push(format!("  prompt cache: {}", gib(self.prompt_cache_bytes)));
+        lines.push(format!(
+            "  planned use: {} of {}{}",
+            gib(self.device_total()),
+            gib(self.budget_bytes),
+            if self.from_flags.is_empty() { String::new() } else { format!("; set by flags: {}", self.from_flags.join(", ")) }
+        ));
+        lines.join("\n")
+    }
+}
+
+/// The KV formats the plan tries, least compressed first.
+fn kv_candidates(head_dim: i32) -> Vec<(&'static str, Option<KvCompression>)> {
+    let mut out = vec![("fp16", None)];
+    let group = if head_dim % 64 == 0 { 64 } else { 32 };
+    if head_dim % group == 0 {
+        out.push(("kv8", KvCompression::affine(8, group, 0).ok()));
+    }
+    for preset in ["balanced", "compact"] {
+        if let Ok(c) = KvCompression::turbo(preset, PLANNED_TURBO_THRESHOLD).and_then(|c| c.for_head_dim(head_dim)) {
+            out.push(if preset == "balanced" { ("turbo-balanced", Some(c)) } else { ("turbo-compact", Some(c)) });
+        }
+    }
+    out
+}
+
+/// The name of an explicit compression, as the plan reports it.
+fn kv_name(c: &KvCompression) -> String {
+    match (c.turbo_preset(), c.affine_bits()) {
+        (Some(p), _) => format!("turbo-{}", p.name()),
+        (None, Some(bits)) => format!("kv{bits}"),
+        _ => "fp16".into(),
+    }
+}
+
+/// Plans `shape` on `machine` as `wants` asks; an error says what does not fit.
+pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>, wants: &Wants) -> Result<MemoryPlan> {
+    let mut from_flags = Vec::new();
+    let (budget, budget_source) = match wants.budget {
+        Some(b) => {
+            from_flags.push("--memory-budget");
+            let bytes = match b {
+                CacheBudget::Bytes(n) => n,
+                CacheBudget::Share(s) => (machine.device_bytes as f64 * s) as u64,
+            };
+            (bytes, format!("--memory-budget, of {:.2} GiB of {}", machine.device_bytes as f64 / (1u64 << 30) as f64, machine.device_source))
+        }
+        None => (machine.device_bytes, machine.device_source.clone()),
+    };
+    let reserve = reserve(budget, machine.runtime_bytes);
+    let w = &shape.weights;
+    let layout = &shape.kv_layout;
+    let layers = w.layers.len().max(layout.kinds.len());
+    let fp16_bpt = bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim);
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    let too_small = |what: String| {
+        Error::Config(format!(
+            "the model does not fit the memory plan's budget of {} ({budget_source}): {what}; give more (--memory-budget), or use --gpu-layers, --stream-experts or a quantized model",
+            gib(budget)
+        ))
+    };
+
+    // Which layers the GPU holds: where the machine has a GPU with memory of its own.
+    let resident = |range: std::ops::Range<usize>| w.resident(range, wants.stream_experts);
+    let min_kv = |share: f64| (fp16_bpt * MIN_KV_TOKENS as f64 * share) as u64;
+    let gpu_layers = match (wants.gpu_layers, machine.host_bytes) {
+        (Some(n), _) => {
+            from_flags.push("--gpu-layers");
+            Some(n.min(layers))
+        }
+        (None, Some(_)) => {
+            let fits = |n: usize| w.other + resident(0..n) + reserve + min_kv(n as f64 / layers.max(1) as f64) <= budget;
+            let n = (0..=layers).rev().find(|&n| fits(n)).unwrap_or(0);
+            (n < layers).then_some(n)
+        }
+        (None, None) => None,
+    };
+    let on_gpu = gpu_layers.unwrap_or(layers);
+    let device_weights = w.other + resident(0..on_gpu);
+    let host_weights = resident(on_gpu..layers);
+    if let (Some(host), true) = (machine.host_bytes, host_weights > 0) {
+        if host_weights + reserve > host {
+            return Err(too_small(format!("the {} layers on the CPU need {} of host memory, {} is available", layers - on_gpu, gib(host_weights), gib(host))));
+        }
+    }
+    if device_weights + reserve > budget {
+        return Err(too_small(format!("its weights take {}", gib(device_weights))));
+    }
+    let mut left = budget - device_weights - reserve;
+
+    // The expert cache: as told, else half of what the resident weights leave.
+    let expert_cache_bytes = wants.stream_experts.then(|| match wants.expert_cache {
+        Some(b) => {
+            from_flags.push("--expert-cache-bytes");
+            match b {
+                CacheBudget::Bytes(n) => n,
+                CacheBudget::Share(s) => (w.routed_experts() as f64 * s) as u64,
+            }
+        }
+        None => (left / 2).min(w.routed_experts()),
+    });
+    left = left.saturating_sub(expert_cache_bytes.unwrap_or(0));
+
+    // The prompt cache: as told, else a quarter of the KV memory, at most 2 GiB.
+    let prompt_cache_bytes = match wants.prompt_cache_bytes {
+        Some(b) => {
+            from_flags.push("--prompt-cache-bytes");
+            b
+        }
+        None => (left / PROMPT_CACHE_SHARE).min(PROMPT_CACHE_DEFAULT),
+    };
+    left = left.saturating_sub(prompt_cache_bytes);
+
+    // The KV format: as told, else the least compressed one that holds one
+    // whole context; the pool is what is left (on the device for the GPU
+    // layers' share of each token, in host memory for the rest).
+    let device_share = on_gpu as f64 / layers.max(1) as f64;
+    let host_left = machine.host_bytes.map(|h| h.saturating_sub(host_weights + reserve));
+    let pool_tokens = |bpt: f64, transient: f64| -> u64 {
+        let on_device = (left as f64 - transient * device_share).max(0.0) / (bpt * device_share).max(f64::MIN_POSITIVE);
+        let on_host = match host_left {
+            Some(h) if device_share < 1.0 => (h as f64 - transient * (1.0 - device_share)).max(0.0) / (bpt * (1.0 - device_share)),
+            _ => f64::INFINITY,
+        };
+        on_device.min(on_host).floor() as u64
+    };
+    let target = wants.context.or(model_context).unwrap_or(MIN_KV_TOKENS as usize) as u64;
+    if wants.context.is_some() {
+        from_flags.push("--context-length");
+    }
+    let candidates = match wants.kv_compression {
+        Some(c) => {
+            from_flags.push("--kv-bits/--turbo-kv");
+            let c = c.for_head_dim(layout.head_dim)?;
+            vec![(kv_name(&c), Some(c))]
+        }
+        None => kv_candidates(layout.head_dim).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
+    };
+    let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
+        .into_iter()
+        .map(|(name, c)| {
+            let bpt = bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim);
+            // A TurboQuant prompt shorter than its threshold is held at 16 bits until decoding starts.
+            let transient = match c {
+                Some(KvCompression::Turbo { prefill_threshold, .. }) => fp16_bpt * prefill_threshold.max(0) as f64,
+                _ => 0.0,
+            };
+            (name, c, bpt, pool_tokens(bpt, transient))
+        })
+        .collect();
+    // None holds a whole context: the one that holds the most.
+    let chosen = sized.iter().find(|(.., tokens)| *tokens >= target).or_else(|| sized.iter().max_by_key(|(.., tokens)| *tokens)).cloned();
+    let Some((kv_format, kv_compression, kv_bpt, kv_tokens)) = chosen else {
+        return Err(Error::Internal("the memory plan has no KV format to try"));
+    };
+    if kv_tokens < 2 {
+        return Err(too_small(format!("no memory is left for the KV cache ({:.0} bytes per token)", kv_bpt)));
+    }
+    let context = target.min(kv_tokens);
+    Ok(MemoryPlan {
+        budget_bytes: budget,
+        budget_source,
+        reserve_bytes: reserve,
+        device_weight_bytes: device_weights,
+        host_weight_bytes: host_weights,
+        gpu_layers,
+        layers,
+        expert_cache_bytes,
+        kv_format,
+        kv_bytes_per_token: kv_bpt,
+        kv_tokens,
+        context,
+        prompt_cache_bytes,
+        from_flags,
+        runtime_bytes: machine.runtime_bytes,
+        kv_compression,
+    })
+}
+
+#[cfg(test)]
+mod tests;

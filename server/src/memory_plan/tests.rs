@@ -1,0 +1,125 @@
+//! The plan on simulated machines: it never exceeds the budget, flags win,
+//! and each choice moves as the memory does.
+
+use super::*;
+use crate::kv::KvKind;
+use crate::models::weights::WeightFootprint;
+use crate::models::{KvLayout, ModelShape};
+
+const GIB: u64 = 1 << 30;
+
+/// A Llama-3.1-8B-like shape: 32 layers of ~218 MiB (bf16), 1 GiB of
+/// embedding and head, 8 KV heads of 128 (128 KiB of fp16 KV a token).
+fn llama8b() -> ModelShape {
+    ModelShape {
+        weights: WeightFootprint { layers: vec![218 << 20; 32], routed: vec![0; 32], other: GIB },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128 },
+    }
+}
+
+/// A MoE shape: 48 layers of 600 MiB, 560 of them routed experts.
+fn moe() -> ModelShape {
+    ModelShape {
+        weights: WeightFootprint { layers: vec![600 << 20; 48], routed: vec![560 << 20; 48], other: GIB / 2 },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128 },
+    }
+}
+
+fn cpu(bytes: u64) -> Machine {
+    Machine { device_bytes: bytes, device_source: "simulated RAM".into(), host_bytes: None, runtime_bytes: 0 }
+}
+
+fn cuda(gpu: u64, host: u64) -> Machine {
+    Machine { device_bytes: gpu, device_source: "simulated GPU".into(), host_bytes: Some(host), runtime_bytes: GIB }
+}
+
+fn check_within_budget(p: &MemoryPlan) {
+    assert!(p.device_total() <= p.budget_bytes, "planned {} of {}:\n{}", p.device_total(), p.budget_bytes, p.describe());
+}
+
+#[test]
+fn the_plan_never_exceeds_the_budget_at_any_memory_size() {
+    let shapes = [llama8b(), moe()];
+    for gib in [20u64, 24, 32, 48, 64, 80, 128, 192] {
+        for (shape, streamed) in [(&shapes[0], false), (&shapes[1], true), (&shapes[1], false)] {
+            for machine in [cpu(gib * GIB), cuda(gib * GIB, 256 * GIB)] {
+                let wants = Wants { stream_experts: streamed, ..Wants::default() };
+                match plan(&machine, shape, Some(131_072), &wants) {
+                    Ok(p) => {
+                        check_within_budget(&p);
+                        assert!(p.context <= p.kv_tokens && p.kv_tokens >= 2);
+                    }
+                    Err(e) => assert!(machine.host_bytes.is_none() && e.to_string().contains("does not fit"), "{gib} GiB: {e}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn enough_memory_keeps_fp16_every_layer_on_the_gpu_and_the_whole_context() {
+    let p = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!((p.gpu_layers, p.kv_format.as_str(), p.context), (None, "fp16", 131_072), "{}", p.describe());
+    // The KV pool holds several whole contexts, shared by the running sequences.
+    assert!(p.kv_tokens > 3 * 131_072, "{}", p.describe());
+}
+
+#[test]
+fn less_memory_compresses_the_kv_cache_before_cutting_the_context() {
+    // 8.5 GiB of weights; 12 GiB leaves ~2.4 GiB for KV: not one fp16 context (16 GiB).
+    let p = plan(&cpu(12 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert!(p.kv_format.starts_with("turbo"), "{}", p.describe());
+    check_within_budget(&p);
+    let roomy = plan(&cpu(24 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!(roomy.kv_format, "kv8", "{}", roomy.describe());
+    // Too little even for the most compact format: the context is cut to fit.
+    let tight = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!(tight.kv_format, "turbo-compact");
+    assert!(tight.context < 131_072 && tight.context == tight.kv_tokens, "{}", tight.describe());
+    check_within_budget(&tight);
+}
+
+#[test]
+fn a_model_larger_than_the_gpu_keeps_its_later_layers_on_the_cpu() {
+    let p = plan(&cuda(6 * GIB, 64 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    let n = p.gpu_layers.expect("layers move to the CPU");
+    assert!(n > 0 && n < 32, "{}", p.describe());
+    assert_eq!(p.device_weight_bytes + p.host_weight_bytes, llama8b().weights.total());
+    check_within_budget(&p);
+    // One more layer on the GPU would not leave its working KV.
+    let more = GIB + (n as u64 + 1) * (218 << 20) + reserve(6 * GIB, GIB) + (131_072.0 * 4096.0 * (n + 1) as f64 / 32.0) as u64;
+    assert!(more > 6 * GIB);
+    // Without a GPU of its own nothing moves, and a model too large is refused.
+    let e = plan(&cpu(6 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap_err().to_string();
+    assert!(e.contains("does not fit") && e.contains("--memory-budget"), "{e}");
+}
+
+#[test]
+fn streamed_experts_take_half_of_what_the_resident_weights_leave() {
+    let p = plan(&cpu(24 * GIB), &moe(), Some(32_768), &Wants { stream_experts: true, ..Wants::default() }).unwrap();
+    let cache = p.expert_cache_bytes.unwrap();
+    let resident = moe().weights.resident(0..48, true) + moe().weights.other;
+    assert_eq!(p.device_weight_bytes, resident);
+    let left = 24 * GIB - resident - reserve(24 * GIB, 0);
+    assert_eq!(cache, left / 2);
+    check_within_budget(&p);
+    // Unstreamed, the same model does not fit 24 GiB.
+    assert!(plan(&cpu(24 * GIB), &moe(), Some(32_768), &Wants::default()).is_err());
+}
+
+#[test]
+fn flags_win_over_the_plan() {
+    let wants = Wants {
+        gpu_layers: Some(10),
+        kv_compression: Some(KvCompression::affine(4, 64, 0).unwrap()),
+        context: Some(8192),
+        prompt_cache_bytes: Some(0),
+        budget: Some(CacheBudget::Bytes(40 * GIB)),
+        ..Wants::default()
+    };
+    let p = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants).unwrap();
+    assert_eq!((p.gpu_layers, p.kv_format.as_str(), p.context, p.prompt_cache_bytes, p.budget_bytes), (Some(10), "kv4", 8192, 0, 40 * GIB));
+    assert_eq!(p.from_flags.len(), 5, "{:?}", p.from_flags);
+    let share = plan(&cpu(80 * GIB), &llama8b(), None, &Wants { budget: Some(CacheBudget::Share(0.5)), ..Wants::default() }).unwrap();
+    assert_eq!(share.budget_bytes, 40 * GIB);
+}
