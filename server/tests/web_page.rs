@@ -17,6 +17,9 @@ fn the_page_and_its_files_are_served_without_the_key_and_unknown_files_are_404()
     let csp = page.header("content-security-policy").unwrap().to_string();
     assert!(csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"), "{csp}");
     let html = page.into_string().unwrap();
+    let head = ureq::head(&s.url("/")).call().unwrap();
+    assert_eq!((head.status(), head.content_type()), (200, "text/html"));
+    assert_eq!(head.into_string().unwrap(), "", "HEAD answers the headers only");
     for file in ["/web/app.js", "/web/markdown.js", "/web/style.css"] {
         assert!(html.contains(file), "the page does not load {file}");
         let r = s.get(file);

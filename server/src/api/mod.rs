@@ -262,7 +262,9 @@ async fn unknown_route(req: HttpRequest, state: web::Data<AppState>) -> HttpResp
 }
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
+    // HEAD too, for link checkers and uptime probes (actix sends the headers only).
     cfg.route("/", web::get().to(web_page::index))
+        .route("/", web::head().to(web_page::index))
         .route("/web/{file}", web::get().to(web_page::asset))
         .route("/health", web::get().to(health))
         .route("/metrics", web::get().to(metrics_text))

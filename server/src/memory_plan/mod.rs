@@ -272,7 +272,12 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
         .into_iter()
         .map(|(name, c)| {
-            let bpt = bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim);
+            // An affine cache holds 16 bits until --quantized-kv-start: a
+            // shorter sequence takes 16-bit bytes, so the pool is sized at those.
+            let bpt = match c {
+                Some(KvCompression::Affine { start, .. }) if start > 0 => fp16_bpt,
+                _ => bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
+            };
             // A TurboQuant prompt shorter than its threshold is held at 16 bits until decoding starts.
             let transient = match c {
                 Some(KvCompression::Turbo { prefill_threshold, .. }) => fp16_bpt * prefill_threshold.max(0) as f64,

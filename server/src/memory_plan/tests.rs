@@ -122,4 +122,8 @@ fn flags_win_over_the_plan() {
     assert_eq!(p.from_flags.len(), 5, "{:?}", p.from_flags);
     let share = plan(&cpu(80 * GIB), &llama8b(), None, &Wants { budget: Some(CacheBudget::Share(0.5)), ..Wants::default() }).unwrap();
     assert_eq!(share.budget_bytes, 40 * GIB);
+    // --kv-bits with a start: sequences are 16-bit until then, and the pool is sized so.
+    let late = Wants { kv_compression: Some(KvCompression::affine(4, 64, 5000).unwrap()), ..Wants::default() };
+    let p = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &late).unwrap();
+    assert_eq!((p.kv_format.as_str(), p.kv_bytes_per_token), ("kv4", 131_072.0));
 }
