@@ -143,11 +143,7 @@ impl LanguageModel for Decoder {
             })?;
         }
         self.placement.run_head(self.layers.len(), || {
-            let h = self.norm.forward(&h)?;
-            match &self.lm_head {
-                Some(head) => head.forward(&h),
-                None => self.embed.as_linear(&h),
-            }
+            self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)
         })
     }
 

@@ -177,11 +177,7 @@ impl LanguageModel for Gemma3Text {
             })?;
         }
         self.placement.run_head(self.layers.len(), || {
-            let h = self.norm.forward(&h)?;
-            match &self.lm_head {
-                Some(head) => head.forward(&h),
-                None => self.embed.as_linear(&h),
-            }
+            self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)
         })
     }
 

@@ -134,6 +134,15 @@ impl Embedding {
         }
     }
 
+    /// Logits of `x`: its own output head where the model has one, else the
+    /// tied embedding.
+    pub fn logits(&self, head: Option<&Linear>, x: &Array) -> Result<Array> {
+        match head {
+            Some(head) => head.forward(x),
+            None => self.as_linear(x),
+        }
+    }
+
     /// The tied output head: x @ table.T.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
