@@ -168,6 +168,9 @@ fn kv_name(c: &KvCompression) -> String {
 
 /// Plans `shape` on `machine` as `wants` asks; an error says what does not fit.
 pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>, wants: &Wants) -> Result<MemoryPlan> {
+    if wants.context == Some(0) {
+        return Err(Error::Config("--context-length must be at least 1".into()));
+    }
     let mut from_flags = Vec::new();
     let (budget, budget_source) = match wants.budget {
         Some(b) => {
@@ -199,7 +202,8 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     let gpu_layers = match (wants.gpu_layers, machine.host_bytes) {
         (Some(n), _) => {
             from_flags.push("--gpu-layers");
-            Some(n.min(layers))
+            // As many as the model has, or more: all of them.
+            (n < layers).then_some(n)
         }
         (None, Some(_)) => {
             let fits = |n: usize| w.other + resident(0..n) + reserve + min_kv(n as f64 / layers.max(1) as f64) <= budget;

@@ -120,6 +120,10 @@ fn flags_win_over_the_plan() {
     let p = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants).unwrap();
     assert_eq!((p.gpu_layers, p.kv_format.as_str(), p.context, p.prompt_cache_bytes, p.budget_bytes), (Some(10), "kv4", 8192, 0, 40 * GIB));
     assert_eq!(p.from_flags.len(), 5, "{:?}", p.from_flags);
+    let all = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), None, &Wants { gpu_layers: Some(99), ..Wants::default() }).unwrap();
+    assert_eq!((all.gpu_layers, all.host_weight_bytes), (None, 0), "more GPU layers than the model has: all of them");
+    let e = plan(&cpu(80 * GIB), &llama8b(), None, &Wants { context: Some(0), ..Wants::default() }).unwrap_err().to_string();
+    assert!(e.contains("--context-length must be at least 1"), "{e}");
     let share = plan(&cpu(80 * GIB), &llama8b(), None, &Wants { budget: Some(CacheBudget::Share(0.5)), ..Wants::default() }).unwrap();
     assert_eq!(share.budget_bytes, 40 * GIB);
     // --kv-bits with a start: sequences are 16-bit until then, and the pool is sized so.
