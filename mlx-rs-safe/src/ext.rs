@@ -28,3 +28,26 @@ pub fn pread_into_fd(fd: i32, offset: u64, shape: &[i32], dtype: Dtype) -> Resul
         }
     })
 }
+
+/// A lazy array of `shape`/`dtype` read from a slice of a row-major tensor in
+/// `file`: its bytes are consecutive blocks of `block_bytes`, block i read at
+/// `offset + i * block_stride` (a column range of every row: the block is the
+/// range's bytes, the stride a row's). Only the slice's bytes are read.
+pub fn pread_blocks_into(
+    file: &impl AsRawFd,
+    offset: u64,
+    block_bytes: u64,
+    block_stride: u64,
+    shape: &[i32],
+    dtype: Dtype,
+) -> Result<Array> {
+    shape_len(shape)?;
+    let fd = file.as_raw_fd();
+    Array::build(|res| {
+        // SAFETY: `shape` is valid for `shape.len()` ints during the call; the
+        // primitive validates the descriptor and the block layout itself.
+        unsafe {
+            mlx_sys::mlxs_pread_blocks_into(res, fd, offset, block_bytes, block_stride, shape.as_ptr(), shape.len(), dtype.to_sys())
+        }
+    })
+}

@@ -13,6 +13,7 @@ mod optional;
 mod transforms;
 
 pub mod compile;
+pub mod distributed;
 pub mod ext;
 pub mod fast;
 pub mod io;

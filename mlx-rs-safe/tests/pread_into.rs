@@ -3,7 +3,7 @@
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
-use mlx_rs_safe::ext::{pread_into, pread_into_fd};
+use mlx_rs_safe::ext::{pread_blocks_into, pread_into, pread_into_fd};
 use mlx_rs_safe::{ops, Dtype};
 
 fn file_with(bytes: &[u8]) -> std::fs::File {
@@ -89,4 +89,35 @@ fn offsets_past_the_largest_file_offset_are_rejected() {
     let f = file_with(&counting_bytes(8));
     let err = pread_into(&f, u64::MAX - 2, &[8], Dtype::Uint8).unwrap_err().to_string();
     assert!(err.contains("past the largest file offset"), "{err}");
+}
+
+#[test]
+fn blocks_read_a_column_range_of_every_row_and_nothing_else() {
+    // A 5 x 8 u16 matrix after a 3-byte header; columns 2..6 of each row.
+    let mut bytes = vec![0xEEu8; 3];
+    let vals: Vec<u16> = (0..40).collect();
+    for v in &vals {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    bytes.extend_from_slice(&[0xEE; 2]);
+    let f = file_with(&bytes);
+    let a = pread_blocks_into(&f, 3 + 2 * 2, 4 * 2, 8 * 2, &[5, 4], Dtype::Uint16).unwrap();
+    let expect: Vec<u16> = (0..5).flat_map(|r| (2..6).map(move |c| r * 8 + c)).collect();
+    assert_eq!(a.to_vec::<u16>().unwrap(), expect);
+    // Rows 1..3 whole (one block: stride = block).
+    let rows = pread_blocks_into(&f, 3 + 8 * 2, 16 * 2, 16 * 2, &[2, 8], Dtype::Uint16).unwrap();
+    assert_eq!(rows.to_vec::<u16>().unwrap(), (8..24).collect::<Vec<u16>>());
+}
+
+#[test]
+fn blocks_that_do_not_tile_the_output_or_run_past_the_file_are_errors() {
+    let f = file_with(&counting_bytes(64));
+    let untiled = pread_blocks_into(&f, 0, 3, 8, &[8], Dtype::Uint8).unwrap_err().to_string();
+    assert!(untiled.contains("do not tile"), "{untiled}");
+    let overlapping = pread_blocks_into(&f, 0, 8, 4, &[16], Dtype::Uint8).unwrap_err().to_string();
+    assert!(overlapping.contains("do not tile"), "{overlapping}");
+    assert!(pread_blocks_into(&f, 0, 0, 8, &[8], Dtype::Uint8).is_err());
+    let short = pread_blocks_into(&f, 0, 8, 32, &[4, 8], Dtype::Uint8).unwrap();
+    let e = short.to_vec::<u8>().unwrap_err().to_string();
+    assert!(e.contains("file ends"), "{e}");
 }

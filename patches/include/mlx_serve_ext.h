@@ -34,6 +34,21 @@ int mlxs_pread_into(
     size_t ndim,
     mlx_dtype dtype);
 
+/* Like mlxs_pread_into, for a slice of a tensor stored row-major in the file:
+ * the output's bytes are consecutive blocks of `block_bytes`, block i read at
+ * `offset + i * block_stride` (e.g. a column range of each row: the block is
+ * the range's bytes, the stride a whole row's). The output's size must be a
+ * multiple of `block_bytes`, and `block_stride` at least `block_bytes`. */
+int mlxs_pread_blocks_into(
+    mlx_array* res,
+    int fd,
+    uint64_t offset,
+    uint64_t block_bytes,
+    uint64_t block_stride,
+    const int* shape,
+    size_t ndim,
+    mlx_dtype dtype);
+
 #ifdef __cplusplus
 }
 #endif
