@@ -14,7 +14,9 @@ use crate::api::shutdown::Shutdown;
 use crate::api::tokenize_pool::TokenizePool;
 use crate::api::{self, generation, AppState, KvFootprint};
 use crate::cli::ServeArgs;
-use crate::engine::{EngineConfig, EngineHandle};
+use mlx_rs_safe::distributed::Group;
+
+use crate::engine::{follow, Engine, EngineConfig, EngineHandle};
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
 use crate::kv::{bytes_per_token, KvCompression};
@@ -90,10 +92,42 @@ fn plan_wants(args: &ServeArgs, kv_compression: Option<KvCompression>) -> Result
     })
 }
 
-/// The memory plan for the model `files` holds on this machine.
-fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants) -> Result<MemoryPlan> {
+/// The memory plan for what this process holds of the model `files` holds
+/// (all of it, or its rank's share) on this machine.
+fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants, sharding: &models::Sharding) -> Result<MemoryPlan> {
     let fields: ServingFields = files.config().parse()?;
-    memory_plan::plan(machine, &files.shape()?, fields.context_length(), wants)
+    memory_plan::plan(machine, &files.shape()?.share(sharding)?, fields.context_length(), wants)
+}
+
+/// The distributed group this process was started in (MLX's environment, as
+/// `mlx.launch` sets it), and how the model is split over it; None alone.
+fn join_group(args: &ServeArgs) -> Result<Option<(Group, models::Sharding)>> {
+    let backend = match args.distributed_backend.as_str() {
+        "any" => None,
+        b @ ("ring" | "nccl" | "jaccl" | "mpi") => Some(b),
+        other => return Err(Error::Config(format!("--distributed-backend must be any, ring, nccl, jaccl or mpi (got {other:?})"))),
+    };
+    let tensor = match args.distributed.as_str() {
+        "tensor" => true,
+        "pipeline" => false,
+        other => return Err(Error::Config(format!("--distributed must be tensor or pipeline (got {other:?})"))),
+    };
+    // Started as a rank (or with a backend named): a group that cannot form
+    // is an error, not a silent group of one.
+    let strict = backend.is_some() || std::env::var_os("MLX_RANK").is_some();
+    let group = Group::init(backend, strict).map_err(|e| Error::Startup(format!("cannot join the distributed group: {e}")))?;
+    if group.size() < 2 {
+        return Ok(None);
+    }
+    log::info!(
+        "rank {} of {}: {} parallelism{}",
+        group.rank(),
+        group.size(),
+        if tensor { "tensor" } else { "pipeline" },
+        if group.rank() == 0 { ", serving HTTP" } else { ", following rank 0" }
+    );
+    let sharding = if tensor { models::Sharding::Tensor(group.clone()) } else { models::Sharding::Pipeline(group.clone()) };
+    Ok(Some((group, sharding)))
 }
 
 /// `--plan`: prints the memory plan without reading the weights.
@@ -102,7 +136,7 @@ pub fn print_plan(args: &ServeArgs) -> Result<()> {
     let (model, _) = crate::cli::model_or_default(args.model.as_deref())?;
     let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
     let files = ModelFiles::open(&dir, args.load.options()?.quantize)?;
-    let plan = plan_for(&files, &Machine::detect()?, &plan_wants(args, kv_compression(args)?)?)?;
+    let plan = plan_for(&files, &Machine::detect()?, &plan_wants(args, kv_compression(args)?)?, &models::Sharding::Whole)?;
     println!("{}", plan.describe());
     println!("{}", serde_json::to_string_pretty(&plan).map_err(|e| Error::Startup(e.to_string()))?);
     Ok(())
@@ -132,6 +166,10 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let system = SystemInfo::collect()?;
     let machine = Machine::detect()?;
     let mut load_options = args.load.options()?;
+    let group = join_group(&args)?;
+    if let Some((_, sharding)) = &group {
+        load_options.sharding = sharding.clone();
+    }
     let mut metrics = Metrics::new();
     let expert_counters = load_options.experts.as_ref().map(|e| e.counters.clone());
     if let Some(c) = &expert_counters {
@@ -146,33 +184,42 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // config and the plan.
     let loaded = Arc::new(Mutex::new(None));
     let handed_back = loaded.clone();
-    let engine = EngineHandle::spawn(
-        Box::new(move || {
-            let files = ModelFiles::open(&load_dir, load_options.quantize)?;
-            let plan = plan_for(&files, &machine, &wants)?;
-            log::info!("{}", plan.describe());
-            // MLX frees its buffer cache rather than grow past the budget.
-            mlx_rs_safe::memory::set_memory_limit(plan.mlx_memory_limit() as usize)?;
-            load_options.placement = plan.gpu_layers.map(models::Placement::gpu_layers).unwrap_or_default();
-            if let Some(e) = load_options.experts.as_mut() {
-                e.budget = plan.expert_cache_bytes.map(CacheBudget::Bytes);
-            }
-            let model = files.load(&load_options)?;
-            let config = EngineConfig {
-                prefill_size,
-                max_concurrency,
-                max_queue,
-                prompt_cache_bytes: plan.prompt_cache_bytes as usize,
-                kv_compression: plan.kv_compression,
-                kv_tokens: plan.kv_tokens as usize,
-                context: Some(plan.context as usize),
-            };
-            *handed_back.lock().unwrap_or_else(|e| e.into_inner()) = Some((model.model.kv_layout(), model.config, plan));
-            Ok((model.model, config))
-        }),
-        tokenizer.clone(),
-        metrics.clone(),
-    )?;
+    let mut load = move || -> Result<(Box<dyn models::LanguageModel>, EngineConfig)> {
+        let files = ModelFiles::open(&load_dir, load_options.quantize)?;
+        let plan = plan_for(&files, &machine, &wants, &load_options.sharding)?;
+        log::info!("{}", plan.describe());
+        // MLX frees its buffer cache rather than grow past the budget.
+        mlx_rs_safe::memory::set_memory_limit(plan.mlx_memory_limit() as usize)?;
+        load_options.placement = plan.gpu_layers.map(models::Placement::gpu_layers).unwrap_or_default();
+        if let Some(e) = load_options.experts.as_mut() {
+            e.budget = plan.expert_cache_bytes.map(CacheBudget::Bytes);
+        }
+        let model = files.load(&load_options)?;
+        let config = EngineConfig {
+            prefill_size,
+            max_concurrency,
+            max_queue,
+            prompt_cache_bytes: plan.prompt_cache_bytes as usize,
+            kv_compression: plan.kv_compression,
+            kv_tokens: plan.kv_tokens as usize,
+            context: Some(plan.context as usize),
+        };
+        *handed_back.lock().unwrap_or_else(|e| e.into_inner()) = Some((model.model.kv_layout(), model.config, plan));
+        Ok((model.model, config))
+    };
+    let group = match group {
+        // Ranks other than 0 run rank 0's turns until it stops; no HTTP.
+        Some((g, _)) if g.rank() > 0 => {
+            let (model, config) = load()?;
+            let engine = Engine::new(model, tokenizer.clone(), config, metrics)?;
+            follow(engine, &g, &crate::structured::Grammars::new(tokenizer))?;
+            log::info!("rank {}: rank 0 stopped the group", g.rank());
+            return Ok(());
+        }
+        Some((g, _)) => Some(g),
+        None => None,
+    };
+    let engine = EngineHandle::spawn(Box::new(load), tokenizer.clone(), metrics.clone(), group)?;
     // Set by the loader before the engine reported the model loaded.
     let (layout, config, plan) = loaded.lock().unwrap_or_else(|e| e.into_inner()).take().ok_or(Error::Internal("the model's KV layout and config"))?;
     // Errors name the file the config came from: config.json, or the GGUF file.
@@ -229,6 +276,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // Whatever is still queued or running ends here (its clients are gone).
     state.engine.shutdown();
     served?;
+    if let Some(why) = state.engine.failure() {
+        return Err(Error::Engine(why));
+    }
     match state.shutdown.cut_requests() {
         0 => Ok(()),
         cut => Err(Error::CutAtShutdown(cut)),

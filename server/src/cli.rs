@@ -165,6 +165,17 @@ pub struct ServeArgs {
     /// without loading the weights.
     #[arg(long)]
     pub plan: bool,
+    /// Started as one rank of a distributed group (`mlx.launch`, or MLX's
+    /// environment: MLX_RANK with MLX_HOSTFILE for the ring backend, ...):
+    /// how the ranks split the model. `tensor`: every layer's heads and
+    /// columns (and each expert's) split over the ranks; `pipeline`: a run of
+    /// whole layers each. Rank 0 serves HTTP; every rank runs the same steps.
+    #[arg(long, env = "MLX_SERVE_DISTRIBUTED", default_value = "tensor")]
+    pub distributed: String,
+    /// MLX's distributed backend: any (MLX's choice), ring (TCP), nccl (CUDA),
+    /// jaccl (Thunderbolt RDMA) or mpi.
+    #[arg(long, env = "MLX_SERVE_DISTRIBUTED_BACKEND", default_value = "any")]
+    pub distributed_backend: String,
     /// Requests must carry `Authorization: Bearer <key>` (also /metrics and
     /// the detailed /health; /health without credentials answers only
     /// `{"status": "ok"}`, a liveness probe).
@@ -335,6 +346,8 @@ impl LoadArgs {
             quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
             experts,
             placement: self.gpu_layers.map(crate::models::Placement::gpu_layers).unwrap_or_default(),
+            // Set by `serve` once the process knows its distributed group.
+            sharding: crate::models::Sharding::Whole,
         })
     }
 }

@@ -128,6 +128,16 @@ impl ApiError {
     }
 
     /// 500: the engine failed on this request (the server keeps serving).
+    /// 503: the engine has stopped (its distributed group broke down, or the
+    /// server is stopping); the server is on its way out.
+    pub fn engine_stopped(why: Option<String>) -> ApiError {
+        let message = match why {
+            Some(why) => format!("the engine has stopped: {why}"),
+            None => "the engine has stopped".to_string(),
+        };
+        ApiError { code: Some("engine_stopped"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message) }
+    }
+
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

@@ -25,7 +25,7 @@ pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<
     match state.engine.submit(Request { params, arrived: Instant::now(), events: tx }) {
         Ok(()) => Ok(rx),
         Err(SubmitError::QueueFull) => Err(ApiError::overloaded(state.engine.queued())),
-        Err(SubmitError::Stopped) => Err(ApiError::internal("the engine has stopped")),
+        Err(SubmitError::Stopped) => Err(ApiError::engine_stopped(state.engine.failure())),
     }
 }
 

@@ -7,7 +7,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::memory;
+use tokio::sync::watch;
 
 use super::core::{Engine, EngineConfig};
 use super::request::Request;
@@ -25,7 +27,7 @@ pub enum SubmitError {
     Stopped,
 }
 
-enum Command {
+pub(super) enum Command {
     Generate(Box<Request>),
     /// Zero MLX's peak-memory counter (SIGUSR1), so a benchmark reads one phase's peak.
     ResetPeakMemory,
@@ -41,6 +43,8 @@ pub struct EngineHandle {
     pub config: EngineConfig,
     pub stats: Arc<EngineStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Why the engine stopped on its own (its distributed group broke down).
+    failure: watch::Receiver<Option<String>>,
 }
 
 /// Loads the model, and says how the engine runs it (the memory plan's limits).
@@ -49,8 +53,11 @@ type ModelLoader = Box<dyn FnOnce() -> Result<(Box<dyn LanguageModel>, EngineCon
 impl EngineHandle {
     /// Starts the engine thread, which loads the model with `load` and builds
     /// the engine; returns once that is done (or failed).
-    pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, metrics: Arc<Metrics>) -> Result<EngineHandle> {
+    /// With `group` (rank 0 of a distributed group), every turn is run by
+    /// every rank in lockstep (see [`super::lockstep`]).
+    pub fn spawn(load: ModelLoader, tokenizer: Arc<Tokenizer>, metrics: Arc<Metrics>, group: Option<Group>) -> Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
+        let (failed, failure) = watch::channel(None);
         let (ready_tx, ready_rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(EngineStats::default());
@@ -61,7 +68,14 @@ impl EngineHandle {
                 match load().and_then(|(model, config)| Engine::with_queue_counter(model, tokenizer, config, metrics, w)) {
                     Ok(engine) => {
                         let _ = ready_tx.send(Ok(engine.config().clone()));
-                        run(engine, &s, rx);
+                        match group {
+                            Some(g) if g.size() > 1 => {
+                                if let Some(why) = super::lockstep::lead(engine, &s, rx, &g) {
+                                    failed.send_replace(Some(why));
+                                }
+                            }
+                            _ => run(engine, &s, rx),
+                        }
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -70,7 +84,7 @@ impl EngineHandle {
             })
             .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)) }),
+            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)), failure }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
         }
@@ -93,6 +107,26 @@ impl EngineHandle {
         self.tx.send(Command::ResetPeakMemory).map_err(|_| SubmitError::Stopped)
     }
 
+    /// Resolves with the reason once the engine has stopped on its own (its
+    /// distributed group broke down); never while it runs.
+    pub async fn failed(&self) -> String {
+        let mut failure = self.failure.clone();
+        let why = match failure.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            // The engine thread ended without a failure: nothing to report, ever.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Why the engine stopped on its own, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+
     /// Requests waiting for a slot.
     pub fn queued(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)
@@ -108,17 +142,20 @@ impl EngineHandle {
     }
 }
 
+/// SIGUSR1: zeroes MLX's peak-memory counter and publishes the stats at once.
+pub(super) fn reset_peak_memory(engine: &Engine, stats: &EngineStats) {
+    match memory::reset_peak_memory() {
+        Ok(()) => log::info!("SIGUSR1: MLX peak memory reset"),
+        Err(e) => log::warn!("cannot reset MLX peak memory: {e}"),
+    }
+    stats.publish(engine.snapshot());
+}
+
 /// Takes one command; false when the engine must stop.
 fn take(engine: &mut Engine, stats: &EngineStats, command: Command) -> bool {
     match command {
         Command::Generate(r) => engine.enqueue(*r),
-        Command::ResetPeakMemory => {
-            match memory::reset_peak_memory() {
-                Ok(()) => log::info!("SIGUSR1: MLX peak memory reset"),
-                Err(e) => log::warn!("cannot reset MLX peak memory: {e}"),
-            }
-            stats.publish(engine.snapshot());
-        }
+        Command::ResetPeakMemory => reset_peak_memory(engine, stats),
         Command::Shutdown => return false,
     }
     true

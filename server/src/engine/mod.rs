@@ -3,6 +3,7 @@
 mod batch;
 mod core;
 mod handle;
+mod lockstep;
 mod policy;
 mod request;
 mod sampler;
@@ -13,6 +14,7 @@ mod token_mask;
 
 pub use self::core::{Engine, EngineConfig};
 pub use handle::{EngineHandle, SubmitError};
+pub use lockstep::follow;
 pub use policy::Policy;
 pub use request::{Event, Generation, PromptProgress, Request, TokenLogprob, Usage};
 pub use sampler::{Sampler, SamplingParams};

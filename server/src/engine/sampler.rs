@@ -9,7 +9,7 @@ use mlx_rs_safe::{ops, random, Array, Dtype};
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f32,
@@ -82,12 +82,15 @@ pub struct Sampler {
 
 const NEG_INF: f32 = f32::NEG_INFINITY;
 
+/// The seed of a request that names none: the clock's nanoseconds.
+pub fn fresh_seed() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}
+
 impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler> {
         params.validate()?;
-        let seed = params.seed.unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
-        });
+        let seed = params.seed.unwrap_or_else(fresh_seed);
         Ok(Sampler { key: random::key(seed)?, params })
     }
 

@@ -15,12 +15,16 @@ use crate::error::{Error, Result};
 pub struct ModelCache {
     layers: Vec<LayerCache>,
     masks: StepMemo,
+    /// Work the last forward pass queued that no cache array depends on (a
+    /// pipeline stage's send to the next rank): evaluated with the state, so
+    /// a prefill that evaluates only the cache still sends.
+    pending: Vec<Array>,
 }
 
 impl ModelCache {
     /// One sequence without tokens; `kinds` gives each layer's cache kind.
     pub fn new(kinds: &[KvKind]) -> Result<ModelCache> {
-        Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: StepMemo::default() })
+        Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: StepMemo::default(), pending: Vec::new() })
     }
 
     /// One sequence holding a snapshot's tokens, ready to extend.
@@ -30,7 +34,7 @@ impl ModelCache {
             .iter()
             .map(|row| LayerCache::from_rows(std::slice::from_ref(row)))
             .collect::<Result<_>>()?;
-        Ok(ModelCache { layers, masks: StepMemo::default() })
+        Ok(ModelCache { layers, masks: StepMemo::default(), pending: Vec::new() })
     }
 
     /// Sequences held.
@@ -46,6 +50,7 @@ impl ModelCache {
     /// The layers for one forward pass, with a fresh mask memo they share.
     pub fn for_forward(&mut self) -> (&mut [LayerCache], &StepMemo) {
         self.masks.clear();
+        self.pending.clear();
         (&mut self.layers, &self.masks)
     }
 
@@ -94,7 +99,12 @@ impl ModelCache {
 
     /// The arrays holding the cache, to evaluate after a prefill chunk.
     pub fn state(&self) -> Vec<Array> {
-        self.layers.iter().flat_map(LayerCache::state).collect()
+        self.layers.iter().flat_map(LayerCache::state).chain(self.pending.iter().cloned()).collect()
+    }
+
+    /// Keeps `work` of this forward pass to be evaluated with the state.
+    pub fn keep_pending(&mut self, work: Array) {
+        self.pending.push(work);
     }
 
     pub fn nbytes(&self) -> usize {

@@ -7,7 +7,7 @@ use mlx_rs_safe::{ops, Array};
 use super::layers::{Linear, RmsNorm};
 use super::quant::QuantConfig;
 use super::rope::Rope;
-use super::weights::Weights;
+use super::weights::{Split, Weights};
 use crate::error::{Error, Result};
 use crate::kv::{AttendArgs, LayerCache, StepMemo};
 
@@ -26,6 +26,24 @@ pub struct AttentionSpec {
     pub scale: Option<f32>,
     /// One `qkv_proj` producing queries, keys and values side by side (Phi-3).
     pub fused_qkv: bool,
+}
+
+impl AttentionSpec {
+    /// One rank's share of the heads when `ranks` ranks split them (tensor
+    /// parallelism): an error where the layer cannot be split so.
+    pub fn sharded(&self, ranks: i32) -> Result<AttentionSpec> {
+        let refuse = |why: String| Err(Error::Config(format!("tensor parallelism over {ranks} ranks: {why}; use --distributed pipeline")));
+        if self.fused_qkv {
+            return refuse("this model's fused qkv projection is not split (Phi-3)".into());
+        }
+        if matches!(self.qk_norm, QkNorm::Full(_)) {
+            return refuse("this model normalizes queries and keys over all heads at once (OLMoE)".into());
+        }
+        if self.n_heads % ranks != 0 || self.n_kv_heads % ranks != 0 {
+            return refuse(format!("{} query heads and {} KV heads do not divide among the ranks", self.n_heads, self.n_kv_heads));
+        }
+        Ok(AttentionSpec { n_heads: self.n_heads / ranks, n_kv_heads: self.n_kv_heads / ranks, ..self.clone() })
+    }
 }
 
 /// The input projections: separate, or one fused matmul split afterwards.
@@ -67,7 +85,13 @@ impl Attention {
     ) -> Result<Attention> {
         let p = |n: &str| format!("{prefix}.{n}");
         let hd = spec.head_dim;
+        // The whole layer's projection sizes (what the files hold).
         let (q_out, kv_out) = (spec.n_heads * hd, spec.n_kv_heads * hd);
+        // Under tensor parallelism this rank runs a run of the heads.
+        let spec = match w.tensor_parallel().map(|g| g.size() as i32) {
+            Some(ranks) => spec.sharded(ranks)?,
+            None => spec,
+        };
         let norm = |w: &mut Weights, n: &str, full: i32| -> Result<Option<RmsNorm>> {
             match spec.qk_norm {
                 QkNorm::None => Ok(None),
@@ -82,12 +106,12 @@ impl Attention {
                 Projections::Fused(Linear::load(w, &p("qkv_proj"), hidden, q_out + 2 * kv_out, spec.qkv_bias, quant)?)
             } else {
                 Projections::Separate {
-                    q: Linear::load(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, quant)?,
-                    k: Linear::load(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
-                    v: Linear::load(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, quant)?,
+                    q: Linear::load_split(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, Split::Rows, quant)?,
+                    k: Linear::load_split(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, Split::Rows, quant)?,
+                    v: Linear::load_split(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, Split::Rows, quant)?,
                 }
             },
-            o_proj: Linear::load(w, &p("o_proj"), q_out, hidden, spec.o_bias, quant)?,
+            o_proj: Linear::load_split(w, &p("o_proj"), q_out, hidden, spec.o_bias, Split::Cols, quant)?,
             q_norm: norm(w, "q_norm", q_out)?,
             k_norm: norm(w, "k_norm", kv_out)?,
             rope,

@@ -10,6 +10,7 @@ use super::attention::{Attention, AttentionSpec};
 use super::config::RopeScaling;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
+use super::pipeline::PipelineStage;
 use super::placement::Placement;
 use super::moe::{MoeSpec, SparseMoe};
 use super::quant::QuantConfig;
@@ -84,6 +85,8 @@ pub struct Decoder {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     placement: Placement,
+    /// The layers this rank runs (all of them without pipeline parallelism).
+    stage: PipelineStage,
     layout: KvLayout,
 }
 
@@ -97,10 +100,12 @@ impl Decoder {
         if spec.tie_word_embeddings {
             w.discard(|k| k.starts_with("lm_head."));
         }
+        let stage = PipelineStage::of(w.sharding(), spec.num_layers as usize)?;
+        w.discard(|k| stage.foreign(k));
         let eps = spec.rms_norm_eps;
         let (h, v) = (spec.hidden_size, spec.vocab_size);
-        let mut layers = Vec::with_capacity(spec.num_layers as usize);
-        for i in 0..spec.num_layers {
+        let mut layers = Vec::with_capacity(stage.layers.len());
+        for i in stage.layers.clone().map(|i| i as i32) {
             let p = format!("model.layers.{i}");
             let block = placement.run(i as usize, || {
                 Ok(Block {
@@ -119,12 +124,15 @@ impl Decoder {
             layers.push(block);
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", v, h, quant)?;
-        let (norm, lm_head) = placement.run_head(layers.len(), || {
+        let (norm, lm_head) = placement.run_head(stage.layers.end, || {
             let norm = RmsNorm::load(&mut w, "model.norm", h, eps)?;
             let head = if spec.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, v, false, quant)?) };
             Ok((norm, head))
         })?;
-        let model = Decoder { embed, norm, lm_head, layers, placement, layout: spec.kv_layout() };
+        // This rank's caches: its layers', its share of the KV heads.
+        let kv_heads = spec.attention.n_kv_heads / w.tensor_parallel().map_or(1, |g| g.size() as i32);
+        let layout = KvLayout { kinds: vec![KvKind::Dense; layers.len()], kv_heads, head_dim: spec.attention.head_dim };
+        let model = Decoder { embed, norm, lm_head, layers, placement, stage, layout };
         w.finish()?;
         Ok(model)
     }
@@ -132,9 +140,9 @@ impl Decoder {
 
 impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
-        let mut h = self.embed.forward(tokens)?;
+        let mut h = self.stage.receive(self.embed.forward(tokens)?)?;
         let (caches, masks) = cache.for_forward();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
+        for (i, (layer, cache)) in self.stage.layers.clone().zip(self.layers.iter().zip(caches.iter_mut())) {
             h = self.placement.run(i, || {
                 let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
                 let hh = ops::add(&h, &r)?;
@@ -142,7 +150,8 @@ impl LanguageModel for Decoder {
                 Ok(ops::add(&hh, &r)?)
             })?;
         }
-        self.placement.run_head(self.layers.len(), || {
+        let h = self.stage.hand_on(h, cache)?;
+        self.placement.run_head(self.stage.layers.end, || {
             self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)
         })
     }

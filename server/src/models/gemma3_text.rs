@@ -79,6 +79,8 @@ pub struct Gemma3Text {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     placement: Placement,
+    /// Ranks sharing each layer's heads (tensor parallelism), else 1.
+    ranks: i32,
 }
 
 impl Gemma3TextConfig {
@@ -111,6 +113,12 @@ impl Gemma3Text {
     /// Loads each layer on the device `placement` gives it.
     pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Gemma3Text> {
         let cfg: Gemma3TextConfig = config.parse()?;
+        if matches!(w.sharding(), super::weights::Sharding::Pipeline(g) if g.size() > 1) {
+            return Err(crate::error::Error::Config(
+                "pipeline parallelism does not run Gemma 3 yet (it runs the llama, qwen2, qwen3, mistral, phi3 and MoE families); use --distributed tensor".into(),
+            ));
+        }
+        let ranks = w.tensor_parallel().map_or(1, |g| g.size() as i32);
         let rope_scaling = RopeScaling::read(config, "rope_scaling", (cfg.head_dim / 2) as usize, None)?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let norm = |w: &mut Weights, p: &str, dim: i32| RmsNorm::load_plus_one(w, p, dim, eps);
@@ -154,7 +162,7 @@ impl Gemma3Text {
             };
             Ok((norm(&mut w, "model.norm", h)?, head))
         })?;
-        let model = Gemma3Text { embed, norm: final_norm, lm_head, layers, cfg, placement };
+        let model = Gemma3Text { embed, norm: final_norm, lm_head, layers, cfg, placement, ranks };
         w.finish()?;
         Ok(model)
     }
@@ -183,6 +191,8 @@ impl LanguageModel for Gemma3Text {
 
 
     fn kv_layout(&self) -> KvLayout {
-        self.cfg.kv_layout()
+        // This rank's share of the KV heads.
+        let full = self.cfg.kv_layout();
+        KvLayout { kv_heads: full.kv_heads / self.ranks, ..full }
     }
 }

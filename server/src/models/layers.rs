@@ -2,10 +2,11 @@
 //! (dense or quantized, usable as the tied output head) and RMS norm. Each does
 //! exactly what its mlx.nn counterpart does, op for op, so outputs match mlx-lm.
 
+use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{fast, ops, quantized, Array};
 
 use super::quant::{QuantConfig, QuantParams};
-use super::weights::Weights;
+use super::weights::{Split, Weights};
 use crate::error::Result;
 
 /// A quantized weight: packed values, per-group scales and biases.
@@ -19,28 +20,20 @@ pub struct QuantizedWeight {
 impl QuantizedWeight {
     /// Takes `{prefix}.scales/.weight/.biases` if the layer is quantized, checking
     /// them against the float shape `[rows, cols]` the config implies.
-    fn take(w: &mut Weights, prefix: &str, rows: i32, cols: i32, quant: &QuantConfig) -> Result<Option<QuantizedWeight>> {
-        if !w.contains(&format!("{prefix}.scales")) {
-            return Ok(None);
-        }
-        let params = quant.for_layer(prefix)?;
-        let packed = cols * params.bits / 32;
-        let groups = cols / params.group_size;
-        Ok(Some(QuantizedWeight {
-            weight: w.take_packed(&format!("{prefix}.weight"), &[rows, packed])?,
-            scales: w.take_shaped(&format!("{prefix}.scales"), &[rows, groups])?,
-            biases: w.take_shaped(&format!("{prefix}.biases"), &[rows, groups])?,
-            params,
-        }))
+    fn take(w: &mut Weights, prefix: &str, rows: i32, cols: i32, split: Split, quant: &QuantConfig) -> Result<Option<QuantizedWeight>> {
+        QuantizedWeight::take_stacked(w, prefix, &[], rows, cols, split, quant)
     }
 
-    /// Like `take`, for a stack of `experts` matrices `[experts, rows, cols]`.
+    /// Like `take`, for stacked matrices `[lead..., rows, cols]` (`lead`:
+    /// `[experts]` for a MoE switch layer). A split of the columns splits the
+    /// packed words and the groups alike, so each rank's part stays whole groups.
     pub fn take_stacked(
         w: &mut Weights,
         prefix: &str,
-        experts: i32,
+        lead: &[i32],
         rows: i32,
         cols: i32,
+        split: Split,
         quant: &QuantConfig,
     ) -> Result<Option<QuantizedWeight>> {
         if !w.contains(&format!("{prefix}.scales")) {
@@ -48,10 +41,11 @@ impl QuantizedWeight {
         }
         let params = quant.for_layer(prefix)?;
         let (packed, groups) = (cols * params.bits / 32, cols / params.group_size);
+        let shape = |last: i32| [lead, &[rows, last]].concat();
         Ok(Some(QuantizedWeight {
-            weight: w.take_packed(&format!("{prefix}.weight"), &[experts, rows, packed])?,
-            scales: w.take_shaped(&format!("{prefix}.scales"), &[experts, rows, groups])?,
-            biases: w.take_shaped(&format!("{prefix}.biases"), &[experts, rows, groups])?,
+            weight: w.take_packed_split(&format!("{prefix}.weight"), &shape(packed), split)?,
+            scales: w.take_split(&format!("{prefix}.scales"), &shape(groups), split)?,
+            biases: w.take_split(&format!("{prefix}.biases"), &shape(groups), split)?,
             params,
         }))
     }
@@ -70,40 +64,68 @@ impl QuantizedWeight {
     }
 }
 
-pub enum Linear {
-    Dense { weight: Array, bias: Option<Array> },
-    Quantized { q: QuantizedWeight, bias: Option<Array> },
+enum LinearWeight {
+    Dense(Array),
+    Quantized(QuantizedWeight),
+}
+
+pub struct Linear {
+    weight: LinearWeight,
+    bias: Option<Array>,
+    /// Set when the layer holds a run of its input columns (tensor
+    /// parallelism): its output is a partial sum, summed over this group
+    /// before the bias is added (mlx-lm's sharded-to-all linear).
+    reduce: Option<Group>,
 }
 
 impl Linear {
     /// Loads `{prefix}.weight` of a `in_dim → out_dim` layer (+ `.scales`/`.biases`
     /// when quantized, `.bias` when `bias` is set), checking shapes.
     pub fn load(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, bias: bool, quant: &QuantConfig) -> Result<Linear> {
-        let b = if bias { Some(w.take_shaped(&format!("{prefix}.bias"), &[out_dim])?) } else { None };
-        Ok(match QuantizedWeight::take(w, prefix, out_dim, in_dim, quant)? {
-            Some(q) => Linear::Quantized { q, bias: b },
-            None => Linear::Dense { weight: w.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim])?, bias: b },
-        })
+        Linear::load_split(w, prefix, in_dim, out_dim, bias, Split::Whole, quant)
+    }
+
+    /// [`Linear::load`] of this rank's part of the layer (see [`Split`]);
+    /// without tensor parallelism, the whole layer. `in_dim`/`out_dim` are
+    /// the whole layer's.
+    pub fn load_split(w: &mut Weights, prefix: &str, in_dim: i32, out_dim: i32, bias: bool, split: Split, quant: &QuantConfig) -> Result<Linear> {
+        let reduce = match split {
+            Split::Cols => w.tensor_parallel().cloned(),
+            Split::Rows | Split::Whole => None,
+        };
+        let b = if bias { Some(w.take_split(&format!("{prefix}.bias"), &[out_dim], split)?) } else { None };
+        let weight = match QuantizedWeight::take(w, prefix, out_dim, in_dim, split, quant)? {
+            Some(q) => LinearWeight::Quantized(q),
+            None => LinearWeight::Dense(w.take_split(&format!("{prefix}.weight"), &[out_dim, in_dim], split)?),
+        };
+        Ok(Linear { weight, bias: b, reduce })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        match self {
+        let bias = if self.reduce.is_some() { None } else { self.bias.as_ref() };
+        let y = match &self.weight {
             // nn.Linear: addmm(bias, x, W.T) with a bias, x @ W.T without.
-            Linear::Dense { weight, bias } => {
+            LinearWeight::Dense(weight) => {
                 let wt = ops::transpose(weight)?;
-                Ok(match bias {
+                match bias {
                     Some(b) => ops::addmm(b, x, &wt, 1.0, 1.0)?,
                     None => ops::matmul(x, &wt)?,
-                })
+                }
             }
-            Linear::Quantized { q, bias } => {
+            LinearWeight::Quantized(q) => {
                 let y = q.matmul_t(x)?;
-                Ok(match bias {
+                match bias {
                     Some(b) => ops::add(&y, b)?,
                     None => y,
-                })
+                }
             }
-        }
+        };
+        let Some(group) = &self.reduce else { return Ok(y) };
+        let y = group.all_sum(&y)?;
+        Ok(match &self.bias {
+            Some(b) => ops::add(&y, b)?,
+            None => y,
+        })
     }
 }
 
@@ -115,7 +137,7 @@ pub enum Embedding {
 impl Embedding {
     /// Loads a `[vocab, dim]` table (quantized or not).
     pub fn load(w: &mut Weights, prefix: &str, vocab: i32, dim: i32, quant: &QuantConfig) -> Result<Embedding> {
-        Ok(match QuantizedWeight::take(w, prefix, vocab, dim, quant)? {
+        Ok(match QuantizedWeight::take(w, prefix, vocab, dim, Split::Whole, quant)? {
             Some(q) => Embedding::Quantized(q),
             None => Embedding::Dense(w.take_shaped(&format!("{prefix}.weight"), &[vocab, dim])?),
         })

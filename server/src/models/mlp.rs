@@ -6,7 +6,7 @@ use mlx_rs_safe::{ops, Array};
 use super::compiled::call_compiled;
 use super::layers::Linear;
 use super::quant::QuantConfig;
-use super::weights::Weights;
+use super::weights::{Split, Weights};
 use crate::error::Result;
 
 pub struct Mlp {
@@ -83,6 +83,12 @@ impl Mlp {
 
     /// Phi-3's MLP: one `gate_up_proj` [2·hidden, dim], split in halves.
     pub fn load_fused(w: &mut Weights, prefix: &str, dim: i32, hidden: i32, quant: &QuantConfig) -> Result<Mlp> {
+        if let Some(g) = w.tensor_parallel() {
+            return Err(crate::error::Error::Config(format!(
+                "tensor parallelism over {} ranks: this model's fused gate_up projection is not split (Phi-3); use --distributed pipeline",
+                g.size()
+            )));
+        }
         Ok(Mlp {
             activation: Activation::Silu,
             proj: GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), dim, 2 * hidden, false, quant)?),
@@ -101,11 +107,12 @@ impl Mlp {
     ) -> Result<Mlp> {
         Ok(Mlp {
             activation,
+            // Under tensor parallelism, a run of the hidden columns each.
             proj: GateUp::Separate {
-                gate: Linear::load(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, quant)?,
-                up: Linear::load(w, &format!("{prefix}.up_proj"), dim, hidden, bias, quant)?,
+                gate: Linear::load_split(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, Split::Rows, quant)?,
+                up: Linear::load_split(w, &format!("{prefix}.up_proj"), dim, hidden, bias, Split::Rows, quant)?,
             },
-            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, bias, quant)?,
+            down_proj: Linear::load_split(w, &format!("{prefix}.down_proj"), hidden, dim, bias, Split::Cols, quant)?,
         })
     }
 

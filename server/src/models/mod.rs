@@ -13,6 +13,7 @@ mod mlp;
 mod moe;
 mod phi3;
 mod olmoe;
+mod pipeline;
 mod placement;
 pub mod quant;
 mod qwen2;
@@ -36,6 +37,7 @@ pub use placement::Placement;
 use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
+pub use weights::Sharding;
 
 /// A causal language model: token ids in, logits out, state in a KV cache.
 pub trait LanguageModel: Send {
@@ -108,6 +110,8 @@ pub struct LoadOptions {
     pub experts: Option<crate::experts::ExpertOptions>,
     /// Which device runs each layer (`--gpu-layers`).
     pub placement: Placement,
+    /// How the model is split over a distributed group (`--distributed`).
+    pub sharding: Sharding,
 }
 
 /// A loaded model and its config.json (or the config its GGUF file maps to).
@@ -141,6 +145,32 @@ fn folder_config(dir: &Path) -> Result<(Value, PathBuf)> {
 pub struct ModelShape {
     pub weights: weights::WeightFootprint,
     pub kv_layout: KvLayout,
+}
+
+impl ModelShape {
+    /// What one rank of a distributed group holds of the model: under tensor
+    /// parallelism a 1/N share of each layer's weights and KV heads (the
+    /// embedding, norms and head stay whole), under pipeline parallelism its
+    /// run of whole layers.
+    pub fn share(&self, sharding: &Sharding) -> Result<ModelShape> {
+        let mut shape = self.clone();
+        match sharding {
+            Sharding::Whole => {}
+            Sharding::Tensor(g) => {
+                let n = g.size() as u64;
+                shape.weights.layers.iter_mut().chain(shape.weights.routed.iter_mut()).for_each(|b| *b = b.div_ceil(n));
+                shape.kv_layout.kv_heads = (shape.kv_layout.kv_heads / g.size() as i32).max(1);
+            }
+            Sharding::Pipeline(_) => {
+                let stage = pipeline::PipelineStage::of(sharding, shape.kv_layout.kinds.len())?;
+                let keep = |v: &mut Vec<u64>| *v = v.get(stage.layers.clone()).map(<[u64]>::to_vec).unwrap_or_default();
+                keep(&mut shape.weights.layers);
+                keep(&mut shape.weights.routed);
+                shape.kv_layout.kinds = shape.kv_layout.kinds[stage.layers.clone()].to_vec();
+            }
+        }
+        Ok(shape)
+    }
 }
 
 /// A model's files opened: its config read and its tensors indexed (a
@@ -228,6 +258,10 @@ impl ModelFiles {
             let stream = crate::experts::ExpertStream::start(experts, &self.weights.files(), expert_bytes, resident_bytes)?;
             self.weights.stream_experts(std::sync::Arc::new(stream));
         }
+        if !matches!(opts.sharding, Sharding::Whole) && self.quantized_at_load {
+            return Err(Error::Config("--distributed splits the weights as stored: it cannot be combined with --quantize".into()));
+        }
+        self.weights.shard(opts.sharding.clone());
         let config = ConfigFile { value: &self.config, path: &self.config_path };
         let model = self.arch.load(&config, self.weights, &self.quant, opts.placement)?;
         // The weight checks' temporaries: not kept for reuse.

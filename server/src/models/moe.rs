@@ -72,6 +72,9 @@ pub struct SparseMoe {
     gate: Linear,
     experts: Experts,
     shared: Option<SharedExpert>,
+    /// Under tensor parallelism: the routed experts' mixed output is this
+    /// rank's partial sum, summed over the group (the router stays whole).
+    reduce: Option<mlx_rs_safe::distributed::Group>,
 }
 
 impl SparseMoe {
@@ -81,7 +84,11 @@ impl SparseMoe {
     /// With expert streaming on (`Weights::streaming`), the routed experts are
     /// indexed for reading on demand instead (layer `layer`).
     pub fn load(w: &mut Weights, prefix: &str, layer: u32, dim: i32, spec: MoeSpec, quant: &QuantConfig) -> Result<SparseMoe> {
+        let reduce = w.tensor_parallel().cloned();
         let experts = match w.streaming() {
+            Some(_) if reduce.is_some() => {
+                return Err(crate::error::Error::Config("--stream-experts cannot be combined with tensor parallelism (--distributed tensor)".into()))
+            }
             Some(stream) => Experts::Streamed(StreamedSwitchGlu::load(w, prefix, layer, &spec, dim, quant, stream)?),
             None => {
                 stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
@@ -100,6 +107,7 @@ impl SparseMoe {
             experts,
             shared,
             spec,
+            reduce,
         })
     }
 
@@ -150,7 +158,10 @@ impl SparseMoe {
         }
         let y = self.experts.forward(x, &inds)?;
         let weighted = ops::multiply(&y, &ops::expand_dims(&scores, &[-1])?)?;
-        let mixed = ops::astype(&ops::sum(&weighted, &[-2], false)?, y.dtype())?;
+        let mut mixed = ops::astype(&ops::sum(&weighted, &[-2], false)?, y.dtype())?;
+        if let Some(group) = &self.reduce {
+            mixed = group.all_sum(&mixed)?;
+        }
         match &self.shared {
             None => Ok(mixed),
             Some(s) => {

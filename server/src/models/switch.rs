@@ -7,7 +7,7 @@ use mlx_rs_safe::{ops, quantized, Array};
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
 use super::quant::{QuantConfig, QuantParams};
-use super::weights::Weights;
+use super::weights::{Split, Weights};
 use crate::error::Result;
 
 /// One stacked projection, dense or quantized.
@@ -17,10 +17,12 @@ pub enum SwitchLinear {
 }
 
 impl SwitchLinear {
-    pub fn load(w: &mut Weights, prefix: &str, experts: i32, in_dim: i32, out_dim: i32, quant: &QuantConfig) -> Result<SwitchLinear> {
-        Ok(match QuantizedWeight::take_stacked(w, prefix, experts, out_dim, in_dim, quant)? {
+    /// Every expert's `in_dim → out_dim` projection, or this rank's part of
+    /// each (`split`, under tensor parallelism).
+    pub fn load(w: &mut Weights, prefix: &str, experts: i32, in_dim: i32, out_dim: i32, split: Split, quant: &QuantConfig) -> Result<SwitchLinear> {
+        Ok(match QuantizedWeight::take_stacked(w, prefix, &[experts], out_dim, in_dim, split, quant)? {
             Some(q) => SwitchLinear::Quantized(q),
-            None => SwitchLinear::Dense(w.take_shaped(&format!("{prefix}.weight"), &[experts, out_dim, in_dim])?),
+            None => SwitchLinear::Dense(w.take_split(&format!("{prefix}.weight"), &[experts, out_dim, in_dim], split)?),
         })
     }
 
@@ -51,12 +53,15 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
+    /// Under tensor parallelism each rank holds a run of every expert's
+    /// hidden columns, and its output is a partial sum (the caller sums it
+    /// over the ranks once, after mixing the experts).
     pub fn load(w: &mut Weights, prefix: &str, experts: i32, dim: i32, hidden: i32, quant: &QuantConfig) -> Result<SwitchGlu> {
         let p = |n: &str| format!("{prefix}.{n}");
         Ok(SwitchGlu {
-            gate_proj: SwitchLinear::load(w, &p("gate_proj"), experts, dim, hidden, quant)?,
-            up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, quant)?,
-            down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, quant)?,
+            gate_proj: SwitchLinear::load(w, &p("gate_proj"), experts, dim, hidden, Split::Rows, quant)?,
+            up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, Split::Rows, quant)?,
+            down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, Split::Cols, quant)?,
         })
     }
 

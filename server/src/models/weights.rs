@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use mlx_rs_safe::distributed::Group;
+use mlx_rs_safe::ext::pread_blocks_into;
 use mlx_rs_safe::io::{SafetensorsFile, TensorMeta};
 use mlx_rs_safe::{ops, Array, Dtype};
 use serde::Deserialize;
@@ -47,6 +49,38 @@ pub struct Weights {
     /// Set with --stream-experts: MoE layers index their routed experts
     /// instead of taking them.
     streaming: Option<Arc<ExpertStream>>,
+    /// How this process shares the model with the other ranks of its group.
+    sharding: Sharding,
+    /// Bytes of tensor data the model's arrays will read from the files
+    /// (whole tensors, or a rank's part of them).
+    read_bytes: u64,
+}
+
+/// How the model is split over the ranks of a distributed group.
+#[derive(Debug, Clone, Default)]
+pub enum Sharding {
+    /// This process holds the whole model.
+    #[default]
+    Whole,
+    /// Every rank holds every layer's part: attention heads, MLP columns and
+    /// each expert's columns are split over the ranks, the partial outputs
+    /// summed (mlx-lm's `shard`).
+    Tensor(Group),
+    /// Every rank holds whole layers, a run of them each (mlx-lm's `pipeline`).
+    Pipeline(Group),
+}
+
+/// Which part of a `[..., out, in]` weight (or its `[out]` bias) a rank holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// All of it (replicated on every rank).
+    Whole,
+    /// A run of output rows (attention heads, MLP columns): the layer's input
+    /// is whole, its output this rank's part.
+    Rows,
+    /// A run of input columns: the layer takes this rank's part of its input
+    /// and gives a partial sum of its output, summed over the ranks.
+    Cols,
 }
 
 /// A model's weight bytes by where they sit (see [`Weights::footprint`]).
@@ -75,6 +109,18 @@ impl WeightFootprint {
         let end = range.end.min(self.layers.len());
         let start = range.start.min(end);
         (start..end).map(|i| self.layers[i] - if streamed { self.routed[i] } else { 0 }).sum()
+    }
+}
+
+/// The axis `split` cuts in a tensor of `shape`: rows are the second-to-last
+/// axis of a matrix (the only axis of a bias), columns the last.
+fn split_axis(shape: &[i32], split: Split) -> Option<usize> {
+    match (split, shape.len()) {
+        (Split::Whole, _) | (_, 0) => None,
+        (Split::Rows, 1) => Some(0),
+        (Split::Cols, 1) => None,
+        (Split::Rows, n) => Some(n - 2),
+        (Split::Cols, n) => Some(n - 1),
     }
 }
 
@@ -127,14 +173,14 @@ impl Weights {
                 tensors.insert(name, array);
             }
         }
-        Ok(Weights { tensors, origin, norms_hold_one: false, sources, streaming: None })
+        Ok(Weights { tensors, origin, norms_hold_one: false, sources, streaming: None, sharding: Sharding::Whole, read_bytes: 0 })
     }
 
     /// Tensors already named as Hugging Face names them, all from `origin`
     /// (a GGUF file); `norms_hold_one`: Gemma norms stored as 1 + w.
     pub fn from_tensors(tensors: HashMap<String, Array>, origin: &str, norms_hold_one: bool) -> Weights {
         let origin = tensors.keys().map(|k| (k.clone(), origin.to_string())).collect();
-        Weights { tensors, origin, norms_hold_one, sources: HashMap::new(), streaming: None }
+        Weights { tensors, origin, norms_hold_one, sources: HashMap::new(), streaming: None, sharding: Sharding::Whole, read_bytes: 0 }
     }
 
     /// Whether a tensor named `name` is a routed expert's (stacked
@@ -199,6 +245,29 @@ impl Weights {
         self.streaming.clone()
     }
 
+    /// The model is split over a distributed group from now on.
+    pub fn shard(&mut self, sharding: Sharding) {
+        self.sharding = sharding;
+    }
+
+    pub fn sharding(&self) -> &Sharding {
+        &self.sharding
+    }
+
+    /// The group tensor-parallel layers split over (None: whole layers).
+    pub fn tensor_parallel(&self) -> Option<&Group> {
+        match &self.sharding {
+            Sharding::Tensor(g) if g.size() > 1 => Some(g),
+            _ => None,
+        }
+    }
+
+    /// Bytes of tensor data the taken arrays read from the safetensors files
+    /// (a rank's part of the split tensors only).
+    pub fn read_bytes(&self) -> u64 {
+        self.read_bytes
+    }
+
     /// Whether Gemma-style (1 + w) norm weights are stored with the one added.
     pub fn norms_hold_one(&self) -> bool {
         self.norms_hold_one
@@ -251,6 +320,9 @@ impl Weights {
     /// Removes tensor `name` without checking it: parts stacked into a tensor
     /// that is checked when taken.
     pub fn take_unchecked(&mut self, name: &str) -> Result<Array> {
+        if let Some(src) = self.sources.get(name) {
+            self.read_bytes += src.meta.nbytes;
+        }
         self.remove(name)
     }
 
@@ -265,12 +337,71 @@ impl Weights {
     }
 
     fn take_stored(&mut self, name: &str, shape: &[i32], stored: Stored) -> Result<Array> {
+        self.take_part(name, shape, Split::Whole, stored)
+    }
+
+    /// Removes float tensor `name` of (whole) shape `shape`, keeping the part
+    /// `split` gives this rank (all of it without tensor parallelism).
+    pub fn take_split(&mut self, name: &str, shape: &[i32], split: Split) -> Result<Array> {
+        self.take_part(name, shape, split, Stored::Float)
+    }
+
+    /// [`Weights::take_split`] for the packed (uint32) matrix of a quantized layer.
+    pub fn take_packed_split(&mut self, name: &str, shape: &[i32], split: Split) -> Result<Array> {
+        self.take_part(name, shape, split, Stored::Packed)
+    }
+
+    fn take_part(&mut self, name: &str, shape: &[i32], split: Split, stored: Stored) -> Result<Array> {
+        let source = self.sources.get(name).cloned();
         let a = self.remove(name)?;
         if a.shape() != shape {
             return Err(self.error(name, format!("tensor {name} has shape {:?}, the config implies {shape:?}", a.shape())));
         }
-        self.check(name, &a, stored)?;
-        Ok(a)
+        let part = match (self.tensor_parallel().cloned(), split_axis(shape, split)) {
+            (Some(group), Some(axis)) => self.part_of(name, a, source.as_ref(), axis, &group)?,
+            _ => {
+                if let Some(src) = &source {
+                    self.read_bytes += src.meta.nbytes;
+                }
+                a
+            }
+        };
+        self.check(name, &part, stored)?;
+        Ok(part)
+    }
+
+    /// This rank's part of `a` along `axis`: read straight from the file
+    /// (only the part's bytes), or sliced from `a` where it lies in no file.
+    fn part_of(&mut self, name: &str, a: Array, source: Option<&TensorSource>, axis: usize, group: &Group) -> Result<Array> {
+        let shape = a.shape();
+        let (rank, size) = (group.rank() as i32, group.size() as i32);
+        if shape[axis] % size != 0 {
+            return Err(self.error(
+                name,
+                format!("tensor {name} ({shape:?}) cannot be split over {size} ranks: its axis {axis} ({}) is not a multiple of {size}", shape[axis]),
+            ));
+        }
+        let n = shape[axis] / size;
+        let mut part_shape = shape.clone();
+        part_shape[axis] = n;
+        match source {
+            Some(src) => {
+                let elem = src.meta.dtype.size_of() as u64;
+                let inner: u64 = shape[axis + 1..].iter().map(|&d| d as u64).product::<u64>() * elem;
+                let (block, stride) = (n as u64 * inner, shape[axis] as u64 * inner);
+                let file = std::fs::File::open(src.file.as_ref()).map_err(|e| Error::model_file(src.file.as_ref(), e.to_string()))?;
+                let part = pread_blocks_into(&file, src.meta.offset + rank as u64 * block, block, stride, &part_shape, src.meta.dtype)?;
+                self.read_bytes += part.nbytes() as u64;
+                Ok(part)
+            }
+            None => {
+                let mut start = vec![0; shape.len()];
+                start[axis] = rank * n;
+                let mut stop = shape.clone();
+                stop[axis] = (rank + 1) * n;
+                Ok(ops::slice(&a, &start, &stop, &vec![1; shape.len()])?)
+            }
+        }
     }
 
     /// Removes tensor `name` without reading it, returning where its bytes lie
@@ -284,6 +415,8 @@ impl Weights {
             ));
         };
         self.take_stored(name, shape, if packed { Stored::Packed } else { Stored::FloatUnread })?;
+        // Read when streamed, not at load.
+        self.read_bytes -= src.meta.nbytes;
         Ok(src)
     }
 
@@ -331,6 +464,15 @@ impl Weights {
     /// Errors if tensors are left that no layer took.
     pub fn finish(self) -> Result<()> {
         if self.tensors.is_empty() {
+            match &self.sharding {
+                Sharding::Whole => log::debug!("weights: {} bytes to read from the files", self.read_bytes),
+                Sharding::Tensor(g) | Sharding::Pipeline(g) => log::info!(
+                    "weights: rank {} of {} reads {} bytes from the files (its part)",
+                    g.rank(),
+                    g.size(),
+                    self.read_bytes
+                ),
+            }
             return Ok(());
         }
         let mut left: Vec<&String> = self.tensors.keys().collect();

@@ -63,10 +63,16 @@ impl Grammars {
     pub fn compile(&self, spec: &GuideSpec) -> Result<Guide, GrammarError> {
         let factory = self.factory()?;
         let lark = spec.lark(|text| self.literal(factory, text));
-        let matcher = Matcher::new(factory.create_parser(TopLevelGrammar::from_lark(lark)));
+        self.compile_source(&lark)
+    }
+
+    /// The guide of a Lark grammar that [`Guide::source`] gave.
+    pub fn compile_source(&self, lark: &str) -> Result<Guide, GrammarError> {
+        let factory = self.factory()?;
+        let matcher = Matcher::new(factory.create_parser(TopLevelGrammar::from_lark(lark.to_string())));
         match matcher.get_error() {
             Some(e) => Err(GrammarError::Invalid(schema_error(&e))),
-            None => Ok(Guide::new(matcher)),
+            None => Ok(Guide::new(matcher, lark.to_string())),
         }
     }
 }

@@ -5,6 +5,9 @@ use llguidance::Matcher;
 
 pub struct Guide {
     matcher: Matcher,
+    /// The Lark grammar it was compiled from: what another rank of a
+    /// distributed group compiles to run the same request.
+    source: String,
 }
 
 impl std::fmt::Debug for Guide {
@@ -15,13 +18,18 @@ impl std::fmt::Debug for Guide {
 
 impl Clone for Guide {
     fn clone(&self) -> Guide {
-        Guide { matcher: self.matcher.deep_clone() }
+        Guide { matcher: self.matcher.deep_clone(), source: self.source.clone() }
     }
 }
 
 impl Guide {
-    pub(super) fn new(matcher: Matcher) -> Guide {
-        Guide { matcher }
+    pub(super) fn new(matcher: Matcher, source: String) -> Guide {
+        Guide { matcher, source }
+    }
+
+    /// The grammar, for [`super::Grammars::compile_source`].
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Sets bit t % 32 of `row[t / 32]` where token t may come next, and

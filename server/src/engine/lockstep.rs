@@ -1,0 +1,269 @@
+//! One engine over the ranks of a distributed group: every rank runs the
+//! same [`Engine`] turns on its part of the model (the model's collectives
+//! meet inside each turn), and rank 0, which serves HTTP, decides what each
+//! turn starts with. Before each turn rank 0 sends every rank a [`Turn`]:
+//! the requests that arrived, the ones whose clients went away, and whether
+//! to stop; each rank applies it to its engine the same way, so all engines
+//! admit, batch, sample and cancel alike (a request's seed is fixed by rank 0,
+//! a grammar travels as its source). Events of rank 0's engine go to the
+//! clients; the other ranks drop theirs.
+//!
+//! A rank that dies breaks the group's next collective: every other rank
+//! sees an error there, ends its requests and stops (rank 0 then answers 503
+//! and exits). An idle rank 0 sends an empty turn every [`HEARTBEAT`], so a
+//! lost rank is found within that time.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use mlx_rs_safe::distributed::Group;
+use mlx_rs_safe::{Array, Dtype};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use super::core::Engine;
+use super::handle::Command;
+use super::request::{Event, Generation, Request};
+use super::sampler::{fresh_seed, SamplingParams};
+use super::stats::EngineStats;
+use crate::error::{Error, Result};
+use crate::structured::Grammars;
+
+/// How long an idle rank 0 waits before checking that the group still stands.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// A request as it travels to the other ranks.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireGeneration {
+    prompt: Vec<u32>,
+    sampling: SamplingParams,
+    max_tokens: usize,
+    stop: Vec<String>,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    keep_special_tokens: bool,
+    /// The grammar's Lark source.
+    guide: Option<String>,
+    progress: bool,
+}
+
+/// What one turn starts with, decided by rank 0.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Turn {
+    /// Requests that arrived, by the id rank 0 gave them.
+    new: Vec<(u64, WireGeneration)>,
+    /// Requests whose clients went away.
+    cancelled: Vec<u64>,
+    reset_peak_memory: bool,
+    stop: bool,
+}
+
+impl Turn {
+    fn is_empty(&self) -> bool {
+        self.new.is_empty() && self.cancelled.is_empty() && !self.reset_peak_memory && !self.stop
+    }
+}
+
+/// Sends rank 0's `bytes` to every rank (`None` on the others): the length,
+/// then the bytes, each summed with the other ranks' zeros.
+fn share(group: &Group, bytes: Option<&[u8]>) -> Result<Vec<u8>> {
+    let len = bytes.map_or(0, <[u8]>::len);
+    let len = i32::try_from(len).map_err(|_| Error::Engine(format!("a turn of {len} bytes is too large to send")))?;
+    let total = group.all_sum(&Array::from_slice(&[len], &[1])?)?.item::<i32>()?;
+    if total <= 0 {
+        return Ok(Vec::new());
+    }
+    let mine = match bytes {
+        Some(b) => Array::from_slice(b, &[total])?,
+        None => mlx_rs_safe::ops::zeros(&[total], Dtype::Uint8)?,
+    };
+    Ok(group.all_sum(&mine)?.to_vec::<u8>()?)
+}
+
+/// Where each request's engine events go: the client's channel on rank 0,
+/// nowhere on the other ranks. Keyed by request id, in id order.
+#[derive(Default)]
+struct Outbox {
+    routes: BTreeMap<u64, Route>,
+}
+
+struct Route {
+    /// What the engine sends this request.
+    from_engine: UnboundedReceiver<Event>,
+    to_client: Option<UnboundedSender<Event>>,
+}
+
+impl Outbox {
+    /// A request for the engine whose events come here.
+    fn open(&mut self, id: u64, params: Generation, to_client: Option<UnboundedSender<Event>>) -> Request {
+        let (events, from_engine) = unbounded_channel();
+        self.routes.insert(id, Route { from_engine, to_client });
+        Request { params, arrived: Instant::now(), events }
+    }
+
+    /// Requests whose client went away (rank 0).
+    fn abandoned(&self) -> Vec<u64> {
+        self.routes.iter().filter(|(_, r)| r.to_client.as_ref().is_some_and(UnboundedSender::is_closed)).map(|(&id, _)| id).collect()
+    }
+
+    /// Closes the engine's channel of `id`: the engine stops the request as
+    /// if its client had gone (the same turn on every rank).
+    fn close(&mut self, id: u64) {
+        self.routes.remove(&id);
+    }
+
+    /// Hands the events of this turn on; forgets finished requests.
+    fn forward(&mut self) {
+        self.routes.retain(|_, route| loop {
+            match route.from_engine.try_recv() {
+                Ok(event) => {
+                    let last = matches!(event, Event::Done { .. } | Event::Error(_));
+                    if let Some(client) = &route.to_client {
+                        let _ = client.send(event);
+                    }
+                    if last {
+                        break false;
+                    }
+                }
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break true,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => break false,
+            }
+        });
+    }
+}
+
+/// Rank 0: turns the handle's commands into turns for every rank, and runs
+/// them. Returns why the group stopped when it did not stop by command.
+pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>, group: &Group) -> Option<String> {
+    let mut outbox = Outbox::default();
+    let mut next_id = 0u64;
+    stats.publish(engine.snapshot());
+    loop {
+        let mut turn = Turn::default();
+        let mut requests = Vec::new();
+        let mut take = |c: Command, turn: &mut Turn| match c {
+            Command::Generate(r) => {
+                let mut r = *r;
+                // Every rank samples with the same seed.
+                r.params.sampling.seed = Some(r.params.sampling.seed.unwrap_or_else(fresh_seed));
+                turn.new.push((next_id, wire(&r.params)));
+                requests.push((next_id, r));
+                next_id += 1;
+            }
+            Command::ResetPeakMemory => turn.reset_peak_memory = true,
+            Command::Shutdown => turn.stop = true,
+        };
+        if engine.is_idle() {
+            match rx.recv_timeout(HEARTBEAT) {
+                Ok(c) => take(c, &mut turn),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => turn.stop = true,
+            }
+        }
+        while let Ok(c) = rx.try_recv() {
+            take(c, &mut turn);
+        }
+        turn.cancelled = outbox.abandoned();
+        let bytes = match serde_json::to_vec(&turn) {
+            Ok(b) => b,
+            Err(e) => return Some(fail(engine, &format!("cannot encode a turn: {e}"))),
+        };
+        if let Err(e) = share(group, Some(if turn.is_empty() { &[] } else { &bytes })) {
+            return Some(fail(engine, &group_lost(group, &e)));
+        }
+        for (id, r) in requests {
+            let request = outbox.open(id, r.params, Some(r.events));
+            // Counted as waiting by the handle when it was submitted.
+            engine.enqueue(request);
+        }
+        apply_common(&engine, &mut outbox, stats, &turn);
+        if turn.stop {
+            engine.abandon_all("the server is shutting down");
+            outbox.forward();
+            return None;
+        }
+        engine.step();
+        outbox.forward();
+        stats.publish(engine.snapshot());
+    }
+}
+
+/// Ranks other than 0: run the turns rank 0 sends until it says stop.
+pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<()> {
+    let mut outbox = Outbox::default();
+    let stats = EngineStats::default();
+    loop {
+        let bytes = share(group, None).map_err(|e| Error::Engine(group_lost(group, &e)))?;
+        let turn: Turn = if bytes.is_empty() {
+            Turn::default()
+        } else {
+            serde_json::from_slice(&bytes).map_err(|e| Error::Engine(format!("rank 0 sent a turn this rank cannot read: {e}")))?
+        };
+        for (id, g) in turn.new.iter() {
+            let params = unwire(g, grammars)?;
+            let request = outbox.open(*id, params, None);
+            engine.submit(request);
+        }
+        apply_common(&engine, &mut outbox, &stats, &turn);
+        if turn.stop {
+            engine.abandon_all("the server is shutting down");
+            return Ok(());
+        }
+        engine.step();
+        outbox.forward();
+    }
+}
+
+/// What every rank does with a turn besides admitting its requests.
+fn apply_common(engine: &Engine, outbox: &mut Outbox, stats: &EngineStats, turn: &Turn) {
+    for id in &turn.cancelled {
+        outbox.close(*id);
+    }
+    if turn.reset_peak_memory {
+        super::handle::reset_peak_memory(engine, stats);
+    }
+}
+
+fn group_lost(group: &Group, e: &impl std::fmt::Display) -> String {
+    format!("the distributed group of {} ranks broke down (a rank stopped or its connection was lost): {e}", group.size())
+}
+
+/// Ends every request with `why`, and returns it.
+fn fail(mut engine: Engine, why: &str) -> String {
+    log::error!("{why}");
+    engine.abandon_all(why);
+    why.to_string()
+}
+
+fn wire(g: &Generation) -> WireGeneration {
+    WireGeneration {
+        prompt: g.prompt.clone(),
+        sampling: g.sampling.clone(),
+        max_tokens: g.max_tokens,
+        stop: g.stop.clone(),
+        logprobs: g.logprobs,
+        ignore_eos: g.ignore_eos,
+        keep_special_tokens: g.keep_special_tokens,
+        guide: g.guide.as_ref().map(|guide| guide.source().to_string()),
+        progress: g.progress,
+    }
+}
+
+fn unwire(g: &WireGeneration, grammars: &Grammars) -> Result<Generation> {
+    let guide = match &g.guide {
+        Some(source) => Some(grammars.compile_source(source).map_err(|e| Error::Engine(format!("a grammar rank 0 compiled does not compile here: {e}")))?),
+        None => None,
+    };
+    Ok(Generation {
+        prompt: g.prompt.clone(),
+        sampling: g.sampling.clone(),
+        max_tokens: g.max_tokens,
+        stop: g.stop.clone(),
+        logprobs: g.logprobs,
+        ignore_eos: g.ignore_eos,
+        keep_special_tokens: g.keep_special_tokens,
+        guide,
+        progress: g.progress,
+    })
+}
