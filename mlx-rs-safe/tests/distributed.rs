@@ -41,6 +41,8 @@ fn two_ranks_over_the_ring_sum_gather_send_and_receive() {
                 .args(["--exact", "ring_rank", "--nocapture", "--test-threads", "1"])
                 .env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
+                // Its own test summary would garble the parent's.
+                .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
         })

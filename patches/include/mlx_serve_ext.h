@@ -10,6 +10,8 @@
 #include <stdint.h>
 
 #include "mlx/c/array.h"
+#include "mlx/c/distributed_group.h"
+#include "mlx/c/stream.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +50,21 @@ int mlxs_pread_blocks_into(
     const int* shape,
     size_t ndim,
     mlx_dtype dtype);
+
+/* The stream `group`'s collectives run on when called from this thread, as
+ * MLX chooses it when none is given (what mlx-lm gets): the thread's CPU
+ * stream for ring, MPI and JACCL, its GPU stream for NCCL. mlx-c's
+ * collectives take an explicit stream; pass them this one. */
+int mlxs_distributed_stream(mlx_stream* res, mlx_distributed_group group);
+
+/* Takes the error MLX stored on CPU stream `stream`, if any: 1 and the
+ * message (cut to `cap` bytes, NUL-terminated) when there was one, 0 when
+ * none (or `stream` is not a CPU stream). Callable from any thread. A
+ * collective that fails on a worker thread (a rank died) leaves its error
+ * there, and the ring backend's later collectives then wait for ever; this
+ * lets a watchdog see the failure while the thread that queued them is
+ * blocked. Taking the error clears it. */
+int mlxs_stream_take_error(mlx_stream stream, char* buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -101,7 +101,7 @@ fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants, sharding: &mod
 
 /// The distributed group this process was started in (MLX's environment, as
 /// `mlx.launch` sets it), and how the model is split over it; None alone.
-fn join_group(args: &ServeArgs) -> Result<Option<(Group, models::Sharding)>> {
+fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
     let backend = match args.distributed_backend.as_str() {
         "any" => None,
         b @ ("ring" | "nccl" | "jaccl" | "mpi") => Some(b),
@@ -117,7 +117,7 @@ fn join_group(args: &ServeArgs) -> Result<Option<(Group, models::Sharding)>> {
     let strict = backend.is_some() || std::env::var_os("MLX_RANK").is_some();
     let group = Group::init(backend, strict).map_err(|e| Error::Startup(format!("cannot join the distributed group: {e}")))?;
     if group.size() < 2 {
-        return Ok(None);
+        return Ok(models::Sharding::Whole);
     }
     log::info!(
         "rank {} of {}: {} parallelism{}",
@@ -126,8 +126,12 @@ fn join_group(args: &ServeArgs) -> Result<Option<(Group, models::Sharding)>> {
         if tensor { "tensor" } else { "pipeline" },
         if group.rank() == 0 { ", serving HTTP" } else { ", following rank 0" }
     );
-    let sharding = if tensor { models::Sharding::Tensor(group.clone()) } else { models::Sharding::Pipeline(group.clone()) };
-    Ok(Some((group, sharding)))
+    if tensor {
+        Ok(models::Sharding::Tensor(group))
+    } else {
+        models::check_point_to_point(&group)?;
+        Ok(models::Sharding::Pipeline(group))
+    }
 }
 
 /// `--plan`: prints the memory plan without reading the weights.
@@ -166,10 +170,13 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let system = SystemInfo::collect()?;
     let machine = Machine::detect()?;
     let mut load_options = args.load.options()?;
-    let group = join_group(&args)?;
-    if let Some((_, sharding)) = &group {
-        load_options.sharding = sharding.clone();
-    }
+    load_options.sharding = join_group(&args)?;
+    let group = load_options.sharding.group().cloned();
+    let distributed = match &load_options.sharding {
+        models::Sharding::Whole => None,
+        models::Sharding::Tensor(g) => Some(api::Distributed { mode: "tensor", ranks: g.size() }),
+        models::Sharding::Pipeline(g) => Some(api::Distributed { mode: "pipeline", ranks: g.size() }),
+    };
     let mut metrics = Metrics::new();
     let expert_counters = load_options.experts.as_ref().map(|e| e.counters.clone());
     if let Some(c) = &expert_counters {
@@ -209,15 +216,14 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let group = match group {
         // Ranks other than 0 run rank 0's turns until it stops; no HTTP.
-        Some((g, _)) if g.rank() > 0 => {
+        Some(g) if g.rank() > 0 => {
             let (model, config) = load()?;
             let engine = Engine::new(model, tokenizer.clone(), config, metrics)?;
             follow(engine, &g, &crate::structured::Grammars::new(tokenizer))?;
             log::info!("rank {}: rank 0 stopped the group", g.rank());
             return Ok(());
         }
-        Some((g, _)) => Some(g),
-        None => None,
+        group => group,
     };
     let engine = EngineHandle::spawn(Box::new(load), tokenizer.clone(), metrics.clone(), group)?;
     // Set by the loader before the engine reported the model loaded.
@@ -248,6 +254,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     }
     let state = web::Data::new(AppState {
         experts: expert_counters,
+        distributed,
         responses: Arc::default(),
         grammars: Arc::new(crate::structured::Grammars::new(tokenizer.clone())),
         tokenizer,
@@ -276,7 +283,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // Whatever is still queued or running ends here (its clients are gone).
     state.engine.shutdown();
     served?;
-    if let Some(why) = state.engine.failure() {
+    if let Some(why) = state.engine.failure.get() {
         return Err(Error::Engine(why));
     }
     match state.shutdown.cut_requests() {

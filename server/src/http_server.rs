@@ -71,7 +71,7 @@ async fn shut_down_on_signal(server: actix_web::dev::ServerHandle, state: web::D
 /// lost), the server cannot answer any more: requests get 503 until the
 /// listener has closed, and `serve` returns the reason.
 async fn shut_down_on_engine_failure(server: actix_web::dev::ServerHandle, state: web::Data<AppState>) {
-    let why = state.engine.failed().await;
+    let why = state.engine.failure.wait().await;
     log::error!("stopping the server: {why}");
     // Let the answers already written (their 503s and errors) go out.
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -271,9 +271,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let id = generation::response_id("msg");
     if common.stream {
         let writer = MessageStream::new(id, state.models.id.clone(), prompt_tokens, OutputSplit::new(shape));
-        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
+        return Ok(generation::sse_response(rx, writer, state));
     }
-    let done = generation::collect(rx, &state.shutdown).await?;
+    let done = generation::collect(rx, state).await?;
     let out = whole_output(shape, done.text);
     let stop_reason = stop_reason(done.finish_reason, !out.calls.is_empty());
     Ok(HttpResponse::Ok().json(json!({

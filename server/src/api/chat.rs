@@ -108,9 +108,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
             calls: 0,
             include_usage: common.include_usage(),
         };
-        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
+        return Ok(generation::sse_response(rx, writer, state));
     }
-    let done = generation::collect(rx, &state.shutdown).await?;
+    let done = generation::collect(rx, state).await?;
     let (message, finish) = chat_message(shape, done.text, done.finish_reason.as_str());
     let logprobs = match top {
         Some(_) => json!({"content": done.logprobs.iter().map(|lp| logprob_entry(&state.tokenizer, lp)).collect::<Vec<_>>()}),

@@ -140,9 +140,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
             chars: 0,
             include_usage: common.include_usage(),
         };
-        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
+        return Ok(generation::sse_response(rx, writer, state));
     }
-    let done = generation::collect(rx, &state.shutdown).await?;
+    let done = generation::collect(rx, state).await?;
     let logprobs = match top {
         Some(_) => legacy_logprobs(&state.tokenizer, &done.logprobs, echo.chars().count()),
         None => Value::Null,

@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::{ApiError, SHUTTING_DOWN};
-use super::shutdown::Shutdown;
 use super::AppState;
 use crate::engine::{Event, FinishReason, Generation, PromptProgress, Request, SubmitError, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
@@ -25,7 +24,7 @@ pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<
     match state.engine.submit(Request { params, arrived: Instant::now(), events: tx }) {
         Ok(()) => Ok(rx),
         Err(SubmitError::QueueFull) => Err(ApiError::overloaded(state.engine.queued())),
-        Err(SubmitError::Stopped) => Err(ApiError::engine_stopped(state.engine.failure())),
+        Err(SubmitError::Stopped) => Err(ApiError::engine_stopped(state.engine.failure.get())),
     }
 }
 
@@ -37,10 +36,16 @@ pub struct Collected {
     pub usage: Usage,
 }
 
-/// Waits for the whole generation; 503 if the shutdown cuts it first. (A
-/// client that disconnects drops this future, and with it the receiver: the
-/// engine stops the sequence at its next step.)
-pub async fn collect(mut rx: UnboundedReceiver<Event>, shutdown: &Shutdown) -> Result<Collected, ApiError> {
+/// Waits for the whole generation; 503 if the shutdown cuts it first or the
+/// engine stopped under it (its distributed group broke down). (A client
+/// that disconnects drops this future, and with it the receiver: the engine
+/// stops the sequence at its next step.)
+pub async fn collect(mut rx: UnboundedReceiver<Event>, state: &AppState) -> Result<Collected, ApiError> {
+    let shutdown = &state.shutdown;
+    let failed = |message: &str| match state.engine.failure.get() {
+        Some(why) => ApiError::engine_stopped(Some(why)),
+        None => ApiError::internal(message),
+    };
     let mut text = String::new();
     let mut logprobs = Vec::new();
     loop {
@@ -50,6 +55,7 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>, shutdown: &Shutdown) -> R
                 shutdown.record_cut();
                 return Err(ApiError::shutting_down());
             }
+            why = state.engine.failure.wait() => return Err(ApiError::engine_stopped(Some(why))),
         };
         match event {
             Some(Event::Token { text: t, logprob, .. }) => {
@@ -60,10 +66,10 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>, shutdown: &Shutdown) -> R
                 text.push_str(&t);
                 return Ok(Collected { text, logprobs, finish_reason, usage });
             }
-            Some(Event::Error(message)) => return Err(ApiError::internal(message)),
+            Some(Event::Error(message)) => return Err(failed(&message)),
             // Asked for by streams only.
             Some(Event::Progress(_)) => {}
-            None => return Err(ApiError::internal("the engine dropped the request")),
+            None => return Err(failed("the engine dropped the request")),
         }
     }
 }
@@ -123,11 +129,13 @@ fn sse(chunks: &[Value], done: bool) -> web::Bytes {
 
 /// An SSE response fed by the engine's events. When the client goes away,
 /// actix drops this stream and with it the receiver: the engine notices and
-/// stops the sequence. When the shutdown cuts it, it ends with the writer's
-/// cut chunks and `[DONE]`.
-pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, shutdown: Shutdown) -> HttpResponse {
+/// stops the sequence. When the shutdown cuts it, or the engine stops under
+/// it (its distributed group broke down), it ends with the writer's cut
+/// chunks, saying why, and `[DONE]`.
+pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, state: &AppState) -> HttpResponse {
+    let (shutdown, failure) = (state.shutdown.clone(), state.engine.failure.clone());
     let body = stream::unfold((rx, writer, Phase::Start), move |(mut rx, mut writer, phase)| {
-        let shutdown = shutdown.clone();
+        let (shutdown, failure) = (shutdown.clone(), failure.clone());
         async move {
             match phase {
                 Phase::Start => {
@@ -140,6 +148,10 @@ pub fn sse_response<W: ChunkWriter>(rx: UnboundedReceiver<Event>, writer: W, shu
                         () = shutdown.cut() => {
                             shutdown.record_cut();
                             let chunks = writer.cut(SHUTTING_DOWN);
+                            return Some((Ok(W::frame(&chunks, true)), (rx, writer, Phase::Ended)));
+                        }
+                        why = failure.wait() => {
+                            let chunks = writer.cut(&format!("the engine has stopped: {why}"));
                             return Some((Ok(W::frame(&chunks, true)), (rx, writer, Phase::Ended)));
                         }
                     };

@@ -74,7 +74,17 @@ pub struct AppState {
     pub grammars: Arc<crate::structured::Grammars>,
     /// With --stream-experts: the expert cache's counters.
     pub experts: Option<crate::experts::ExpertCounters>,
+    /// The group the model is shared over, when it is (/health shows it).
+    pub distributed: Option<Distributed>,
     pub created: u64,
+}
+
+/// How the model is shared over a distributed group: `mode` "tensor" or
+/// "pipeline", over `ranks` processes (this one is rank 0).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Distributed {
+    pub mode: &'static str,
+    pub ranks: usize,
 }
 
 /// The KV cache's nominal bytes per token, as configured and at 16 bits.
@@ -241,6 +251,7 @@ fn health_details(state: &AppState) -> Value {
             "stream_experts": state.experts.is_some(),
         },
         "experts": state.experts.as_ref().map(|e| e.summary()),
+        "distributed": state.distributed,
         "memory_plan": state.memory_plan,
     })
 }

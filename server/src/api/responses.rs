@@ -325,9 +325,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let keep = echo.store.then(|| Keep { store: state.responses.clone(), conversation });
     if common.stream {
         let writer = ResponseStream::new(echo, OutputSplit::new(shape), keep);
-        return Ok(generation::sse_response(rx, writer, state.shutdown.clone()));
+        return Ok(generation::sse_response(rx, writer, state));
     }
-    let done = generation::collect(rx, &state.shutdown).await?;
+    let done = generation::collect(rx, state).await?;
     let out = whole_output(shape, done.text);
     let incomplete = done.finish_reason == FinishReason::Length;
     let response = echo.response(if incomplete { "incomplete" } else { "completed" }, &whole_items(&out), Some(&done.usage), incomplete);

@@ -44,7 +44,33 @@ pub struct EngineHandle {
     pub stats: Arc<EngineStats>,
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Why the engine stopped on its own (its distributed group broke down).
-    failure: watch::Receiver<Option<String>>,
+    pub failure: Failure,
+}
+
+/// Why the engine stopped on its own, once it has: a watch any task can hold.
+#[derive(Clone)]
+pub struct Failure(watch::Receiver<Option<String>>);
+
+impl Failure {
+    /// Resolves with the reason once the engine has stopped on its own (its
+    /// distributed group broke down); never while it runs.
+    pub async fn wait(&self) -> String {
+        let mut failure = self.0.clone();
+        let why = match failure.wait_for(Option::is_some).await {
+            Ok(why) => why.clone(),
+            Err(_) => None,
+        };
+        match why {
+            Some(why) => why,
+            // The engine thread ended without a failure: nothing to report, ever.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Why the engine stopped on its own, if it did.
+    pub fn get(&self) -> Option<String> {
+        self.0.borrow().clone()
+    }
 }
 
 /// Loads the model, and says how the engine runs it (the memory plan's limits).
@@ -69,11 +95,7 @@ impl EngineHandle {
                     Ok(engine) => {
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         match group {
-                            Some(g) if g.size() > 1 => {
-                                if let Some(why) = super::lockstep::lead(engine, &s, rx, &g) {
-                                    failed.send_replace(Some(why));
-                                }
-                            }
+                            Some(g) if g.size() > 1 => super::lockstep::lead(engine, &s, rx, &g, Arc::new(failed)),
                             _ => run(engine, &s, rx),
                         }
                     }
@@ -84,7 +106,7 @@ impl EngineHandle {
             })
             .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)), failure }),
+            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)), failure: Failure(failure) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
         }
@@ -105,26 +127,6 @@ impl EngineHandle {
     /// Asks the engine to zero MLX's peak-memory counter; the next stats show it.
     pub fn reset_peak_memory(&self) -> std::result::Result<(), SubmitError> {
         self.tx.send(Command::ResetPeakMemory).map_err(|_| SubmitError::Stopped)
-    }
-
-    /// Resolves with the reason once the engine has stopped on its own (its
-    /// distributed group broke down); never while it runs.
-    pub async fn failed(&self) -> String {
-        let mut failure = self.failure.clone();
-        let why = match failure.wait_for(Option::is_some).await {
-            Ok(why) => why.clone(),
-            Err(_) => None,
-        };
-        match why {
-            Some(why) => why,
-            // The engine thread ended without a failure: nothing to report, ever.
-            None => std::future::pending().await,
-        }
-    }
-
-    /// Why the engine stopped on its own, if it did.
-    pub fn failure(&self) -> Option<String> {
-        self.failure.borrow().clone()
     }
 
     /// Requests waiting for a slot.

@@ -11,16 +11,23 @@
 //! A rank that dies breaks the group's next collective: every other rank
 //! sees an error there, ends its requests and stops (rank 0 then answers 503
 //! and exits). An idle rank 0 sends an empty turn every [`HEARTBEAT`], so a
-//! lost rank is found within that time.
+//! lost rank is found within that time. A collective that fails on MLX's
+//! worker threads in the middle of a turn leaves the collectives queued after
+//! it blocked for ever (MLX's ring backend), and the engine thread with them:
+//! a [`Watchdog`] then finds the error MLX stored, reports it the same way and
+//! ends the process.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{Array, Dtype};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use tokio::sync::watch;
 
 use super::core::Engine;
 use super::handle::Command;
@@ -32,6 +39,59 @@ use crate::structured::Grammars;
 
 /// How long an idle rank 0 waits before checking that the group still stands.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How long a turn runs before the [`Watchdog`] looks for a failed collective.
+const STALLED: Duration = Duration::from_secs(2);
+
+/// Watches one rank's turns from its own thread: when a turn has run longer
+/// than [`STALLED`] and MLX holds the error of a failed collective, the
+/// engine thread is blocked behind it for good. The watchdog then hands the
+/// reason to `on_failure` and ends the process (exit status 1).
+#[derive(Clone)]
+struct Watchdog {
+    /// When the running turn began (ms after `epoch`, plus one); 0 between turns.
+    turn_began: Arc<AtomicU64>,
+    epoch: Instant,
+}
+
+impl Watchdog {
+    fn start(group: &Group, on_failure: impl FnOnce(&str) + Send + 'static) -> Watchdog {
+        let dog = Watchdog { turn_began: Arc::new(AtomicU64::new(0)), epoch: Instant::now() };
+        let (watching, group) = (dog.clone(), group.clone());
+        let spawned = std::thread::Builder::new().name("group-watchdog".into()).spawn(move || loop {
+            std::thread::sleep(STALLED / 4);
+            if watching.stalled() {
+                if let Some(e) = group.take_error() {
+                    let why = group_lost(&group, &e);
+                    log::error!("{why}");
+                    on_failure(&why);
+                    mlx_rs_safe::distributed::exit_now(1);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("no watchdog for the distributed group (a blocked rank may hang): {e}");
+        }
+        dog
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn turn_begins(&self) {
+        self.turn_began.store(self.now(), Ordering::SeqCst);
+    }
+
+    fn turn_ends(&self) {
+        self.turn_began.store(0, Ordering::SeqCst);
+    }
+
+    fn stalled(&self) -> bool {
+        let began = self.turn_began.load(Ordering::SeqCst);
+        began > 0 && self.now().saturating_sub(began) > STALLED.as_millis() as u64
+    }
+}
 
 /// A request as it travels to the other ranks.
 #[derive(Debug, Serialize, Deserialize)]
@@ -134,8 +194,17 @@ impl Outbox {
 }
 
 /// Rank 0: turns the handle's commands into turns for every rank, and runs
-/// them. Returns why the group stopped when it did not stop by command.
-pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>, group: &Group) -> Option<String> {
+/// them until a command stops them, or the group breaks down: then the
+/// reason is published on `failed` before any request hears of it (so the
+/// API can answer them 503), and every request ends with it.
+pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>, group: &Group, failed: Arc<watch::Sender<Option<String>>>) {
+    let publish = failed.clone();
+    let watchdog = Watchdog::start(group, move |why| {
+        publish.send_replace(Some(why.to_string()));
+        // Let the answers to the requests in flight (503) go out.
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let failed = failed.as_ref();
     let mut outbox = Outbox::default();
     let mut next_id = 0u64;
     stats.publish(engine.snapshot());
@@ -165,12 +234,13 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
             take(c, &mut turn);
         }
         turn.cancelled = outbox.abandoned();
+        watchdog.turn_begins();
         let bytes = match serde_json::to_vec(&turn) {
             Ok(b) => b,
-            Err(e) => return Some(fail(engine, &format!("cannot encode a turn: {e}"))),
+            Err(e) => return fail(engine, requests, failed, format!("cannot encode a turn: {e}")),
         };
         if let Err(e) = share(group, Some(if turn.is_empty() { &[] } else { &bytes })) {
-            return Some(fail(engine, &group_lost(group, &e)));
+            return fail(engine, requests, failed, group_lost(group, &e));
         }
         for (id, r) in requests {
             let request = outbox.open(id, r.params, Some(r.events));
@@ -181,9 +251,10 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
         if turn.stop {
             engine.abandon_all("the server is shutting down");
             outbox.forward();
-            return None;
+            return;
         }
         engine.step();
+        watchdog.turn_ends();
         outbox.forward();
         stats.publish(engine.snapshot());
     }
@@ -193,7 +264,10 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
 pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<()> {
     let mut outbox = Outbox::default();
     let stats = EngineStats::default();
+    let watchdog = Watchdog::start(group, |_| {});
     loop {
+        // Waiting for rank 0's turn counts: rank 0 sends one at least every HEARTBEAT.
+        watchdog.turn_begins();
         let bytes = share(group, None).map_err(|e| Error::Engine(group_lost(group, &e)))?;
         let turn: Turn = if bytes.is_empty() {
             Turn::default()
@@ -211,6 +285,7 @@ pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<
             return Ok(());
         }
         engine.step();
+        watchdog.turn_ends();
         outbox.forward();
     }
 }
@@ -229,11 +304,15 @@ fn group_lost(group: &Group, e: &impl std::fmt::Display) -> String {
     format!("the distributed group of {} ranks broke down (a rank stopped or its connection was lost): {e}", group.size())
 }
 
-/// Ends every request with `why`, and returns it.
-fn fail(mut engine: Engine, why: &str) -> String {
+/// Publishes `why` on `failed`, then ends every request with it: those the
+/// engine holds and `arrived`, which it never saw.
+fn fail(mut engine: Engine, arrived: Vec<(u64, Request)>, failed: &watch::Sender<Option<String>>, why: String) {
     log::error!("{why}");
-    engine.abandon_all(why);
-    why.to_string()
+    failed.send_replace(Some(why.clone()));
+    engine.abandon_all(&why);
+    for (_, r) in arrived {
+        let _ = r.events.send(Event::Error(why.clone()));
+    }
 }
 
 fn wire(g: &Generation) -> WireGeneration {

@@ -38,6 +38,7 @@ use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
 pub use weights::Sharding;
+pub use pipeline::check_point_to_point;
 
 /// A causal language model: token ids in, logits out, state in a KV cache.
 pub trait LanguageModel: Send {

@@ -84,3 +84,31 @@ impl PipelineStage {
         Ok(ops::slice(&all, &vec![0; n], &stop, &vec![1; n])?)
     }
 }
+
+/// Checks that `group`'s backend moves arrays between two ranks, as a
+/// pipeline does at every step (NCCL's backend in MLX does not): each rank
+/// sends a word to the rank before it and takes one from the rank after.
+pub fn check_point_to_point(group: &Group) -> Result<()> {
+    let (rank, size) = (group.rank(), group.size());
+    let word = Array::from_slice(&[rank as i32], &[1])?;
+    let mut moved = Vec::new();
+    if rank > 0 {
+        moved.push(group.send(&word, rank - 1)?);
+    }
+    if rank + 1 < size {
+        moved.push(group.recv_like(&word, rank + 1)?);
+    }
+    let refs: Vec<&Array> = moved.iter().collect();
+    mlx_rs_safe::eval(&refs).map_err(|e| {
+        Error::Config(format!(
+            "pipeline parallelism sends arrays between ranks, which this distributed backend cannot do ({e}); \
+             use --distributed tensor, or --distributed-backend ring"
+        ))
+    })?;
+    match moved.last() {
+        Some(got) if rank + 1 < size && got.to_vec::<i32>()? != [rank as i32 + 1] => {
+            Err(Error::Engine(format!("rank {rank} received a wrong word from rank {}", rank + 1)))
+        }
+        _ => Ok(()),
+    }
+}

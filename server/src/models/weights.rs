@@ -70,6 +70,16 @@ pub enum Sharding {
     Pipeline(Group),
 }
 
+impl Sharding {
+    /// The group the model is shared over, if any.
+    pub fn group(&self) -> Option<&Group> {
+        match self {
+            Sharding::Whole => None,
+            Sharding::Tensor(g) | Sharding::Pipeline(g) => Some(g),
+        }
+    }
+}
+
 /// Which part of a `[..., out, in]` weight (or its `[out]` bias) a rank holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {

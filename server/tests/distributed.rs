@@ -1,0 +1,339 @@
+//! One model over several `mlx-serve` processes: ranks of one MLX group on
+//! localhost over the ring backend (MLX_RANK and MLX_HOSTFILE, as
+//! `mlx.launch` sets them). Rank 0 serves HTTP; the answers must be the
+//! tokens mlx-lm gives in one process (the fixture's reference), in tensor
+//! and pipeline modes, for dense and MoE models, with requests batched.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::configs::{llama, qwen3_moe, spec};
+use common::fixture;
+use common::server::{binary, TestServer};
+use mlx_serve::metrics;
+use serde_json::{json, Value};
+
+/// Ranks 1.. of a group, and rank 0's server.
+struct Cluster {
+    server: TestServer,
+    followers: Vec<Child>,
+    /// Where follower r's stderr goes (followers[r - 1]).
+    logs: Vec<PathBuf>,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Cluster {
+    /// Starts `ranks` processes serving `model` in `mode` (tensor|pipeline).
+    fn start(model: &Path, ranks: usize, mode: &str, extra: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let hostfile = dir.path().join("hosts.json");
+        let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
+        std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
+        let mut flags = vec!["--model", model.to_str().unwrap(), "--distributed", mode];
+        flags.extend_from_slice(extra);
+        let mut followers = Vec::new();
+        let mut logs = Vec::new();
+        for rank in 1..ranks {
+            let log = dir.path().join(format!("rank{rank}.log"));
+            followers.push(
+                Command::new(binary())
+                    .env_remove("MLX_SERVE_MODEL")
+                    .env("MLX_RANK", rank.to_string())
+                    .env("MLX_HOSTFILE", &hostfile)
+                    .args(["--port", "0", "--log-level", "info"])
+                    .args(&flags)
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&log).unwrap())
+                    .spawn()
+                    .unwrap(),
+            );
+            logs.push(log);
+        }
+        let mut rank0 = Command::new(binary());
+        rank0.env("MLX_RANK", "0").env("MLX_HOSTFILE", &hostfile);
+        let server = TestServer::start_by(rank0, &flags);
+        Cluster { server, followers, logs, _dir: dir }
+    }
+
+    /// Every rank's process id, rank 0's first.
+    fn pids(&self) -> Vec<u32> {
+        std::iter::once(self.server.pid()).chain(self.followers.iter().map(Child::id)).collect()
+    }
+
+    fn follower_log(&self, rank: usize) -> String {
+        std::fs::read_to_string(&self.logs[rank - 1]).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for f in &mut self.followers {
+            let _ = f.kill();
+            let _ = f.wait();
+        }
+    }
+}
+
+/// The fixture's mlx-lm reference: its prompt, and the text of its greedy tokens.
+fn reference(dir: &Path) -> (Vec<u32>, usize, String) {
+    let reference: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let prompt: Vec<u32> = serde_json::from_value(reference["prompt"].clone()).unwrap();
+    let expected: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
+    let tok = mlx_serve::tokenizer::Tokenizer::load(dir, None).unwrap();
+    (prompt, expected.len(), tok.decode(&expected, true).unwrap())
+}
+
+/// Sends `bodies` at once; the texts, in order.
+fn completions(server: &TestServer, bodies: &[Value]) -> Vec<String> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = bodies
+            .iter()
+            .map(|b| {
+                scope.spawn(move || {
+                    let r = server.post_json("/v1/completions", b);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The reference prompt three times among two other requests, all at once:
+/// each of the three must be mlx-lm's text, and they must share batches.
+/// Then the reference prompt alone (a prompt-cache hit) must be too.
+fn check_matches_mlx_lm(name: &str, dir: &Path, ranks: usize, mode: &str, extra: &[&str]) -> Cluster {
+    let (prompt, n, expected) = reference(dir);
+    let mut flags = vec!["--prefill-size", "512"];
+    flags.extend_from_slice(extra);
+    let cluster = Cluster::start(dir, ranks, mode, &flags);
+    assert_eq!(cluster.server.get("/health").json()["distributed"], json!({"mode": mode, "ranks": ranks}));
+    let bodies = [
+        json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true}),
+        json!({"prompt": "the model", "max_tokens": 40, "ignore_eos": true}),
+        json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true}),
+        json!({"prompt": &prompt[..100], "max_tokens": 30, "ignore_eos": true, "temperature": 0.8, "seed": 3}),
+        json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true}),
+    ];
+    let texts = completions(&cluster.server, &bodies);
+    for i in [0, 2, 4] {
+        assert_eq!(texts[i], expected, "{name} over {ranks} ranks ({mode}): request {i} differs from mlx-lm");
+    }
+    let m = cluster.server.metrics();
+    let rows = metrics::counter_value(&m, "mlx_serve_decode_rows_total").unwrap();
+    let steps = metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
+    assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
+    // Seeded sampling is the same on every rank, and the same as in one process.
+    let again = completions(&cluster.server, &bodies[3..4]);
+    assert_eq!(again[0], texts[3], "{name}: a seeded sample changed");
+    let again = completions(&cluster.server, &bodies[..1]);
+    assert_eq!(again[0], expected, "{name}: the prompt-cache hit differs from mlx-lm");
+    let hits = metrics::counter_value(&cluster.server.metrics(), "mlx_serve_prompt_cache_hits_total").unwrap();
+    assert!(hits >= 1.0, "{name}: the repeated prompt missed the prompt cache");
+    eprintln!("{name} over {ranks} ranks ({mode}): mlx-lm's tokens, mean batch {:.2}", rows / steps);
+    cluster
+}
+
+/// A llama with heads, KV heads and MLP columns that split over 4 ranks, and 4 layers.
+fn dense_model() -> PathBuf {
+    let mut c = llama();
+    c["num_hidden_layers"] = json!(4);
+    c["num_key_value_heads"] = json!(4);
+    c["max_position_embeddings"] = json!(8192);
+    fixture("distributed_llama_fp32", &spec(c, "float32", None))
+}
+
+/// A Qwen3 MoE (8 experts, top 2) that splits over 4 ranks, in float32
+/// (MLX's CPU gather_mm takes nothing else) or 4-bit.
+fn moe_model(quantize: Option<Value>) -> PathBuf {
+    let mut c = qwen3_moe();
+    c["num_hidden_layers"] = json!(4);
+    c["num_key_value_heads"] = json!(4);
+    let name = if quantize.is_some() { "distributed_qwen3_moe_q4" } else { "distributed_qwen3_moe_fp32" };
+    fixture(name, &spec(c, "float32", quantize))
+}
+
+/// Bytes each rank must read from `model`'s safetensors file: in tensor mode
+/// its part of each layer's matrices (the router and 1-D tensors whole), in
+/// pipeline mode its layers whole; tensors outside the layers whole.
+fn shard_bytes(model: &Path, ranks: usize, mode: &str, layers: usize) -> Vec<u64> {
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    (0..ranks)
+        .map(|rank| {
+            // mlx-lm's pipeline: the last rank runs the first layers.
+            let (base, extra) = (layers / ranks, layers % ranks);
+            let count = |r: usize| base + usize::from(r < extra);
+            let start: usize = (rank + 1..ranks).map(count).sum();
+            let mine = start..start + count(rank);
+            meta.tensors()
+                .iter()
+                .map(|(name, info)| {
+                    let size = (info.data_offsets.1 - info.data_offsets.0) as u64;
+                    let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()?.parse::<usize>().ok());
+                    match (layer, mode) {
+                        (None, _) => size,
+                        (Some(i), "pipeline") => if mine.contains(&i) { size } else { 0 },
+                        (Some(_), _) if info.shape.len() < 2 || name.contains(".mlp.gate.") => size,
+                        (Some(_), _) => size / ranks as u64,
+                    }
+                })
+                .sum()
+        })
+        .collect()
+}
+
+/// Each rank read its shard's bytes from the files (the log says how many),
+/// and the kernel counted about that many (rchar: reads, also page-cached).
+fn check_reads(cluster: &Cluster, model: &Path, ranks: usize, mode: &str, layers: usize) {
+    let expected = shard_bytes(model, ranks, mode, layers);
+    let file = std::fs::metadata(model.join("model.safetensors")).unwrap().len();
+    let tokenizer = std::fs::metadata(model.join("tokenizer.json")).map(|m| m.len()).unwrap_or(0);
+    for (rank, pid) in cluster.pids().into_iter().enumerate() {
+        if rank > 0 {
+            let log = cluster.follower_log(rank);
+            let said = format!("rank {rank} of {ranks} reads {} bytes", expected[rank]);
+            assert!(log.contains(&said), "rank {rank}: expected '{said}' in its log:\n{log}");
+        }
+        let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+        let rchar: u64 = io.lines().find_map(|l| l.strip_prefix("rchar: ")).unwrap().trim().parse().unwrap();
+        // What else a rank reads (tokenizer, configs, /proc): ~60 KiB here,
+        // less than the part of the weights a rank must leave unread.
+        let slack = tokenizer + (128 << 10);
+        assert!(expected[rank] + slack < file, "the fixture is too small to tell a shard from the whole file");
+        assert!(
+            rchar >= expected[rank] && rchar <= expected[rank] + slack,
+            "rank {rank} ({mode}): read {rchar} bytes, its shard is {} of the file's {file} (slack {slack})",
+            expected[rank]
+        );
+        eprintln!("rank {rank} of {ranks} ({mode}): read {rchar} bytes; its shard {} of {file}", expected[rank]);
+    }
+}
+
+#[test]
+fn a_dense_model_over_2_and_4_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
+    let model = dense_model();
+    for ranks in [2, 4] {
+        let cluster = check_matches_mlx_lm("llama fp32", &model, ranks, "tensor", &[]);
+        check_reads(&cluster, &model, ranks, "tensor", 4);
+    }
+}
+
+#[test]
+fn a_dense_model_over_2_and_4_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
+    let model = dense_model();
+    for ranks in [2, 4] {
+        let cluster = check_matches_mlx_lm("llama fp32", &model, ranks, "pipeline", &[]);
+        check_reads(&cluster, &model, ranks, "pipeline", 4);
+    }
+}
+
+#[test]
+fn a_moe_model_over_2_and_4_ranks_gives_mlx_lms_tokens_in_both_modes() {
+    let model = moe_model(None);
+    for (ranks, mode) in [(2, "tensor"), (4, "tensor"), (2, "pipeline"), (4, "pipeline")] {
+        let cluster = check_matches_mlx_lm("qwen3_moe fp32", &model, ranks, mode, &[]);
+        check_reads(&cluster, &model, ranks, mode, 4);
+    }
+}
+
+#[test]
+fn a_4bit_moe_model_is_sharded_without_dequantizing() {
+    let model = moe_model(Some(json!({"bits": 4, "group_size": 32})));
+    let cluster = check_matches_mlx_lm("qwen3_moe 4-bit", &model, 2, "tensor", &[]);
+    check_reads(&cluster, &model, 2, "tensor", 4);
+}
+
+/// A streamed request whose client goes away is cancelled on every rank in
+/// the same turn: the group stays in step and answers the next requests.
+#[test]
+fn a_cancelled_stream_leaves_the_ranks_in_step() {
+    let model = dense_model();
+    let (prompt, n, expected) = reference(&model);
+    let cluster = Cluster::start(&model, 2, "tensor", &["--prefill-size", "512"]);
+    let body = json!({"prompt": "the model", "max_tokens": 4000, "ignore_eos": true, "stream": true}).to_string();
+    for _ in 0..3 {
+        let mut c = cluster.server.send_raw_post("/v1/completions", &body);
+        let mut first = [0u8; 256];
+        std::io::Read::read(&mut c, &mut first).unwrap();
+        drop(c);
+    }
+    let texts = completions(&cluster.server, &[json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true})]);
+    assert_eq!(texts[0], expected);
+    let m = cluster.server.metrics();
+    let generated = metrics::counter_value(&m, "mlx_serve_generated_tokens_total").unwrap();
+    assert!(generated < 3.0 * 4000.0, "the dropped streams ran to the end ({generated} tokens)");
+    assert_eq!(metrics::counter_value(&m, "mlx_serve_cancelled_total"), Some(3.0));
+}
+
+/// A rank that dies ends the group: the request in flight is answered 503
+/// (engine_stopped, naming the broken group), and rank 0 exits with the
+/// reason instead of hanging.
+#[test]
+fn killing_a_rank_answers_503_and_stops_the_server() {
+    let model = dense_model();
+    let mut cluster = Cluster::start(&model, 2, "pipeline", &[]);
+    let running = std::thread::scope(|scope| {
+        let server = &cluster.server;
+        let request = scope.spawn(move || {
+            server.post_json("/v1/completions", &json!({"prompt": "the model", "max_tokens": 8000, "ignore_eos": true}))
+        });
+        // Kill rank 1 once decoding is under way.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let steps = metrics::counter_value(&server.metrics(), "mlx_serve_decode_steps_total").unwrap_or(0.0);
+            if steps >= 20.0 {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "decoding did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        cluster.followers[0].kill().unwrap();
+        request.join().unwrap()
+    });
+    assert_eq!(running.status, 503, "{}", running.body);
+    let error = &running.json()["error"];
+    assert_eq!(error["code"], "engine_stopped", "{}", running.body);
+    assert!(error["message"].as_str().unwrap().contains("broke down"), "{}", running.body);
+    let status = cluster.server.wait_exit(Duration::from_secs(15)).expect("rank 0 did not exit after rank 1 died");
+    assert!(!status.success(), "rank 0 exited with {status}");
+    let stderr = cluster.server.stderr().join("\n");
+    assert!(stderr.contains("distributed group of 2 ranks broke down"), "{stderr}");
+}
+
+/// Flags that cannot work together are refused before any rank loads.
+#[test]
+fn tensor_mode_refuses_heads_that_do_not_split() {
+    let model = dense_model();
+    let dir = tempfile::tempdir().unwrap();
+    let hostfile = dir.path().join("hosts.json");
+    let hosts: Vec<Value> = (0..3).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
+    std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
+    let ranks: Vec<Child> = (0..3)
+        .map(|rank| {
+            Command::new(binary())
+                .env("MLX_RANK", rank.to_string())
+                .env("MLX_HOSTFILE", &hostfile)
+                .args(["--model", model.to_str().unwrap(), "--port", "0", "--distributed", "tensor"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in ranks.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {rank} started");
+        assert!(stderr.contains("3 ranks") && stderr.contains("heads"), "rank {rank}: {stderr}");
+    }
+}
