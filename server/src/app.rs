@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix_web::web;
+use mlx_rs_safe::distributed::Group;
 use serde::Deserialize;
 
 use crate::api::auth::ApiKey;
@@ -14,8 +15,6 @@ use crate::api::shutdown::Shutdown;
 use crate::api::tokenize_pool::TokenizePool;
 use crate::api::{self, generation, AppState, KvFootprint};
 use crate::cli::ServeArgs;
-use mlx_rs_safe::distributed::Group;
-
 use crate::engine::{follow, Engine, EngineConfig, EngineHandle};
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
@@ -100,7 +99,8 @@ fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants, sharding: &mod
 }
 
 /// The distributed group this process was started in (MLX's environment, as
-/// `mlx.launch` sets it), and how the model is split over it; None alone.
+/// `mlx.launch` sets it), and how the model is split over it (`Whole` for a
+/// process started alone).
 fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
     let backend = match args.distributed_backend.as_str() {
         "any" => None,
@@ -127,11 +127,21 @@ fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
         if group.rank() == 0 { ", serving HTTP" } else { ", following rank 0" }
     );
     if tensor {
-        Ok(models::Sharding::Tensor(group))
-    } else {
-        models::check_point_to_point(&group)?;
-        Ok(models::Sharding::Pipeline(group))
+        return Ok(models::Sharding::Tensor(group));
     }
+    let transfer = match args.pipeline_transfer.as_str() {
+        "gather" => models::Transfer::Gather,
+        "send" | "auto" if models::point_to_point_works(&group)? => models::Transfer::Send,
+        "send" => {
+            return Err(Error::Config(
+                "--pipeline-transfer send: this distributed backend cannot send arrays between ranks; use gather or auto".into(),
+            ))
+        }
+        "auto" => models::Transfer::Gather,
+        other => return Err(Error::Config(format!("--pipeline-transfer must be auto, send or gather (got {other:?})"))),
+    };
+    log::info!("pipeline stages hand on by {}", if transfer == models::Transfer::Send { "send" } else { "all-gather" });
+    Ok(models::Sharding::Pipeline(group, transfer))
 }
 
 /// `--plan`: prints the memory plan without reading the weights.
@@ -175,7 +185,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let distributed = match &load_options.sharding {
         models::Sharding::Whole => None,
         models::Sharding::Tensor(g) => Some(api::Distributed { mode: "tensor", ranks: g.size() }),
-        models::Sharding::Pipeline(g) => Some(api::Distributed { mode: "pipeline", ranks: g.size() }),
+        models::Sharding::Pipeline(g, _) => Some(api::Distributed { mode: "pipeline", ranks: g.size() }),
     };
     let mut metrics = Metrics::new();
     let expert_counters = load_options.experts.as_ref().map(|e| e.counters.clone());

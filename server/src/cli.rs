@@ -176,6 +176,12 @@ pub struct ServeArgs {
     /// jaccl (Thunderbolt RDMA) or mpi.
     #[arg(long, env = "MLX_SERVE_DISTRIBUTED_BACKEND", default_value = "any")]
     pub distributed_backend: String,
+    /// How pipeline stages hand the hidden state on: `send` (to the next
+    /// rank only), `gather` (an all-gather at each stage boundary, for
+    /// backends without point-to-point transfers such as NCCL), or `auto`
+    /// (send where the backend can, checked at start).
+    #[arg(long, env = "MLX_SERVE_PIPELINE_TRANSFER", default_value = "auto")]
+    pub pipeline_transfer: String,
     /// Requests must carry `Authorization: Bearer <key>` (also /metrics and
     /// the detailed /health; /health without credentials answers only
     /// `{"status": "ok"}`, a liveness probe).

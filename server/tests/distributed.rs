@@ -228,11 +228,13 @@ fn a_dense_model_over_2_and_4_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
     }
 }
 
+/// Both ways a stage hands on: sends (what ring supports), and the
+/// all-gathers a backend without sends (NCCL) gets.
 #[test]
 fn a_dense_model_over_2_and_4_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
     let model = dense_model();
-    for ranks in [2, 4] {
-        let cluster = check_matches_mlx_lm("llama fp32", &model, ranks, "pipeline", &[]);
+    for (ranks, transfer) in [(2, "send"), (4, "send"), (2, "gather"), (4, "gather")] {
+        let cluster = check_matches_mlx_lm("llama fp32", &model, ranks, "pipeline", &["--pipeline-transfer", transfer]);
         check_reads(&cluster, &model, ranks, "pipeline", 4);
     }
 }
@@ -336,4 +338,28 @@ fn tensor_mode_refuses_heads_that_do_not_split() {
         assert!(!out.status.success(), "rank {rank} started");
         assert!(stderr.contains("3 ranks") && stderr.contains("heads"), "rank {rank}: {stderr}");
     }
+}
+
+/// A structured-output request: every rank compiles the grammar rank 0 sends
+/// and masks the same rows, so the sampled answer is the one process's.
+#[test]
+fn a_json_schema_request_gives_the_single_process_answer() {
+    let model = common::models::model();
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                        "required": ["name", "n"], "additionalProperties": false});
+    let body = json!({"messages": [{"role": "user", "content": "describe it"}], "max_tokens": 200, "temperature": 1.0, "seed": 11,
+                      "response_format": {"type": "json_schema", "json_schema": {"name": "out", "strict": true, "schema": schema}}});
+    let answer = |server: &TestServer| {
+        let r = server.post_json("/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let reply = r.json();
+        assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
+        reply["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let alone = answer(&TestServer::start(&model, &[]));
+    let cluster = Cluster::start(&model, 2, "tensor", &[]);
+    let grouped = answer(&cluster.server);
+    assert_eq!(grouped, alone, "over 2 ranks the constrained sample differs");
+    let value: Value = serde_json::from_str(&grouped).unwrap();
+    assert!(value["name"].is_string() && value["n"].is_i64(), "{value}");
 }

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use super::core::Engine;
 use super::handle::Command;
 use super::request::{Event, Generation, Request};
-use super::sampler::{fresh_seed, SamplingParams};
+use super::sampler::fresh_seed;
 use super::stats::EngineStats;
 use crate::error::{Error, Result};
 use crate::structured::Grammars;
@@ -93,19 +93,12 @@ impl Watchdog {
     }
 }
 
-/// A request as it travels to the other ranks.
+/// A request as it travels to the other ranks: its parameters, with its
+/// grammar as Lark source (each rank compiles its own).
 #[derive(Debug, Serialize, Deserialize)]
 struct WireGeneration {
-    prompt: Vec<u32>,
-    sampling: SamplingParams,
-    max_tokens: usize,
-    stop: Vec<String>,
-    logprobs: Option<usize>,
-    ignore_eos: bool,
-    keep_special_tokens: bool,
-    /// The grammar's Lark source.
+    params: Generation,
     guide: Option<String>,
-    progress: bool,
 }
 
 /// What one turn starts with, decided by rank 0.
@@ -316,17 +309,7 @@ fn fail(mut engine: Engine, arrived: Vec<(u64, Request)>, failed: &watch::Sender
 }
 
 fn wire(g: &Generation) -> WireGeneration {
-    WireGeneration {
-        prompt: g.prompt.clone(),
-        sampling: g.sampling.clone(),
-        max_tokens: g.max_tokens,
-        stop: g.stop.clone(),
-        logprobs: g.logprobs,
-        ignore_eos: g.ignore_eos,
-        keep_special_tokens: g.keep_special_tokens,
-        guide: g.guide.as_ref().map(|guide| guide.source().to_string()),
-        progress: g.progress,
-    }
+    WireGeneration { params: g.clone(), guide: g.guide.as_ref().map(|guide| guide.source().to_string()) }
 }
 
 fn unwire(g: &WireGeneration, grammars: &Grammars) -> Result<Generation> {
@@ -334,15 +317,5 @@ fn unwire(g: &WireGeneration, grammars: &Grammars) -> Result<Generation> {
         Some(source) => Some(grammars.compile_source(source).map_err(|e| Error::Engine(format!("a grammar rank 0 compiled does not compile here: {e}")))?),
         None => None,
     };
-    Ok(Generation {
-        prompt: g.prompt.clone(),
-        sampling: g.sampling.clone(),
-        max_tokens: g.max_tokens,
-        stop: g.stop.clone(),
-        logprobs: g.logprobs,
-        ignore_eos: g.ignore_eos,
-        keep_special_tokens: g.keep_special_tokens,
-        guide,
-        progress: g.progress,
-    })
+    Ok(Generation { guide, ..g.params.clone() })
 }

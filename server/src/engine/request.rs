@@ -10,7 +10,9 @@ use super::stop::FinishReason;
 use crate::structured::Guide;
 
 /// What to generate: a validated, tokenized prompt and how to continue it.
-#[derive(Debug, Clone)]
+/// (Serialized for the other ranks of a distributed group, its guide apart:
+/// see `lockstep`.)
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Generation {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
@@ -25,6 +27,7 @@ pub struct Generation {
     /// special tokens (Mistral's `[TOOL_CALLS]`) must see them.
     pub keep_special_tokens: bool,
     /// The grammar the output must follow (structured output, forced tool calls).
+    #[serde(skip)]
     pub guide: Option<Guide>,
     /// Send an [`Event::Progress`] after each prefill chunk (llama-server's
     /// `return_progress`: a long prompt shows it is being read).

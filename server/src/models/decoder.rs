@@ -140,17 +140,21 @@ impl Decoder {
 
 impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
-        let mut h = self.stage.receive(self.embed.forward(tokens)?)?;
         let (caches, masks) = cache.for_forward();
-        for (i, (layer, cache)) in self.stage.layers.clone().zip(self.layers.iter().zip(caches.iter_mut())) {
-            h = self.placement.run(i, || {
-                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
-                let hh = ops::add(&h, &r)?;
-                let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
-                Ok(ops::add(&hh, &r)?)
-            })?;
+        let (h, pending) = self.stage.run(self.embed.forward(tokens)?, |mut h| {
+            for (i, (layer, cache)) in self.stage.layers.clone().zip(self.layers.iter().zip(caches.iter_mut())) {
+                h = self.placement.run(i, || {
+                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
+                    let hh = ops::add(&h, &r)?;
+                    let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
+                    Ok(ops::add(&hh, &r)?)
+                })?;
+            }
+            Ok(h)
+        })?;
+        if let Some(p) = pending {
+            cache.keep_pending(p);
         }
-        let h = self.stage.hand_on(h, cache)?;
         self.placement.run_head(self.stage.layers.end, || {
             self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)
         })

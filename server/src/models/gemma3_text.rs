@@ -113,7 +113,7 @@ impl Gemma3Text {
     /// Loads each layer on the device `placement` gives it.
     pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Gemma3Text> {
         let cfg: Gemma3TextConfig = config.parse()?;
-        if matches!(w.sharding(), super::weights::Sharding::Pipeline(g) if g.size() > 1) {
+        if matches!(w.sharding(), super::weights::Sharding::Pipeline(g, _) if g.size() > 1) {
             return Err(crate::error::Error::Config(
                 "pipeline parallelism does not run Gemma 3 yet (it runs the llama, qwen2, qwen3, mistral, phi3 and MoE families); use --distributed tensor".into(),
             ));

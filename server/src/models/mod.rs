@@ -38,7 +38,7 @@ use decoder::{Decoder, DecoderSpec};
 use quant::QuantConfig;
 use weights::Weights;
 pub use weights::Sharding;
-pub use pipeline::check_point_to_point;
+pub use pipeline::{point_to_point_works, Transfer};
 
 /// A causal language model: token ids in, logits out, state in a KV cache.
 pub trait LanguageModel: Send {
@@ -162,7 +162,7 @@ impl ModelShape {
                 shape.weights.layers.iter_mut().chain(shape.weights.routed.iter_mut()).for_each(|b| *b = b.div_ceil(n));
                 shape.kv_layout.kv_heads = (shape.kv_layout.kv_heads / g.size() as i32).max(1);
             }
-            Sharding::Pipeline(_) => {
+            Sharding::Pipeline(..) => {
                 let stage = pipeline::PipelineStage::of(sharding, shape.kv_layout.kinds.len())?;
                 let keep = |v: &mut Vec<u64>| *v = v.get(stage.layers.clone()).map(<[u64]>::to_vec).unwrap_or_default();
                 keep(&mut shape.weights.layers);

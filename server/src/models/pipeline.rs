@@ -12,12 +12,22 @@ use mlx_rs_safe::{ops, Array};
 
 use super::weights::Sharding;
 use crate::error::{Error, Result};
-use crate::kv::ModelCache;
+
+/// How a stage hands its output to the next stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// Sent to the rank before it (ring, MPI, JACCL).
+    Send,
+    /// An all-gather at every stage boundary, every rank taking part: the
+    /// next stage takes the part of the rank that ran. Costs `ranks` times
+    /// the bytes of a send, for backends without sends (NCCL in MLX).
+    Gather,
+}
 
 /// This rank's part of the pipeline (all layers when there is none).
 #[derive(Debug, Clone)]
 pub struct PipelineStage {
-    group: Option<Group>,
+    group: Option<(Group, Transfer)>,
     /// The layers this rank holds and runs, by their index in the model.
     pub layers: Range<usize>,
 }
@@ -25,8 +35,8 @@ pub struct PipelineStage {
 impl PipelineStage {
     /// The stage `sharding` gives this rank of a model of `num_layers` layers.
     pub fn of(sharding: &Sharding, num_layers: usize) -> Result<PipelineStage> {
-        let group = match sharding {
-            Sharding::Pipeline(g) if g.size() > 1 => g,
+        let (group, transfer) = match sharding {
+            Sharding::Pipeline(g, transfer) if g.size() > 1 => (g, *transfer),
             _ => return Ok(PipelineStage { group: None, layers: 0..num_layers }),
         };
         let (rank, size) = (group.rank(), group.size());
@@ -40,7 +50,7 @@ impl PipelineStage {
         let (base, extra) = (num_layers / size, num_layers % size);
         let count = |r: usize| base + usize::from(r < extra);
         let start: usize = (rank + 1..size).map(count).sum();
-        Ok(PipelineStage { group: Some(group.clone()), layers: start..start + count(rank) })
+        Ok(PipelineStage { group: Some((group.clone(), transfer)), layers: start..start + count(rank) })
     }
 
     /// Whether tensor `name` belongs to a decoder layer another rank holds
@@ -54,41 +64,85 @@ impl PipelineStage {
         layer.is_some_and(|i| !self.layers.contains(&i))
     }
 
-    /// The hidden state this rank's first layer takes: `h` (the embedding) on
-    /// the rank running the model's first layers, else what the rank after
-    /// this one sends.
-    pub fn receive(&self, h: Array) -> Result<Array> {
-        match &self.group {
-            Some(g) if g.rank() + 1 < g.size() => Ok(g.recv_like(&h, g.rank() + 1)?),
-            _ => Ok(h),
-        }
-    }
-
-    /// Hands this rank's output on, and returns the model's last hidden state
-    /// (rank 0's), the same on every rank. The send is kept in `cache`'s
-    /// pending work, so a prefill that evaluates only the cache still sends.
-    pub fn hand_on(&self, h: Array, cache: &mut ModelCache) -> Result<Array> {
-        let Some(g) = &self.group else { return Ok(h) };
-        let h = if g.rank() > 0 {
-            let sent = g.send(&h, g.rank() - 1)?;
-            cache.keep_pending(sent.clone());
-            sent
-        } else {
-            h
+    /// Runs this rank's `layers` in the pipeline: on the embedding `h` at the
+    /// rank running the model's first layers, else on what the stage before
+    /// hands on; then hands the output on. Returns the model's last hidden
+    /// state (rank 0's), the same on every rank, and the transfer that must
+    /// run even if nothing reads the result (keep it in the cache's pending
+    /// work, so a prefill that evaluates only the cache still hands on).
+    pub fn run(&self, h: Array, layers: impl FnOnce(Array) -> Result<Array>) -> Result<(Array, Option<Array>)> {
+        let Some((g, transfer)) = &self.group else { return Ok((layers(h)?, None)) };
+        let (rank, size, rows) = (g.rank(), g.size(), h.dim(0)?);
+        let (out, pending) = match transfer {
+            Transfer::Send => {
+                let input = if rank + 1 < size { g.recv_like(&h, rank + 1)? } else { h };
+                let out = layers(input)?;
+                if rank > 0 {
+                    let sent = g.send(&out, rank - 1)?;
+                    (sent.clone(), Some(sent))
+                } else {
+                    (out, None)
+                }
+            }
+            Transfer::Gather => {
+                // Boundary b hands rank b's output to rank b-1, from the last
+                // rank's down to rank 1's. Every rank takes part in each, in
+                // this order: a rank that has nothing to hand on gives zeros
+                // that depend on the boundary before, so no rank's MLX
+                // evaluates the gathers in another order.
+                // Zeros that come after `previous` in every rank's graph.
+                let zeros_after = |previous: &Option<Array>| -> Result<Array> {
+                    match previous {
+                        Some(p) => Ok(ops::multiply(&rows_of(p, 0, rows)?, &ops::zeros(&[1], h.dtype())?)?),
+                        None => Ok(ops::zeros_like(&h)?),
+                    }
+                };
+                let mut input = (rank + 1 == size).then(|| h.clone());
+                let mut layers = Some(layers);
+                let mut previous: Option<Array> = None;
+                for b in (1..size).rev() {
+                    let mine = if rank == b {
+                        let run = layers.take().expect("a rank runs its layers once");
+                        run(input.take().expect("its input arrived at the boundary before"))?
+                    } else {
+                        zeros_after(&previous)?
+                    };
+                    let all = g.all_gather(&mine)?;
+                    if rank + 1 == b {
+                        input = Some(rows_of(&all, b, rows)?);
+                    }
+                    previous = Some(all);
+                }
+                // Rank 0's output; the others give zeros after the last
+                // boundary, so every rank gathers it last.
+                let out = match layers.take() {
+                    Some(run) => run(input.take().expect("rank 1 handed its output on"))?,
+                    None => zeros_after(&previous)?,
+                };
+                (out, previous)
+            }
         };
-        let rows = h.dim(0)?;
-        let all = g.all_gather(&h)?;
-        let mut stop = all.shape();
-        stop[0] = rows;
-        let n = stop.len();
-        Ok(ops::slice(&all, &vec![0; n], &stop, &vec![1; n])?)
+        // Rank 0's output, to every rank.
+        let all = g.all_gather(&out)?;
+        Ok((rows_of(&all, 0, rows)?, pending))
     }
 }
 
-/// Checks that `group`'s backend moves arrays between two ranks, as a
-/// pipeline does at every step (NCCL's backend in MLX does not): each rank
-/// sends a word to the rank before it and takes one from the rank after.
-pub fn check_point_to_point(group: &Group) -> Result<()> {
+/// The `rows` rows of `all` that rank `rank` gave to an all-gather.
+fn rows_of(all: &Array, rank: usize, rows: i32) -> Result<Array> {
+    let mut start = vec![0; all.ndim()];
+    let mut stop = all.shape();
+    start[0] = rank as i32 * rows;
+    stop[0] = start[0] + rows;
+    let n = stop.len();
+    Ok(ops::slice(all, &start, &stop, &vec![1; n])?)
+}
+
+/// Whether `group`'s backend moves arrays between two ranks, as a pipeline's
+/// sends do (NCCL's backend in MLX does not): each rank sends a word to the
+/// rank before it and takes one from the rank after. Every rank gets the
+/// same answer (the sends fail alike on every rank, or work).
+pub fn point_to_point_works(group: &Group) -> Result<bool> {
     let (rank, size) = (group.rank(), group.size());
     let word = Array::from_slice(&[rank as i32], &[1])?;
     let mut moved = Vec::new();
@@ -99,16 +153,14 @@ pub fn check_point_to_point(group: &Group) -> Result<()> {
         moved.push(group.recv_like(&word, rank + 1)?);
     }
     let refs: Vec<&Array> = moved.iter().collect();
-    mlx_rs_safe::eval(&refs).map_err(|e| {
-        Error::Config(format!(
-            "pipeline parallelism sends arrays between ranks, which this distributed backend cannot do ({e}); \
-             use --distributed tensor, or --distributed-backend ring"
-        ))
-    })?;
+    if let Err(e) = mlx_rs_safe::eval(&refs) {
+        log::info!("the distributed backend cannot send between ranks ({e})");
+        return Ok(false);
+    }
     match moved.last() {
         Some(got) if rank + 1 < size && got.to_vec::<i32>()? != [rank as i32 + 1] => {
             Err(Error::Engine(format!("rank {rank} received a wrong word from rank {}", rank + 1)))
         }
-        _ => Ok(()),
+        _ => Ok(true),
     }
 }

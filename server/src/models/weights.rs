@@ -66,8 +66,9 @@ pub enum Sharding {
     /// each expert's columns are split over the ranks, the partial outputs
     /// summed (mlx-lm's `shard`).
     Tensor(Group),
-    /// Every rank holds whole layers, a run of them each (mlx-lm's `pipeline`).
-    Pipeline(Group),
+    /// Every rank holds whole layers, a run of them each (mlx-lm's
+    /// `pipeline`), handing its output on as `Transfer` says.
+    Pipeline(Group, super::pipeline::Transfer),
 }
 
 impl Sharding {
@@ -75,7 +76,7 @@ impl Sharding {
     pub fn group(&self) -> Option<&Group> {
         match self {
             Sharding::Whole => None,
-            Sharding::Tensor(g) | Sharding::Pipeline(g) => Some(g),
+            Sharding::Tensor(g) | Sharding::Pipeline(g, _) => Some(g),
         }
     }
 }
@@ -476,7 +477,7 @@ impl Weights {
         if self.tensors.is_empty() {
             match &self.sharding {
                 Sharding::Whole => log::debug!("weights: {} bytes to read from the files", self.read_bytes),
-                Sharding::Tensor(g) | Sharding::Pipeline(g) => log::info!(
+                Sharding::Tensor(g) | Sharding::Pipeline(g, _) => log::info!(
                     "weights: rank {} of {} reads {} bytes from the files (its part)",
                     g.rank(),
                     g.size(),
