@@ -22,7 +22,9 @@ fn a_process_started_alone_is_a_group_of_one() {
     assert_eq!((g.rank(), g.size()), (0, 1));
     // A group of one: the collectives are identities.
     let x = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+    assert_eq!(g.take_error(), None, "no collective yet");
     assert_eq!(g.all_sum(&x).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    assert_eq!(g.take_error(), None, "the sum left no error on its stream");
     assert!(distributed::is_available(Some("ring")).unwrap());
 }
 
