@@ -33,6 +33,10 @@ tail -n 2 /tmp/tensor-ring-0.log; pkill -f "distributed tensor"; sleep 2; el
 echo '[["127.0.0.1:9331"],["127.0.0.1:9332"]]' > /tmp/hosts.json
 echo "== pipeline over ring, 2 ranks on the GPU"; run2 pipeline ring 9004 MLX_HOSTFILE=/tmp/hosts.json
 wait_up 9004 && ask 9004; tail -n 2 /tmp/pipeline-ring-0.log; pkill -f "distributed pipeline"; sleep 2; el
+echo '[["127.0.0.1:9361"],["127.0.0.1:9362"]]' > /tmp/hosts.json
+echo "== pipeline over ring handing on by all-gather (NCCL's way), 2 ranks on the GPU"
+run2 pipeline ring 9007 MLX_HOSTFILE=/tmp/hosts.json MLX_SERVE_PIPELINE_TRANSFER=gather
+wait_up 9007 && ask 9007; grep -h "hand on" /tmp/pipeline-ring-0.log; pkill -f "distributed pipeline"; sleep 2; el
 echo "== any backend, NCCL environment, world size 1"
 MLX_RANK=0 MLX_WORLD_SIZE=1 NCCL_HOST_IP=127.0.0.1 NCCL_PORT=9341 NCCL_DEBUG=INFO timeout 120 $B --model $M --port 9005 --distributed tensor --log-level info > /tmp/nccl1.log 2>&1 & P=$!
 wait_up 9005 && ask 9005; grep -m3 -h "NCCL INFO\|rank\|distributed" /tmp/nccl1.log; kill $P; wait $P 2>/dev/null; el
