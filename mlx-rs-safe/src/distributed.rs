@@ -163,6 +163,19 @@ impl Group {
     }
 }
 
+/// Makes the calling thread MLX's main thread, if no thread has used MLX's
+/// scheduler yet: call it first thing from the process's own main thread
+/// when other threads run the collectives. (On MLX's main thread, queueing
+/// work first throws and clears an error a stream stored, then waits for the
+/// stream; after a rank died mid-collective that wait never ends, and the
+/// error is gone for [`Group::take_error`]. Other threads meet the error when
+/// they wait, and it stays for `take_error`.)
+pub fn claim_main_thread() -> Result<()> {
+    error::init();
+    // SAFETY: no arguments; reports failure through mlx-c's error handler.
+    check(unsafe { sys::mlxs_claim_main_thread() })
+}
+
 /// Ends the process with `code` at once, without running exit handlers or
 /// static destructors: after a rank died, MLX's stream threads can be blocked
 /// for ever in the collectives queued behind the failed one, and MLX's

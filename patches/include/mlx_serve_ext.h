@@ -66,6 +66,16 @@ int mlxs_distributed_stream(mlx_stream* res, mlx_distributed_group group);
  * blocked. Taking the error clears it. */
 int mlxs_stream_take_error(mlx_stream stream, char* buf, size_t cap);
 
+/* Makes the calling thread MLX's "main thread" (the first to use its
+ * scheduler, as in a Python process) if no thread has used MLX's scheduler
+ * yet: call it first thing from the thread that is to be it. On the main thread,
+ * queueing work first throws (and clears) an error a stream stored, then
+ * waits for that stream: when a failed collective has left the ring's later
+ * collectives blocked, that wait never ends. Threads that run collectives
+ * should not be the main thread; they then meet the error when they wait,
+ * and a watchdog can take it (mlxs_stream_take_error). */
+int mlxs_claim_main_thread(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,3 +54,15 @@ extern "C" int mlxs_stream_take_error(mlx_stream stream, char* buf, size_t cap) 
     return 1;
   }
 }
+
+extern "C" int mlxs_claim_main_thread(void) {
+  // MLX records its main thread when the scheduler is made: make it now,
+  // here, unless it exists.
+  try {
+    mx::scheduler::scheduler();
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -119,6 +119,10 @@ fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
     if group.size() < 2 {
         return Ok(models::Sharding::Whole);
     }
+    // The engine thread runs the collectives; it must not be MLX's main
+    // thread, or a rank lost mid-collective could block it beyond the
+    // watchdog's sight (see `claim_main_thread`).
+    mlx_rs_safe::distributed::claim_main_thread()?;
     log::info!(
         "rank {} of {}: {} parallelism{}",
         group.rank(),
@@ -226,11 +230,21 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let group = match group {
         // Ranks other than 0 run rank 0's turns until it stops; no HTTP.
+        // Like rank 0's, their engine runs on a thread of its own, not on
+        // MLX's main thread (see `join_group`).
         Some(g) if g.rank() > 0 => {
-            let (model, config) = load()?;
-            let engine = Engine::new(model, tokenizer.clone(), config, metrics)?;
-            follow(engine, &g, &crate::structured::Grammars::new(tokenizer))?;
-            log::info!("rank {}: rank 0 stopped the group", g.rank());
+            let rank = g.rank();
+            let engine_thread = std::thread::Builder::new()
+                .name("mlx-engine".into())
+                .spawn(move || -> Result<()> {
+                    let (model, config) = load()?;
+                    let engine = Engine::new(model, tokenizer.clone(), config, metrics)?;
+                    follow(engine, &g, &crate::structured::Grammars::new(tokenizer));
+                    Ok(())
+                })
+                .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
+            engine_thread.join().map_err(|_| Error::Internal("the engine thread panicked"))??;
+            log::info!("rank {rank}: rank 0 stopped the group");
             return Ok(());
         }
         group => group,
@@ -293,9 +307,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // Whatever is still queued or running ends here (its clients are gone).
     state.engine.shutdown();
     served?;
-    if let Some(why) = state.engine.failure.get() {
-        return Err(Error::Engine(why));
-    }
     match state.shutdown.cut_requests() {
         0 => Ok(()),
         cut => Err(Error::CutAtShutdown(cut)),

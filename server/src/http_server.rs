@@ -67,18 +67,6 @@ async fn shut_down_on_signal(server: actix_web::dev::ServerHandle, state: web::D
     state.shutdown.cut_now();
 }
 
-/// When the engine stops on its own (a rank of its distributed group was
-/// lost), the server cannot answer any more: requests get 503 until the
-/// listener has closed, and `serve` returns the reason.
-async fn shut_down_on_engine_failure(server: actix_web::dev::ServerHandle, state: web::Data<AppState>) {
-    let why = state.engine.failure.wait().await;
-    log::error!("stopping the server: {why}");
-    // Let the answers already written (their 503s and errors) go out.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    state.shutdown.cut_now();
-    drop(server.stop(true));
-}
-
 /// Serves `state` until a shutdown signal, as the flags in `args` say.
 /// Err(CutAtShutdown) when the grace period ended with requests still running.
 pub fn run(state: web::Data<AppState>, args: &ServeArgs) -> Result<()> {
@@ -124,7 +112,6 @@ pub fn run(state: web::Data<AppState>, args: &ServeArgs) -> Result<()> {
         }
         let server = server.run();
         actix_web::rt::spawn(shut_down_on_signal(server.handle(), state.clone(), grace));
-        actix_web::rt::spawn(shut_down_on_engine_failure(server.handle(), state.clone()));
         actix_web::rt::spawn(reset_peak_memory_on_sigusr1(state.clone()));
         server.await.map_err(|e| Error::Startup(format!("server error: {e}")))
     })

@@ -20,6 +20,9 @@ pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<
         state.shutdown.record_cut();
         return Err(ApiError::shutting_down());
     }
+    if let Some(why) = state.engine.failure.get() {
+        return Err(ApiError::engine_stopped(Some(why)));
+    }
     let (tx, rx) = unbounded_channel();
     match state.engine.submit(Request { params, arrived: Instant::now(), events: tx }) {
         Ok(()) => Ok(rx),

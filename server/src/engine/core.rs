@@ -107,6 +107,9 @@ pub struct Engine {
     prompt_cache: PromptCache,
     /// Decode turns run, to clear MLX's buffer cache every CLEAR_CACHE_EVERY of them.
     decode_turns: u64,
+    /// The first model computation that failed since the last look (see
+    /// `take_step_failure`).
+    step_failure: Option<String>,
 }
 
 /// Decode steps between clearing MLX's buffer cache: each step's buffers differ in size
@@ -155,6 +158,7 @@ impl Engine {
             batch: None,
             kept_masks: MaskRows::new(KEPT_ROWS_BYTES),
             decode_turns: 0,
+            step_failure: None,
         })
     }
 
@@ -182,6 +186,18 @@ impl Engine {
     /// Nothing queued or running: a turn would do nothing.
     pub fn is_idle(&self) -> bool {
         self.queue.is_empty() && self.running() == 0
+    }
+
+    /// Why a model computation of the turns since the last call failed (the
+    /// requests it served have ended with the error). One process carries
+    /// on; the ranks of a distributed group cannot (a failed collective
+    /// leaves them out of step), so they stop on it.
+    pub fn take_step_failure(&mut self) -> Option<String> {
+        self.step_failure.take()
+    }
+
+    fn note_step_failure(&mut self, e: &impl std::fmt::Display) {
+        self.step_failure.get_or_insert_with(|| e.to_string());
     }
 
     /// One turn (see the module doc).
@@ -282,6 +298,7 @@ impl Engine {
             if let Some(&n) = plan.get(i) {
                 if n > 0 {
                     if let Err(e) = self.prefill_tokens(&mut p, n) {
+                        self.note_step_failure(&e);
                         p.seq.fail(&e.to_string());
                         continue;
                     }
@@ -294,6 +311,7 @@ impl Engine {
                 match p.cache.compress(self.config.kv_compression.as_ref(), Phase::Decode) {
                     Ok(n) => self.metrics.record_kv_compressions("decode", n as u64),
                     Err(e) => {
+                        self.note_step_failure(&e);
                         p.seq.fail(&e.to_string());
                         continue;
                     }
@@ -339,6 +357,7 @@ impl Engine {
         if let Err(e) = result {
             // The batch's arrays are in an unknown state: end its sequences.
             log::error!("engine: joining the batch failed: {e}");
+            self.note_step_failure(&e);
             if let Some(mut b) = self.batch.take() {
                 b.fail_all(&e.to_string());
             }
@@ -380,6 +399,7 @@ impl Engine {
             Err(e) => {
                 log::error!("engine: decode step failed: {e}");
                 batch.fail_all(&e.to_string());
+                self.note_step_failure(&e);
             }
         }
         if self.batch.as_ref().is_some_and(DecodeBatch::is_empty) {

@@ -40,6 +40,10 @@ use crate::structured::Grammars;
 /// How long an idle rank 0 waits before checking that the group still stands.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
+/// How long a failing rank 0 waits for the answers to its requests (503) to go
+/// out before it ends the process.
+const ANSWERS_GO_OUT: Duration = Duration::from_millis(500);
+
 /// How long a turn runs before the [`Watchdog`] looks for a failed collective.
 const STALLED: Duration = Duration::from_secs(2);
 
@@ -194,8 +198,7 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
     let publish = failed.clone();
     let watchdog = Watchdog::start(group, move |why| {
         publish.send_replace(Some(why.to_string()));
-        // Let the answers to the requests in flight (503) go out.
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(ANSWERS_GO_OUT);
     });
     let failed = failed.as_ref();
     let mut outbox = Outbox::default();
@@ -230,10 +233,10 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
         watchdog.turn_begins();
         let bytes = match serde_json::to_vec(&turn) {
             Ok(b) => b,
-            Err(e) => return fail(engine, requests, failed, format!("cannot encode a turn: {e}")),
+            Err(e) => fail(engine, requests, failed, format!("cannot encode a turn: {e}")),
         };
         if let Err(e) = share(group, Some(if turn.is_empty() { &[] } else { &bytes })) {
-            return fail(engine, requests, failed, group_lost(group, &e));
+            fail(engine, requests, failed, group_lost(group, &e));
         }
         for (id, r) in requests {
             let request = outbox.open(id, r.params, Some(r.events));
@@ -248,16 +251,30 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
         }
         engine.step();
         watchdog.turn_ends();
+        // Before the step's events go out: its requests then hear of the
+        // failure (503), not of the error the step ended them with.
+        if let Some(e) = engine.take_step_failure() {
+            fail(engine, Vec::new(), failed, step_failed(group, &e));
+        }
         outbox.forward();
         stats.publish(engine.snapshot());
     }
 }
 
-/// Ranks other than 0: run the turns rank 0 sends until it says stop.
-pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<()> {
+/// Ranks other than 0: run the turns rank 0 sends until it says stop. When
+/// the group breaks down (or a step fails here), reports why and ends the
+/// process (exit status 1), as rank 0 does.
+pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) {
+    let watchdog = Watchdog::start(group, |_| {});
+    if let Err(e) = run_turns(&mut engine, group, grammars, &watchdog) {
+        log::error!("{e}");
+        mlx_rs_safe::distributed::exit_now(1);
+    }
+}
+
+fn run_turns(engine: &mut Engine, group: &Group, grammars: &Grammars, watchdog: &Watchdog) -> Result<()> {
     let mut outbox = Outbox::default();
     let stats = EngineStats::default();
-    let watchdog = Watchdog::start(group, |_| {});
     loop {
         // Waiting for rank 0's turn counts: rank 0 sends one at least every HEARTBEAT.
         watchdog.turn_begins();
@@ -272,7 +289,7 @@ pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<
             let request = outbox.open(*id, params, None);
             engine.submit(request);
         }
-        apply_common(&engine, &mut outbox, &stats, &turn);
+        apply_common(engine, &mut outbox, &stats, &turn);
         if turn.stop {
             engine.abandon_all("the server is shutting down");
             return Ok(());
@@ -280,6 +297,9 @@ pub fn follow(mut engine: Engine, group: &Group, grammars: &Grammars) -> Result<
         engine.step();
         watchdog.turn_ends();
         outbox.forward();
+        if let Some(e) = engine.take_step_failure() {
+            return Err(Error::Engine(step_failed(group, &e)));
+        }
     }
 }
 
@@ -298,14 +318,23 @@ fn group_lost(group: &Group, e: &impl std::fmt::Display) -> String {
 }
 
 /// Publishes `why` on `failed`, then ends every request with it: those the
-/// engine holds and `arrived`, which it never saw.
-fn fail(mut engine: Engine, arrived: Vec<(u64, Request)>, failed: &watch::Sender<Option<String>>, why: String) {
+/// engine holds and `arrived`, which it never saw; then, once their answers
+/// (503) have gone out, ends the process (exit status 1). Not by returning:
+/// MLX's stream threads may be blocked in collectives queued behind the
+/// failed one, and its exit-time destructors would wait for them.
+fn fail(mut engine: Engine, arrived: Vec<(u64, Request)>, failed: &watch::Sender<Option<String>>, why: String) -> ! {
     log::error!("{why}");
     failed.send_replace(Some(why.clone()));
     engine.abandon_all(&why);
     for (_, r) in arrived {
         let _ = r.events.send(Event::Error(why.clone()));
     }
+    std::thread::sleep(ANSWERS_GO_OUT);
+    mlx_rs_safe::distributed::exit_now(1);
+}
+
+fn step_failed(group: &Group, e: &str) -> String {
+    format!("a step failed on rank {} of the distributed group, which cannot go on out of step: {e}", group.rank())
 }
 
 fn wire(g: &Generation) -> WireGeneration {
