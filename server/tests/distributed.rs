@@ -91,23 +91,6 @@ fn reference(dir: &Path) -> (Vec<u32>, usize, String) {
     (prompt, expected.len(), tok.decode(&expected, true).unwrap())
 }
 
-/// Sends `bodies` at once; the texts, in order.
-fn completions(server: &TestServer, bodies: &[Value]) -> Vec<String> {
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = bodies
-            .iter()
-            .map(|b| {
-                scope.spawn(move || {
-                    let r = server.post_json("/v1/completions", b);
-                    assert_eq!(r.status, 200, "{}", r.body);
-                    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
-}
-
 /// The reference prompt three times among two other requests, all at once:
 /// each of the three must be mlx-lm's text, and they must share batches.
 /// Then the reference prompt alone (a prompt-cache hit) must be too.
@@ -124,7 +107,7 @@ fn check_matches_mlx_lm(name: &str, dir: &Path, ranks: usize, mode: &str, extra:
         json!({"prompt": &prompt[..100], "max_tokens": 30, "ignore_eos": true, "temperature": 0.8, "seed": 3}),
         json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true}),
     ];
-    let texts = completions(&cluster.server, &bodies);
+    let texts = cluster.server.completions_at_once(&bodies);
     for i in [0, 2, 4] {
         assert_eq!(texts[i], expected, "{name} over {ranks} ranks ({mode}): request {i} differs from mlx-lm");
     }
@@ -133,9 +116,9 @@ fn check_matches_mlx_lm(name: &str, dir: &Path, ranks: usize, mode: &str, extra:
     let steps = metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
     assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
     // Seeded sampling is the same on every rank, and the same as in one process.
-    let again = completions(&cluster.server, &bodies[3..4]);
+    let again = cluster.server.completions_at_once(&bodies[3..4]);
     assert_eq!(again[0], texts[3], "{name}: a seeded sample changed");
-    let again = completions(&cluster.server, &bodies[..1]);
+    let again = cluster.server.completions_at_once(&bodies[..1]);
     assert_eq!(again[0], expected, "{name}: the prompt-cache hit differs from mlx-lm");
     let hits = metrics::counter_value(&cluster.server.metrics(), "mlx_serve_prompt_cache_hits_total").unwrap();
     assert!(hits >= 1.0, "{name}: the repeated prompt missed the prompt cache");
@@ -269,7 +252,7 @@ fn a_cancelled_stream_leaves_the_ranks_in_step() {
         std::io::Read::read(&mut c, &mut first).unwrap();
         drop(c);
     }
-    let texts = completions(&cluster.server, &[json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true})]);
+    let texts = cluster.server.completions_at_once(&[json!({"prompt": prompt, "max_tokens": n, "ignore_eos": true})]);
     assert_eq!(texts[0], expected);
     let m = cluster.server.metrics();
     let generated = metrics::counter_value(&m, "mlx_serve_generated_tokens_total").unwrap();

@@ -237,20 +237,7 @@ fn check_server_parity(name: &str, spec: Value, flags: &[&str]) {
         json!({"prompt": &prompt[..100], "max_tokens": 30, "ignore_eos": true}),
         json!({"prompt": prompt, "max_tokens": expected.len(), "ignore_eos": true}),
     ];
-    let texts: Vec<String> = std::thread::scope(|scope| {
-        let handles: Vec<_> = bodies
-            .iter()
-            .map(|b| {
-                let server = &server;
-                scope.spawn(move || {
-                    let r = server.post_json("/v1/completions", b);
-                    assert_eq!(r.status, 200, "{}", r.body);
-                    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let texts = server.completions_at_once(&bodies);
     for i in [0, 2, 4] {
         assert_eq!(texts[i], expected_text, "{name}: request {i} through the server differs from mlx-lm");
     }

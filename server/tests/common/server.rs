@@ -158,6 +158,24 @@ impl TestServer {
         send(ureq::get(&self.url(path)).set(header.0, header.1), None)
     }
 
+    /// Sends the completion requests `bodies` at once (a thread each); the
+    /// texts of their 200 answers, in order.
+    pub fn completions_at_once(&self, bodies: &[Value]) -> Vec<String> {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = bodies
+                .iter()
+                .map(|b| {
+                    scope.spawn(move || {
+                        let r = self.post_json("/v1/completions", b);
+                        assert_eq!(r.status, 200, "{}", r.body);
+                        r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
     pub fn metrics(&self) -> String {
         self.get("/metrics").body
     }
