@@ -12,7 +12,7 @@ time between tokens of a sequence (the decode step: mlx_serve_inter_token_second
 /metrics, its sum and count before and after the wave).
 
 usage: vendor/pyref/bin/python bench/distributed_bench.py --model DIR --mlx-serve PATH
-           [--ranks 2] [--modes single,tensor,pipeline] [--concurrency 1,8]
+           [--ranks 2] [--modes single,tensor,pipeline,pipeline-gather] [--concurrency 1,8]
            [--prompt-tokens 64] [--gen-tokens 64] [--out bench/results/distributed.json]
 """
 
@@ -52,7 +52,10 @@ class Group:
             hostfile = Path(log_dir) / "hosts.json"
             hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(ranks)]))
             env["MLX_HOSTFILE"] = str(hostfile)
-            flags += ["--distributed", mode]
+            # "pipeline-gather": stages hand on by all-gathers, as over NCCL.
+            flags += ["--distributed", mode.split("-")[0]]
+            if mode == "pipeline-gather":
+                flags += ["--pipeline-transfer", "gather"]
         for rank in reversed(range(ranks if mode != "single" else 1)):
             e = dict(env, MLX_RANK=str(rank)) if mode != "single" else env
             port = str(self.port) if rank == 0 else "0"
@@ -103,7 +106,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--mlx-serve", required=True)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--modes", default="single,tensor,pipeline")
+    ap.add_argument("--modes", default="single,tensor,pipeline,pipeline-gather")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--gen-tokens", type=int, default=64)
@@ -122,7 +125,7 @@ def main():
                     r = wave(group.url, c, prompt, args.gen_tokens)
                     r.update(mode=mode, ranks=1 if mode == "single" else args.ranks, concurrency=c)
                     rows.append(r)
-                    print(f"{mode:9} ranks {r['ranks']} C={c:2}: {r['tok_s']:8.1f} tok/s, {r['step_ms']:7.2f} ms per step", flush=True)
+                    print(f"{mode:15} ranks {r['ranks']} C={c:2}: {r['tok_s']:8.1f} tok/s, {r['step_ms']:7.2f} ms per step", flush=True)
             finally:
                 group.stop()
     base = {r["concurrency"]: r for r in rows if r["mode"] == "single"}
