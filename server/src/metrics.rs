@@ -80,6 +80,8 @@ pub struct Metrics {
     grammar_masks: Counter,
     grammar_mask_seconds: Counter<f64, AtomicU64>,
     grammar_mask_rows: Family<MaskSourceLabels, Counter>,
+    group_turns: Counter,
+    group_turn_bytes: Counter,
 }
 
 impl Metrics {
@@ -118,6 +120,8 @@ impl Metrics {
             grammar_masks: Counter::default(),
             grammar_mask_seconds: Counter::default(),
             grammar_mask_rows: Family::default(),
+            group_turns: Counter::default(),
+            group_turn_bytes: Counter::default(),
         };
         metrics.registered()
     }
@@ -226,6 +230,16 @@ impl Metrics {
             "cancelled",
             "Sequences ended early because their client went away",
             self.cancelled.clone(),
+        );
+        r.register(
+            "distributed_turns",
+            "Turns rank 0 sent the other ranks of its distributed group, one before each engine step and one each idle second",
+            self.group_turns.clone(),
+        );
+        r.register(
+            "distributed_turn_bytes",
+            "Bytes of those turns: the requests that arrived and those cancelled",
+            self.group_turn_bytes.clone(),
         );
         r.register(
             "decode_steps",
@@ -348,6 +362,12 @@ impl Metrics {
     /// A sequence ended early because its client went away.
     pub fn record_cancelled(&self) {
         self.cancelled.inc();
+    }
+
+    /// Rank 0 sent its group a turn of `bytes` bytes.
+    pub fn record_group_turn(&self, bytes: u64) {
+        self.group_turns.inc();
+        self.group_turn_bytes.inc_by(bytes);
     }
 
     /// The OpenMetrics text exposition of every metric, ending with "# EOF\n".

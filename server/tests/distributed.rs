@@ -120,8 +120,15 @@ fn check_matches_mlx_lm(name: &str, dir: &Path, ranks: usize, mode: &str, extra:
     assert_eq!(again[0], texts[3], "{name}: a seeded sample changed");
     let again = cluster.server.completions_at_once(&bodies[..1]);
     assert_eq!(again[0], expected, "{name}: the prompt-cache hit differs from mlx-lm");
-    let hits = metrics::counter_value(&cluster.server.metrics(), "mlx_serve_prompt_cache_hits_total").unwrap();
+    let m = cluster.server.metrics();
+    let hits = metrics::counter_value(&m, "mlx_serve_prompt_cache_hits_total").unwrap();
     assert!(hits >= 1.0, "{name}: the repeated prompt missed the prompt cache");
+    // Every step was preceded by a turn sent to the group; 7 requests travelled in them.
+    let turns = metrics::counter_value(&m, "mlx_serve_distributed_turns_total").unwrap();
+    let turn_bytes = metrics::counter_value(&m, "mlx_serve_distributed_turn_bytes_total").unwrap();
+    let steps = metrics::counter_value(&m, "mlx_serve_decode_steps_total").unwrap();
+    assert!(turns >= steps, "{name}: {turns} turns for {steps} decode steps");
+    assert!(turn_bytes > 7.0 * 600.0, "{name}: {turn_bytes} bytes of turns for 7 requests of up to 600 prompt tokens");
     eprintln!("{name} over {ranks} ranks ({mode}): mlx-lm's tokens, mean batch {:.2}", rows / steps);
     cluster
 }

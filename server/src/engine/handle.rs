@@ -87,7 +87,7 @@ impl EngineHandle {
         let (ready_tx, ready_rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(EngineStats::default());
-        let (w, s) = (waiting.clone(), stats.clone());
+        let (w, s, engine_metrics) = (waiting.clone(), stats.clone(), metrics.clone());
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
@@ -95,7 +95,7 @@ impl EngineHandle {
                     Ok(engine) => {
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         match group {
-                            Some(g) if g.size() > 1 => super::lockstep::lead(engine, &s, rx, &g, Arc::new(failed)),
+                            Some(g) if g.size() > 1 => super::lockstep::lead(engine, &s, &engine_metrics, rx, &g, Arc::new(failed)),
                             _ => run(engine, &s, rx),
                         }
                     }

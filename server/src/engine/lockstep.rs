@@ -35,6 +35,7 @@ use super::request::{Event, Generation, Request};
 use super::sampler::fresh_seed;
 use super::stats::EngineStats;
 use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::structured::Grammars;
 
 /// How long an idle rank 0 waits before checking that the group still stands.
@@ -194,7 +195,14 @@ impl Outbox {
 /// them until a command stops them, or the group breaks down: then the
 /// reason is published on `failed` before any request hears of it (so the
 /// API can answer them 503), and every request ends with it.
-pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>, group: &Group, failed: Arc<watch::Sender<Option<String>>>) {
+pub(super) fn lead(
+    mut engine: Engine,
+    stats: &EngineStats,
+    metrics: &Metrics,
+    rx: Receiver<Command>,
+    group: &Group,
+    failed: Arc<watch::Sender<Option<String>>>,
+) {
     let publish = failed.clone();
     let watchdog = Watchdog::start(group, move |why| {
         publish.send_replace(Some(why.to_string()));
@@ -235,9 +243,11 @@ pub(super) fn lead(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command
             Ok(b) => b,
             Err(e) => fail(engine, requests, failed, format!("cannot encode a turn: {e}")),
         };
-        if let Err(e) = share(group, Some(if turn.is_empty() { &[] } else { &bytes })) {
+        let sent: &[u8] = if turn.is_empty() { &[] } else { &bytes };
+        if let Err(e) = share(group, Some(sent)) {
             fail(engine, requests, failed, group_lost(group, &e));
         }
+        metrics.record_group_turn(sent.len() as u64);
         for (id, r) in requests {
             let request = outbox.open(id, r.params, Some(r.events));
             // Counted as waiting by the handle when it was submitted.
