@@ -112,9 +112,20 @@ fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
         "pipeline" => false,
         other => return Err(Error::Config(format!("--distributed must be tensor or pipeline (got {other:?})"))),
     };
+    // None: auto, by what the backend can do.
+    let transfer = match args.pipeline_transfer.as_str() {
+        "auto" => None,
+        "send" => Some(models::Transfer::Send),
+        "gather" => Some(models::Transfer::Gather),
+        other => return Err(Error::Config(format!("--pipeline-transfer must be auto, send or gather (got {other:?})"))),
+    };
     // Started as a rank (or with a backend named): a group that cannot form
     // is an error, not a silent group of one.
     let strict = backend.is_some() || std::env::var_os("MLX_RANK").is_some();
+    // MLX reads a missing hostfile as empty JSON; say which file it was.
+    if let Some(hostfile) = std::env::var_os("MLX_HOSTFILE") {
+        std::fs::metadata(&hostfile).map_err(|e| Error::Startup(format!("cannot read MLX_HOSTFILE {}: {e}", hostfile.to_string_lossy())))?;
+    }
     let group = Group::init(backend, strict).map_err(|e| Error::Startup(format!("cannot join the distributed group: {e}")))?;
     if group.size() < 2 {
         return Ok(models::Sharding::Whole);
@@ -133,16 +144,15 @@ fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
     if tensor {
         return Ok(models::Sharding::Tensor(group));
     }
-    let transfer = match args.pipeline_transfer.as_str() {
-        "gather" => models::Transfer::Gather,
-        "send" | "auto" if models::point_to_point_works(&group)? => models::Transfer::Send,
-        "send" => {
+    let transfer = match transfer {
+        Some(models::Transfer::Gather) => models::Transfer::Gather,
+        Some(models::Transfer::Send) | None if models::point_to_point_works(&group)? => models::Transfer::Send,
+        Some(models::Transfer::Send) => {
             return Err(Error::Config(
                 "--pipeline-transfer send: this distributed backend cannot send arrays between ranks; use gather or auto".into(),
             ))
         }
-        "auto" => models::Transfer::Gather,
-        other => return Err(Error::Config(format!("--pipeline-transfer must be auto, send or gather (got {other:?})"))),
+        None => models::Transfer::Gather,
     };
     log::info!("pipeline stages hand on by {}", if transfer == models::Transfer::Send { "send" } else { "all-gather" });
     Ok(models::Sharding::Pipeline(group, transfer))

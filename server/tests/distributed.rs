@@ -373,3 +373,25 @@ fn a_json_schema_request_gives_the_single_process_answer() {
     let value: Value = serde_json::from_str(&grouped).unwrap();
     assert!(value["name"].is_string() && value["n"].is_i64(), "{value}");
 }
+
+/// Bad distributed flags, and a hostfile that is not there, stop the start
+/// with an error naming them.
+#[test]
+fn bad_distributed_flags_and_a_missing_hostfile_are_named() {
+    let model = dense_model();
+    let start = |env: &[(&str, &str)], flags: &[&str]| {
+        let out = Command::new(binary())
+            .envs(env.iter().copied())
+            .args(["--model", model.to_str().unwrap(), "--port", "0"])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(start(&[], &["--distributed", "sideways"]).contains("--distributed must be tensor or pipeline (got \"sideways\")"));
+    assert!(start(&[], &["--distributed-backend", "pigeon"]).contains("--distributed-backend must be any, ring, nccl, jaccl or mpi"));
+    assert!(start(&[], &["--pipeline-transfer", "teleport"]).contains("--pipeline-transfer must be auto, send or gather"));
+    let e = start(&[("MLX_RANK", "0"), ("MLX_HOSTFILE", "/nonexistent/hosts.json")], &[]);
+    assert!(e.contains("cannot read MLX_HOSTFILE /nonexistent/hosts.json"), "{e}");
+}

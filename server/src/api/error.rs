@@ -127,7 +127,6 @@ impl ApiError {
         }
     }
 
-    /// 500: the engine failed on this request (the server keeps serving).
     /// 503: the engine has stopped (its distributed group broke down, or the
     /// server is stopping); the server is on its way out.
     pub fn engine_stopped(why: Option<String>) -> ApiError {
@@ -138,6 +137,7 @@ impl ApiError {
         ApiError { code: Some("engine_stopped"), ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message) }
     }
 
+    /// 500: the engine failed on this request (the server keeps serving).
     pub fn internal(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }

@@ -192,9 +192,10 @@ impl Outbox {
 }
 
 /// Rank 0: turns the handle's commands into turns for every rank, and runs
-/// them until a command stops them, or the group breaks down: then the
-/// reason is published on `failed` before any request hears of it (so the
-/// API can answer them 503), and every request ends with it.
+/// them until a command stops them. When the group breaks down or a step
+/// fails, the reason is published on `failed` before any request hears of it
+/// (so the API answers them 503), every request ends with it, and the
+/// process ends (see `fail`).
 pub(super) fn lead(
     mut engine: Engine,
     stats: &EngineStats,

@@ -16,8 +16,8 @@ pub struct ModelCache {
     layers: Vec<LayerCache>,
     masks: StepMemo,
     /// Work the last forward pass queued that no cache array depends on (a
-    /// pipeline stage's send to the next rank): evaluated with the state, so
-    /// a prefill that evaluates only the cache still sends.
+    /// pipeline stage handing its output on): evaluated with the state, so a
+    /// prefill that evaluates only the cache still hands on.
     pending: Vec<Array>,
 }
 

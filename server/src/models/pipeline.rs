@@ -90,7 +90,6 @@ impl PipelineStage {
                 // this order: a rank that has nothing to hand on gives zeros
                 // that depend on the boundary before, so no rank's MLX
                 // evaluates the gathers in another order.
-                // Zeros that come after `previous` in every rank's graph.
                 let zeros_after = |previous: &Option<Array>| -> Result<Array> {
                     match previous {
                         Some(p) => Ok(ops::multiply(&rows_of(p, 0, rows)?, &ops::zeros(&[1], h.dtype())?)?),

@@ -273,12 +273,6 @@ impl Weights {
         }
     }
 
-    /// Bytes of tensor data the taken arrays read from the safetensors files
-    /// (a rank's part of the split tensors only).
-    pub fn read_bytes(&self) -> u64 {
-        self.read_bytes
-    }
-
     /// Whether Gemma-style (1 + w) norm weights are stored with the one added.
     pub fn norms_hold_one(&self) -> bool {
         self.norms_hold_one
