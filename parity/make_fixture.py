@@ -4,7 +4,7 @@ output on it: the reference our engine must match token for token.
 usage: python make_fixture.py SPEC_JSON OUT_DIR
 
 SPEC_JSON: {"config": {...HF config.json fields...}, "dtype": "bfloat16",
-            "quantize": null | {"bits": 4, "group_size": 64},
+            "quantize": null | {"bits": 4, "group_size": 64, "mode": "affine" | "mxfp4"},
             "prompt_tokens": 600, "max_tokens": 64, "seed": 0,
             "batch_prompt_tokens": [530, 200, 40],
             "kv_bits": null | 8, "kv_group_size": 64, "quantized_kv_start": 0}
@@ -59,7 +59,7 @@ def main():
     model.set_dtype(dtype)
     if spec.get("quantize"):
         q = spec["quantize"]
-        model, config = quantize_model(model, config, q["group_size"], q["bits"])
+        model, config = quantize_model(model, config, q["group_size"], q["bits"], mode=q.get("mode", "affine"))
     mx.eval(model.parameters())
     save_model(out, model)
     save_config(config, out / "config.json")

@@ -349,7 +349,7 @@ impl LoadArgs {
             return Err(crate::error::Error::Config("--expert-readers must be at least 1".into()));
         }
         Ok(crate::models::LoadOptions {
-            quantize: self.quantize.map(|bits| crate::models::quant::QuantParams { bits, group_size: self.quantize_group_size }),
+            quantize: self.quantize.map(|bits| crate::models::quant::QuantSpec::affine(self.quantize_group_size, bits)),
             experts,
             placement: self.gpu_layers.map(crate::models::Placement::gpu_layers).unwrap_or_default(),
             // Set by `serve` once the process knows its distributed group.

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::configs::{qwen3_moe_many_experts, spec};
+use common::configs::{gpt_oss, qwen3_moe_many_experts, spec};
 use common::engine::check_parity_of;
 use common::fixture;
 use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
@@ -53,6 +53,14 @@ fn streamed_qwen3_moe_4bit_matches_mlx_lm_at_every_budget() {
 fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
     let s = spec(qwen3_moe_many_experts(), "float32", None);
     check_streamed_parity("qwen3_moe64_fp32", s, &["10%", "25%", "50%", "100%"]);
+}
+
+// gpt-oss's experts as mlx-community ships them: mxfp4 (one-byte scales, no
+// biases per group) with a bias per expert and projection, streamed alike.
+#[test]
+fn streamed_gpt_oss_mxfp4_with_expert_biases_matches_mlx_lm() {
+    let s = spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})));
+    check_streamed_parity("gpt_oss_mxfp4", s, &["25%", "50%"]);
 }
 
 // ---- Through the server: counters, the kernel's own count, errors, memory ----

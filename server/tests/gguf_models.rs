@@ -144,7 +144,7 @@ fn a_block_type_mlx_lacks_is_dequantized_and_can_be_requantized() {
     };
     let plain = tokens(&gguf, models::LoadOptions::default());
     assert_eq!(plain, tokens(&folder, models::LoadOptions::default()), "the dequantized GGUF differs from its values in a folder");
-    let q4 = || models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 32 }), ..Default::default() };
+    let q4 = || models::LoadOptions { quantize: Some(models::quant::QuantSpec::affine(32, 4)), ..Default::default() };
     let requantized = tokens(&gguf, q4());
     assert_eq!(requantized, tokens(&folder, q4()), "--quantize 4 on the GGUF differs from it on the folder");
     assert_ne!(plain, requantized, "--quantize changed nothing");

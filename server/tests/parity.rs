@@ -10,7 +10,7 @@ mod common;
 
 
 use common::engine::{check_parity_of, drive, engine, engine_with_prompt_cache, reference};
-use common::configs::{gemma3, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
+use common::configs::{gemma3, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::fixture;
 use mlx_serve::metrics;
 use mlx_serve::models;
@@ -192,6 +192,25 @@ fn gemma3_sliding_windows_come_back_from_the_prompt_cache_for_the_next_turn() {
 }
 
 
+// gpt-oss: learned attention sinks in every softmax, sliding and full layers,
+// YaRN rope, router and expert biases, the clamped SwiGLU. MoE in fp32 (MLX's
+// CPU GatherMM is float32-only), affine 4-bit, and mxfp4 as mlx-community
+// ships it (its router stays 8-bit affine: the model's quant_predicate).
+#[test]
+fn gpt_oss_fp32_greedy_matches_mlx_lm() {
+    check_parity("gpt_oss_fp32", spec(gpt_oss(), "float32", None), TOL);
+}
+
+#[test]
+fn gpt_oss_4bit_greedy_matches_mlx_lm() {
+    check_parity("gpt_oss_q4", spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 64}))), TOL);
+}
+
+#[test]
+fn gpt_oss_mxfp4_greedy_matches_mlx_lm() {
+    check_parity("gpt_oss_mxfp4", spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"}))), TOL);
+}
+
 // Fused qkv / gate_up, longrope scaling (input scale ≠ 1 since 8192 > 512).
 #[test]
 fn phi3_bf16_with_longrope_matches_mlx_lm() {
@@ -210,7 +229,7 @@ fn quantizing_at_load_matches_mlx_lm_quantize_model() {
     let float_dir = fixture("llama_bf16", &spec(llama(), "bfloat16", None));
     let q_spec = spec(llama(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
     let q_dir = fixture("llama_q4", &q_spec);
-    let load = models::LoadOptions { quantize: Some(models::quant::QuantParams { bits: 4, group_size: 64 }), ..Default::default() };
+    let load = models::LoadOptions { quantize: Some(models::quant::QuantSpec::affine(64, 4)), ..Default::default() };
     check_parity_of("llama_bf16 --quantize 4", &q_dir, &float_dir, &q_spec, &load, TOL);
     // An already-quantized model is refused.
     let err = models::load_with(&q_dir, &load).err().unwrap().to_string();
@@ -263,6 +282,22 @@ fn qwen3_moe_4bit_through_the_batching_server_matches_mlx_lm() {
 fn gemma3_with_sliding_windows_through_the_server_matches_mlx_lm() {
     // Rotating caches batch like the others.
     check_server_parity("gemma3_bf16", spec(gemma3(), "bfloat16", None), &[]);
+}
+
+// gpt-oss through the batching server (rotating and full caches, sinks, mxfp4
+// experts in one batch); TurboQuant, whose kernels have no sinks, is refused at
+// start-up naming the way out.
+#[test]
+fn gpt_oss_through_the_batching_server_matches_mlx_lm() {
+    let sp = spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})));
+    check_server_parity("gpt_oss_mxfp4", sp.clone(), &[]);
+    let dir = fixture("gpt_oss_mxfp4", &sp);
+    let out = std::process::Command::new(common::server::binary())
+        .args(["--model", dir.to_str().unwrap(), "--port", "0", "--turbo-kv", "balanced"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("learned sinks") && err.contains("--kv-bits"), "{err}");
 }
 
 #[test]

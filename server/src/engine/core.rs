@@ -138,8 +138,8 @@ impl Engine {
         metrics: Arc<Metrics>,
         waiting: Arc<AtomicUsize>,
     ) -> Result<Engine> {
-        let head_dim = model.kv_layout().head_dim;
-        config.kv_compression = config.kv_compression.map(|c| c.for_head_dim(head_dim)).transpose()?;
+        let layout = model.kv_layout();
+        config.kv_compression = config.kv_compression.map(|c| c.for_model(layout.head_dim, layout.attention_sinks)).transpose()?;
         Ok(Engine {
             model,
             tokenizer,

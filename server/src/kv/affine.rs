@@ -53,7 +53,7 @@ impl KvStore for AffineStore {
         let (kq, ks, kb) = quantized::quantize(keys, self.group_size, self.bits)?;
         let (vq, vs, vb) = quantized::quantize(values, self.group_size, self.bits)?;
         let c = self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
-        sdpa::quantized(queries, &c[..3], &c[3..], args.scale, &mask, self.group_size, self.bits)
+        sdpa::quantized(queries, &c[..3], &c[3..], args.scale, &mask, args.sinks, self.group_size, self.bits)
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

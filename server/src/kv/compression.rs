@@ -13,7 +13,7 @@ pub enum KvCompression {
     /// the prefill of a prompt longer than `prefill_threshold` tokens (so a long
     /// prompt never holds its whole uncompressed KV). Sliding-window layers
     /// stay as they are. Values take `value_bits` (set for the model's head
-    /// dimension by [`KvCompression::for_head_dim`]).
+    /// dimension by [`KvCompression::for_model`]).
     Turbo { preset: TurboPreset, prefill_threshold: i32, value_bits: u8 },
 }
 
@@ -119,11 +119,15 @@ impl KvCompression {
         }
     }
 
-    /// The policy for a model of head dimension `head_dim`, checked at
-    /// start-up. TurboQuant values take 4 bits at d ≤ 64, where 3-bit codes
-    /// cost markedly more (the brief: d = 64 is the fragile case), else 3.
-    pub fn for_head_dim(self, head_dim: i32) -> Result<KvCompression> {
+    /// The policy for a model of head dimension `head_dim` (whose attention
+    /// has learned sinks when `sinks`), checked at start-up. TurboQuant values
+    /// take 4 bits at d ≤ 64, where 3-bit codes cost markedly more (the brief:
+    /// d = 64 is the fragile case), else 3.
+    pub fn for_model(self, head_dim: i32, sinks: bool) -> Result<KvCompression> {
         match self {
+            KvCompression::Turbo { .. } if sinks => Err(Error::Config(
+                "--turbo-kv: this model's attention has learned sinks (gpt-oss), which TurboQuant's attention does not take; use --kv-bits instead".into(),
+            )),
             KvCompression::Affine { group_size, .. } if head_dim % group_size != 0 => Err(Error::Config(format!(
                 "--kv-group-size {group_size} does not divide the model's head dimension {head_dim}"
             ))),
@@ -212,7 +216,7 @@ mod tests {
 
     #[test]
     fn turbo_compresses_when_decoding_starts_or_past_the_prefill_threshold() {
-        let c = KvCompression::turbo("balanced", 8192).unwrap().for_head_dim(128).unwrap();
+        let c = KvCompression::turbo("balanced", 8192).unwrap().for_model(128, false).unwrap();
         let balanced = Some(KvKind::Turbo(TurboFormat { key: KeyCode::Affine8, value_bits: 3 }));
         assert_eq!(c.target(&KvKind::Dense, 5000, at(3, Phase::Prefill)), None);
         assert_eq!(c.target(&KvKind::Dense, 8192, at(3, Phase::Prefill)), balanced);
@@ -237,7 +241,7 @@ mod tests {
         let kinds = vec![KvKind::Dense; 32];
         let fp16 = bytes_per_token(None, &kinds, 8, 128);
         assert_eq!(fp16, 131072.0);
-        let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_head_dim(128).unwrap();
+        let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_model(128, false).unwrap();
         let ratio = |preset: &str| bytes_per_token(Some(&policy(preset)), &kinds, 8, 128) / fp16;
         assert!(ratio("balanced") <= 0.36, "balanced {}", ratio("balanced"));
         assert!(ratio("compact") <= 0.25, "compact {}", ratio("compact"));
@@ -253,11 +257,14 @@ mod tests {
         assert!(KvCompression::turbo("tiny", 8192).unwrap_err().to_string().contains("balanced, compact, paper"));
         assert!(KvCompression::turbo("compact", 2).unwrap_err().to_string().contains("--turbo-kv-prefill-threshold"));
         let c = KvCompression::turbo("compact", 8192).unwrap();
-        assert!(c.for_head_dim(128).is_ok());
-        assert!(c.for_head_dim(96).unwrap_err().to_string().contains("power-of-two head dimension"));
-        assert!(c.for_head_dim(16).is_err());
+        assert!(c.for_model(128, false).is_ok());
+        assert!(c.for_model(96, false).unwrap_err().to_string().contains("power-of-two head dimension"));
+        assert!(c.for_model(16, false).is_err());
+        // Learned attention sinks (gpt-oss): refused, naming the way out.
+        assert!(c.for_model(128, true).unwrap_err().to_string().contains("learned sinks"));
+        assert!(KvCompression::affine(8, 64, 0).unwrap().for_model(128, true).is_ok());
         // Values take 4 bits at head dimension 64, 3 above.
-        let bits = |d| match c.for_head_dim(d).unwrap() {
+        let bits = |d| match c.for_model(d, false).unwrap() {
             KvCompression::Turbo { value_bits, .. } => value_bits,
             _ => 0,
         };
@@ -267,7 +274,7 @@ mod tests {
     #[test]
     fn a_group_size_the_head_dim_cannot_take_is_refused() {
         let c = KvCompression::affine(8, 64, 0).unwrap();
-        assert!(c.for_head_dim(128).is_ok());
-        assert!(c.for_head_dim(96).unwrap_err().to_string().contains("head dimension 96"));
+        assert!(c.for_model(128, false).is_ok());
+        assert!(c.for_model(96, false).unwrap_err().to_string().contains("head dimension 96"));
     }
 }

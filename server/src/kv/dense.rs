@@ -45,7 +45,7 @@ impl KvStore for DenseStore {
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;
         let kv = self.rows.append(&[keys.clone(), values.clone()])?;
-        sdpa::dense(queries, &kv[0], &kv[1], args.scale, &mask)
+        sdpa::dense(queries, &kv[0], &kv[1], args.scale, &mask, args.sinks)
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

@@ -188,14 +188,14 @@ impl KvStore for RotatingStore {
             layout.extend(&first_key);
             let mask = masks.get(MaskKey { kind: "rotating-chunk", layout }, || padded_causal_mask(n, offset, window, &first_key))?;
             let (k, v) = self.update_concat(keys, values)?;
-            return sdpa::dense(queries, &k, &v, args.scale, &mask);
+            return sdpa::dense(queries, &k, &v, args.scale, &mask, args.sinks);
         }
         let (k, v) = self.update_in_place(keys, values)?;
         let len = k.shape()[2];
         let mut layout = vec![self.total, self.idx, len, self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0)];
         layout.extend(&self.first);
         let mask = masks.get(MaskKey { kind: "rotating-step", layout }, || slot_mask(&self.slot_positions(len), &self.first))?;
-        sdpa::dense(queries, &k, &v, args.scale, &mask)
+        sdpa::dense(queries, &k, &v, args.scale, &mask, args.sinks)
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

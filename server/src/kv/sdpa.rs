@@ -8,14 +8,32 @@ use mlx_rs_safe::{ops, quantized, Array, Dtype};
 use super::mask::AttentionMask;
 use crate::error::Result;
 
-/// softmax(Q Kᵀ · scale, masked) V with grouped KV heads.
-pub fn dense(q: &Array, keys: &Array, values: &Array, scale: f32, mask: &AttentionMask) -> Result<Array> {
+/// softmax(Q Kᵀ · scale, masked) V with grouped KV heads, and `sinks` (one
+/// logit per query head) in each softmax's denominator where given.
+pub fn dense(q: &Array, keys: &Array, values: &Array, scale: f32, mask: &AttentionMask, sinks: Option<&Array>) -> Result<Array> {
     let mask = match mask {
         AttentionMask::None => SdpaMask::None,
         AttentionMask::Causal => SdpaMask::Causal,
         AttentionMask::Array(m) => SdpaMask::Array(m),
     };
-    Ok(fast::scaled_dot_product_attention(q, keys, values, scale, mask, None)?)
+    Ok(fast::scaled_dot_product_attention(q, keys, values, scale, mask, sinks)?)
+}
+
+/// softmax over the last axis of `scores` ([B, heads, L, S], or [B, n_kv,
+/// repeats, L, S] with grouped heads) with one more logit per query head, the
+/// sink, whose share of the mass attends to nothing.
+fn softmax_with_sinks(scores: &Array, sinks: &Array, n_kv: i32, repeats: i32) -> Result<Array> {
+    let shape = scores.shape();
+    let nd = shape.len();
+    let sink_shape: Vec<i32> = if repeats > 1 { vec![1, n_kv, repeats, 1, 1] } else { vec![1, n_kv, 1, 1] };
+    let sink = ops::reshape(&ops::astype(sinks, scores.dtype())?, &sink_shape)?;
+    let mut column = shape.clone();
+    column[nd - 1] = 1;
+    let sink = ops::broadcast_to(&sink, &column)?;
+    let all = ops::softmax(&ops::concatenate(&[scores, &sink], -1)?, &[-1], true)?;
+    let (start, mut stop) = (vec![0; nd], all.shape());
+    stop[nd - 1] -= 1;
+    Ok(ops::slice(&all, &start, &stop, &vec![1; nd])?)
 }
 
 /// The most negative finite value of a float dtype (numpy's finfo.min).
@@ -36,13 +54,16 @@ fn scalar_like(v: f32, dtype: Dtype) -> Result<Array> {
 /// Attention over an affine-quantized cache: mlx-lm's
 /// `quantized_scaled_dot_product_attention`, op for op (scaled queries, grouped
 /// heads folded into a repeat axis, quantized matmuls, precise softmax).
-/// `keys`/`values` are (packed, scales, biases).
+/// `keys`/`values` are (packed, scales, biases). `sinks` (which mlx-lm refuses
+/// here) join the softmax as one more column, as MLX's fused attention has them.
+#[allow(clippy::too_many_arguments)]
 pub fn quantized(
     q: &Array,
     keys: &[Array],
     values: &[Array],
     scale: f32,
     mask: &AttentionMask,
+    sinks: Option<&Array>,
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
@@ -79,7 +100,53 @@ pub fn quantized(
     if let Some(keep) = keep {
         scores = ops::where_(&keep, &scores, &scalar_like(finfo_min(scores.dtype()), scores.dtype())?)?;
     }
-    let scores = ops::softmax(&scores, &[-1], true)?;
+    let scores = match sinks {
+        None => ops::softmax(&scores, &[-1], true)?,
+        Some(sinks) => softmax_with_sinks(&scores, sinks, n_kv, repeats)?,
+    };
     let out = quantized::quantized_matmul(&scores, &v[0], &v[1], Some(&v[2]), false, group_size, bits)?;
     Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, d])? } else { out })
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs_safe::{quantized, random, Array, Dtype};
+
+    use super::*;
+
+    fn normal(shape: &[i32], seed: u64) -> Array {
+        random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
+    }
+
+    fn max_diff(a: &Array, b: &Array) -> f32 {
+        let d = ops::max_all(&ops::abs(&ops::subtract(a, b).unwrap()).unwrap(), false).unwrap();
+        d.item::<f32>().unwrap()
+    }
+
+    // Sinks in the quantized path (which mlx-lm refuses) attend as MLX's fused
+    // attention attends with them, over the same dequantized keys and values:
+    // grouped heads or not, a causal prefill chunk or one new token.
+    #[test]
+    fn quantized_attention_takes_sinks_as_fused_attention_does() {
+        if mlx_rs_safe::kernels::gpu_backend() == Some("cuda") {
+            return; // MLX has no CUDA quantized_matmul for these shapes.
+        }
+        for (q_heads, kv_heads, len, mask) in [(4, 2, 5, AttentionMask::Causal), (4, 4, 1, AttentionMask::None), (8, 2, 1, AttentionMask::None)] {
+            let (d, keys_len, (g, bits)) = (32, 40, (32, 8));
+            let q = normal(&[2, q_heads, len, d], 1);
+            let k = normal(&[2, kv_heads, keys_len, d], 2);
+            let v = normal(&[2, kv_heads, keys_len, d], 3);
+            let sinks = ops::multiply(&normal(&[q_heads], 4), &Array::scalar(3.0f32)).unwrap();
+            let (kq, ks, kb) = quantized::quantize(&k, g, bits).unwrap();
+            let (vq, vs, vb) = quantized::quantize(&v, g, bits).unwrap();
+            let k_deq = quantized::dequantize(&kq, &ks, Some(&kb), g, bits).unwrap();
+            let v_deq = quantized::dequantize(&vq, &vs, Some(&vb), g, bits).unwrap();
+            let scale = (d as f32).powf(-0.5);
+            let ours = quantized(&q, &[kq, ks, kb], &[vq, vs, vb], scale, &mask, Some(&sinks), g, bits).unwrap();
+            let want = dense(&q, &k_deq, &v_deq, scale, &mask, Some(&sinks)).unwrap();
+            let without = dense(&q, &k_deq, &v_deq, scale, &mask, None).unwrap();
+            assert!(max_diff(&ours, &want) < 1e-4, "{q_heads}/{kv_heads} heads, {len} queries: differs by {}", max_diff(&ours, &want));
+            assert!(max_diff(&without, &want) > 1e-2, "the sinks changed nothing: the test cannot tell");
+        }
+    }
 }

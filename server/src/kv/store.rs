@@ -44,10 +44,13 @@ pub struct KvRow {
 
 /// Attention settings of one layer.
 #[derive(Debug, Clone, Copy)]
-pub struct AttendArgs {
+pub struct AttendArgs<'a> {
     pub scale: f32,
     /// A sliding-window layer attends to this many positions at most.
     pub window: Option<i32>,
+    /// Learned attention sinks (gpt-oss): one logit per query head [heads]
+    /// that joins each softmax's denominator and attends to nothing.
+    pub sinks: Option<&'a Array>,
 }
 
 pub trait KvStore: Send {

@@ -52,8 +52,8 @@ fn at(a: &Array, from: i32, to: i32) -> Array {
     ops::slice_axis(a, 2, from, to).unwrap()
 }
 
-fn args() -> AttendArgs {
-    AttendArgs { scale: (DIM as f32).powf(-0.5), window: None }
+fn args() -> AttendArgs<'static> {
+    AttendArgs { scale: (DIM as f32).powf(-0.5), window: None, sinks: None }
 }
 
 /// Attends row `r`'s positions `from..to` (one chunk) in `cache`.

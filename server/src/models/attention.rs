@@ -26,6 +26,8 @@ pub struct AttentionSpec {
     pub scale: Option<f32>,
     /// One `qkv_proj` producing queries, keys and values side by side (Phi-3).
     pub fused_qkv: bool,
+    /// Learned attention sinks, one logit per head (`sinks`; gpt-oss).
+    pub sinks: bool,
 }
 
 impl AttentionSpec {
@@ -71,6 +73,8 @@ pub struct Attention {
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
+    /// This rank's heads' sink logits.
+    sinks: Option<Array>,
     rope: Rope,
 }
 
@@ -114,6 +118,7 @@ impl Attention {
             o_proj: Linear::load_split(w, &p("o_proj"), q_out, hidden, spec.o_bias, Split::Cols, quant)?,
             q_norm: norm(w, "q_norm", q_out)?,
             k_norm: norm(w, "k_norm", kv_out)?,
+            sinks: if spec.sinks { Some(w.take_split(&p("sinks"), &[q_out / hd], Split::Rows)?) } else { None },
             rope,
             spec,
         })
@@ -156,7 +161,7 @@ impl Attention {
         let positions = cache.positions()?;
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
-        let out = cache.attend(&q, &k, &v, &AttendArgs { scale: self.scale, window }, masks)?;
+        let out = cache.attend(&q, &k, &v, &AttendArgs { scale: self.scale, window, sinks: self.sinks.as_ref() }, masks)?;
         let out = ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }

@@ -51,6 +51,9 @@ pub enum RopeScaling {
     /// hold Llama 3.1's smoothed frequencies (`rope_freqs`; the type
     /// "freq_factors" is ours, written by the GGUF loader).
     FreqFactors { factors: Vec<f32> },
+    /// YaRN (gpt-oss, DeepSeek): frequencies blended between scaled and
+    /// original across a ramp of dimensions, and an input scale (mscale).
+    Yarn { factor: f32, original_max_position_embeddings: f32, beta_fast: f32, beta_slow: f32, mscale: f32, mscale_all_dim: f32 },
 }
 
 /// A number or a list of numbers (Phi-3's factors come either way).
@@ -74,6 +77,10 @@ struct RawRopeScaling {
     long_factor: Option<Factors>,
     long_mscale: Option<f32>,
     factors: Option<Vec<f32>>,
+    beta_fast: Option<f32>,
+    beta_slow: Option<f32>,
+    mscale: Option<f32>,
+    mscale_all_dim: Option<f32>,
 }
 
 impl RopeScaling {
@@ -105,6 +112,15 @@ impl RopeScaling {
                 }
                 RopeScaling::LongRope { long_factor, long_mscale: raw.long_mscale, max_position_embeddings: max_pos, original_max_position_embeddings: orig }
             }
+            "yarn" => RopeScaling::Yarn {
+                factor: factor()?,
+                // mlx-lm's YarnRoPE defaults.
+                original_max_position_embeddings: raw.original_max_position_embeddings.unwrap_or(4096.0),
+                beta_fast: raw.beta_fast.unwrap_or(32.0),
+                beta_slow: raw.beta_slow.unwrap_or(1.0),
+                mscale: raw.mscale.unwrap_or(1.0),
+                mscale_all_dim: raw.mscale_all_dim.unwrap_or(0.0),
+            },
             "freq_factors" => {
                 let factors = raw.factors.ok_or("rope_scaling of type freq_factors needs factors")?;
                 if factors.len() != rotary_half {
@@ -203,6 +219,7 @@ impl DecoderConfig {
                 qk_norm: QkNorm::None,
                 scale: None,
                 fused_qkv: false,
+                sinks: false,
             },
             mlp_bias: self.mlp_bias,
             rms_norm_eps: self.rms_norm_eps,
@@ -211,6 +228,7 @@ impl DecoderConfig {
             tie_word_embeddings,
             moe: None,
             moe_layers: Vec::new(),
+            windows: Vec::new(),
         })
     }
 }

@@ -47,12 +47,33 @@ pub struct DecoderSpec {
     pub moe: Option<MoeSpec>,
     /// Per layer: MoE (true) or dense MLP. Missing entries are dense.
     pub moe_layers: Vec<bool>,
+    /// Per layer: the sliding window it attends within, None for full
+    /// attention. Missing entries are full.
+    pub windows: Vec<Option<i32>>,
 }
 
 impl DecoderSpec {
-    /// What the model's KV cache holds: every layer dense.
+    fn window(&self, layer: usize) -> Option<i32> {
+        self.windows.get(layer).copied().flatten()
+    }
+
+    /// What the cache of `layer` holds: a rotating window on sliding layers
+    /// (mlx-lm's RotatingKVCache), every position elsewhere.
+    fn kv_kind(&self, layer: usize) -> KvKind {
+        match self.window(layer) {
+            Some(max_size) => KvKind::Rotating { max_size },
+            None => KvKind::Dense,
+        }
+    }
+
+    /// What the model's KV cache holds.
     pub fn kv_layout(&self) -> KvLayout {
-        KvLayout { kinds: vec![KvKind::Dense; self.num_layers as usize], kv_heads: self.attention.n_kv_heads, head_dim: self.attention.head_dim }
+        KvLayout {
+            kinds: (0..self.num_layers as usize).map(|i| self.kv_kind(i)).collect(),
+            kv_heads: self.attention.n_kv_heads,
+            head_dim: self.attention.head_dim,
+            attention_sinks: self.attention.sinks,
+        }
     }
 }
 
@@ -87,6 +108,8 @@ pub struct Decoder {
     placement: Placement,
     /// The layers this rank runs (all of them without pipeline parallelism).
     stage: PipelineStage,
+    /// Per layer of this rank: its sliding window, if any.
+    windows: Vec<Option<i32>>,
     layout: KvLayout,
 }
 
@@ -131,8 +154,14 @@ impl Decoder {
         })?;
         // This rank's caches: its layers', its share of the KV heads.
         let kv_heads = spec.attention.n_kv_heads / w.tensor_parallel().map_or(1, |g| g.size() as i32);
-        let layout = KvLayout { kinds: vec![KvKind::Dense; layers.len()], kv_heads, head_dim: spec.attention.head_dim };
-        let model = Decoder { embed, norm, lm_head, layers, placement, stage, layout };
+        let layout = KvLayout {
+            kinds: stage.layers.clone().map(|i| spec.kv_kind(i)).collect(),
+            kv_heads,
+            head_dim: spec.attention.head_dim,
+            attention_sinks: spec.attention.sinks,
+        };
+        let windows = stage.layers.clone().map(|i| spec.window(i)).collect();
+        let model = Decoder { embed, norm, lm_head, layers, placement, stage, windows, layout };
         w.finish()?;
         Ok(model)
     }
@@ -142,9 +171,10 @@ impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let (caches, masks) = cache.for_forward();
         let (h, pending) = self.stage.run(self.embed.forward(tokens)?, |mut h| {
-            for (i, (layer, cache)) in self.stage.layers.clone().zip(self.layers.iter().zip(caches.iter_mut())) {
+            let layers = self.layers.iter().zip(&self.windows).zip(caches.iter_mut());
+            for (i, ((layer, window), cache)) in self.stage.layers.clone().zip(layers) {
                 h = self.placement.run(i, || {
-                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, None)?;
+                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, *window)?;
                     let hh = ops::add(&h, &r)?;
                     let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
                     Ok(ops::add(&hh, &r)?)

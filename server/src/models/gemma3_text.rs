@@ -89,7 +89,7 @@ impl Gemma3TextConfig {
         let kinds = (0..self.num_hidden_layers)
             .map(|i| if self.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.sliding_window } })
             .collect();
-        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim }
+        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim, attention_sinks: false }
     }
 
     fn is_global(&self, layer: i32) -> bool {
@@ -139,6 +139,7 @@ impl Gemma3Text {
                 qk_norm: QkNorm::PerHeadPlusOne(eps),
                 scale: Some(cfg.query_pre_attn_scalar.powf(-0.5)),
                 fused_qkv: false,
+                sinks: false,
             };
             let block = placement.run(i as usize, || {
                 Ok(Block {

@@ -5,16 +5,17 @@
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{fast, ops, quantized, Array};
 
-use super::quant::{QuantConfig, QuantParams};
+use super::quant::{scales_stored, QuantConfig, QuantSpec};
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
-/// A quantized weight: packed values, per-group scales and biases.
+/// A quantized weight: packed values, per-group scales, and per-group biases
+/// in the affine mode (the float modes have none).
 pub struct QuantizedWeight {
     pub weight: Array,
     pub scales: Array,
-    pub biases: Array,
-    pub params: QuantParams,
+    pub biases: Option<Array>,
+    pub params: QuantSpec,
 }
 
 impl QuantizedWeight {
@@ -44,23 +45,18 @@ impl QuantizedWeight {
         let shape = |last: i32| [lead, &[rows, last]].concat();
         Ok(Some(QuantizedWeight {
             weight: w.take_packed_split(&format!("{prefix}.weight"), &shape(packed), split)?,
-            scales: w.take_split(&format!("{prefix}.scales"), &shape(groups), split)?,
-            biases: w.take_split(&format!("{prefix}.biases"), &shape(groups), split)?,
+            scales: w.take_stored_split(&format!("{prefix}.scales"), &shape(groups), split, scales_stored(params))?,
+            biases: match params.mode.has_biases() {
+                true => Some(w.take_split(&format!("{prefix}.biases"), &shape(groups), split)?),
+                false => None,
+            },
             params,
         }))
     }
 
     /// x @ W.T with W dequantized on the fly.
     fn matmul_t(&self, x: &Array) -> Result<Array> {
-        Ok(quantized::quantized_matmul(
-            x,
-            &self.weight,
-            &self.scales,
-            Some(&self.biases),
-            true,
-            self.params.group_size,
-            self.params.bits,
-        )?)
+        Ok(quantized::quantized_matmul_with(x, &self.weight, &self.scales, self.biases.as_ref(), true, self.params)?)
     }
 }
 
@@ -150,8 +146,8 @@ impl Embedding {
             Embedding::Quantized(q) => {
                 let w = ops::take(&q.weight, ids, 0)?;
                 let s = ops::take(&q.scales, ids, 0)?;
-                let b = ops::take(&q.biases, ids, 0)?;
-                Ok(quantized::dequantize(&w, &s, Some(&b), q.params.group_size, q.params.bits)?)
+                let b = q.biases.as_ref().map(|b| ops::take(b, ids, 0)).transpose()?;
+                Ok(quantized::dequantize_with(&w, &s, b.as_ref(), q.params, None)?)
             }
         }
     }

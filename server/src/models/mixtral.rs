@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::config::{ConfigFile, DecoderConfig, Defaults};
 use super::decoder::DecoderSpec;
-use super::moe::{MoeSpec, Router};
+use super::moe::{MoeParts, MoeSpec, Router};
 use crate::error::Result;
 
 #[derive(Debug, Deserialize)]
@@ -33,6 +33,7 @@ pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
         hf_expert_names: [("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")],
         flatten_tokens: false,
         module: "block_sparse_moe",
+        parts: MoeParts::STANDARD,
     });
     Ok(spec)
 }

@@ -6,6 +6,7 @@ pub(crate) mod compiled;
 mod config;
 mod decoder;
 mod gemma3_text;
+mod gpt_oss;
 mod layers;
 mod llama;
 mod mixtral;
@@ -56,6 +57,8 @@ pub struct KvLayout {
     pub kinds: Vec<KvKind>,
     pub kv_heads: i32,
     pub head_dim: i32,
+    /// Attention with learned sinks (gpt-oss), which TurboQuant's kernels lack.
+    pub attention_sinks: bool,
 }
 
 /// How an architecture is built from its config: the shared decoder from the
@@ -95,6 +98,7 @@ const REGISTRY: &[(&str, Arch)] = &[
     ("olmoe", Arch::Decoder(olmoe::spec)),
     ("phi3", Arch::Decoder(phi3::spec)),
     ("gemma3_text", Arch::Gemma3Text),
+    ("gpt_oss", Arch::Decoder(gpt_oss::spec)),
 ];
 
 /// `model_type`s this build can load.
@@ -106,7 +110,7 @@ pub fn supported() -> Vec<&'static str> {
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
     /// Quantize an unquantized model at load (`--quantize`), as mlx_lm.convert would.
-    pub quantize: Option<quant::QuantParams>,
+    pub quantize: Option<quant::QuantSpec>,
     /// Stream the routed experts of a MoE model from disk (`--stream-experts`).
     pub experts: Option<crate::experts::ExpertOptions>,
     /// Which device runs each layer (`--gpu-layers`).
@@ -190,7 +194,7 @@ pub struct ModelFiles {
 
 impl ModelFiles {
     /// Opens folder (or GGUF file) `dir`; `quantize`: `--quantize`.
-    pub fn open(dir: &Path, quantize: Option<quant::QuantParams>) -> Result<ModelFiles> {
+    pub fn open(dir: &Path, quantize: Option<quant::QuantSpec>) -> Result<ModelFiles> {
         let gguf = crate::gguf::locate(dir)?;
         let (config, config_path, mut weights) = match &gguf {
             Some(file) => {

@@ -9,7 +9,7 @@ use mlx_rs_safe::{ops, Array};
 use super::layers::Linear;
 use super::quant::QuantConfig;
 use super::streamed_switch::StreamedSwitchGlu;
-use super::switch::SwitchGlu;
+use super::switch::{GluActivation, SwitchGlu};
 use super::weights::Weights;
 use crate::error::Result;
 
@@ -24,6 +24,8 @@ pub enum Router {
     SoftmaxTopKFirst,
     /// Mixtral: argpartition(-logits, k-1)[..., :k], softmax over the chosen logits.
     TopKThenSoftmax,
+    /// gpt-oss: argpartition(logits, -k)[..., -k:], softmax over the chosen logits.
+    TopKLastThenSoftmax,
 }
 
 #[derive(Debug, Clone)]
@@ -43,6 +45,29 @@ pub struct MoeSpec {
     pub flatten_tokens: bool,
     /// The MoE module's name under each layer ("mlp"; Mixtral: "block_sparse_moe").
     pub module: &'static str,
+    /// Names and options of the module's parts.
+    pub parts: MoeParts,
+}
+
+/// The router and experts of a MoE module, as a family names and builds them.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeParts {
+    /// The router's name in the module ("gate"; gpt-oss: "router"), and
+    /// whether it adds a bias.
+    pub router_name: &'static str,
+    pub router_bias: bool,
+    /// The stacked experts' name in the module ("switch_mlp"; gpt-oss: "experts").
+    pub switch: &'static str,
+    /// Each expert projection adds a bias (gpt-oss).
+    pub expert_bias: bool,
+    pub activation: GluActivation,
+}
+
+impl MoeParts {
+    /// What most families have: a bias-free `gate`, stacked `switch_mlp`
+    /// experts without biases, silu-gated.
+    pub const STANDARD: MoeParts =
+        MoeParts { router_name: "gate", router_bias: false, switch: "switch_mlp", expert_bias: false, activation: GluActivation::Silu };
 }
 
 pub const HF_GLU_NAMES: [(&str, &str); 3] = [("gate_proj", "gate_proj"), ("up_proj", "up_proj"), ("down_proj", "down_proj")];
@@ -92,7 +117,14 @@ impl SparseMoe {
             Some(stream) => Experts::Streamed(StreamedSwitchGlu::load(w, prefix, layer, &spec, dim, quant, stream)?),
             None => {
                 stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
-                Experts::Resident(SwitchGlu::load(w, &format!("{prefix}.switch_mlp"), spec.num_experts, dim, spec.expert_hidden, quant)?)
+                let parts = spec.parts;
+                if parts.expert_bias && reduce.is_some() {
+                    return Err(crate::error::Error::Config(
+                        "tensor parallelism does not split experts that carry biases (gpt-oss) yet; use --distributed pipeline".into(),
+                    ));
+                }
+                let switch = format!("{prefix}.{}", parts.switch);
+                Experts::Resident(SwitchGlu::load(w, &switch, spec.num_experts, dim, spec.expert_hidden, parts.expert_bias, parts.activation, quant)?)
             }
         };
         let shared = match spec.shared_expert_hidden {
@@ -103,7 +135,7 @@ impl SparseMoe {
             None => None,
         };
         Ok(SparseMoe {
-            gate: Linear::load(w, &format!("{prefix}.gate"), dim, spec.num_experts, false, quant)?,
+            gate: Linear::load(w, &format!("{prefix}.{}", spec.parts.router_name), dim, spec.num_experts, spec.parts.router_bias, quant)?,
             experts,
             shared,
             spec,
@@ -149,6 +181,11 @@ impl SparseMoe {
             }
             Router::TopKThenSoftmax => {
                 let inds = last(&ops::argpartition(&ops::negative(&logits)?, k - 1, -1)?, 0, k)?;
+                let scores = ops::softmax(&ops::take_along_axis(&logits, &inds, -1)?, &[-1], true)?;
+                (inds, scores)
+            }
+            Router::TopKLastThenSoftmax => {
+                let inds = last(&ops::argpartition(&logits, -k, -1)?, e - k, e)?;
                 let scores = ops::softmax(&ops::take_along_axis(&logits, &inds, -1)?, &[-1], true)?;
                 (inds, scores)
             }

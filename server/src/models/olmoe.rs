@@ -6,7 +6,7 @@ use serde::Deserialize;
 use super::attention::QkNorm;
 use super::config::{ConfigFile, DecoderConfig, Defaults};
 use super::decoder::DecoderSpec;
-use super::moe::{MoeSpec, Router, HF_GLU_NAMES};
+use super::moe::{MoeParts, MoeSpec, Router, HF_GLU_NAMES};
 use crate::error::Result;
 
 #[derive(Debug, Deserialize)]
@@ -33,6 +33,7 @@ pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
         hf_expert_names: HF_GLU_NAMES,
         flatten_tokens: true,
         module: "mlp",
+        parts: MoeParts::STANDARD,
     });
     Ok(spec)
 }

@@ -1,22 +1,38 @@
-//! MLX affine quantization settings of a model (`quantization` in config.json),
-//! with per-layer overrides as mlx-lm writes them.
+//! MLX quantization settings of a model (`quantization` in config.json), with
+//! per-layer overrides as mlx-lm writes them: the affine scheme, or one of the
+//! microscaling float modes (mxfp4 as gpt-oss ships its experts, mxfp8, nvfp4).
 
+pub use mlx_rs_safe::quantized::{QuantMode, QuantSpec};
 use serde_json::Value;
 
+use super::weights::Stored;
 use crate::error::{Error, Result};
 
-/// How one layer's weight is quantized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuantParams {
-    pub group_size: i32,
-    pub bits: i32,
+/// How the scales of `spec` are stored: floats (affine), or bytes (the float modes).
+pub fn scales_stored(spec: QuantSpec) -> Stored {
+    if spec.mode.has_biases() {
+        Stored::Float
+    } else {
+        Stored::ByteScales
+    }
 }
 
 /// The `quantization` section: defaults plus overrides keyed by layer path.
 #[derive(Debug, Clone, Default)]
 pub struct QuantConfig {
-    default: Option<QuantParams>,
+    default: Option<QuantSpec>,
     overrides: serde_json::Map<String, Value>,
+}
+
+/// MLX's quantization mode named `name`.
+fn mode(name: &str) -> Result<QuantMode> {
+    Ok(match name {
+        "affine" => QuantMode::Affine,
+        "mxfp4" => QuantMode::Mxfp4,
+        "mxfp8" => QuantMode::Mxfp8,
+        "nvfp4" => QuantMode::Nvfp4,
+        other => return Err(bad(&format!("quantization mode {other:?} is not supported (affine, mxfp4, mxfp8, nvfp4)"))),
+    })
 }
 
 impl QuantConfig {
@@ -26,12 +42,9 @@ impl QuantConfig {
             return Ok(QuantConfig::default());
         };
         let obj = q.as_object().ok_or_else(|| bad("`quantization` must be an object"))?;
-        let mode = obj.get("mode").and_then(Value::as_str).unwrap_or("affine");
-        if mode != "affine" {
-            return Err(bad(&format!("quantization mode {mode:?} is not supported (only \"affine\")")));
-        }
+        let mode = mode(obj.get("mode").and_then(Value::as_str).unwrap_or("affine"))?;
         let default = match (obj.get("group_size"), obj.get("bits")) {
-            (Some(g), Some(b)) => Some(QuantParams { group_size: int(g, "group_size")?, bits: int(b, "bits")? }),
+            (Some(g), Some(b)) => Some(QuantSpec { group_size: int(g, "group_size")?, bits: int(b, "bits")?, mode }),
             (None, None) => None,
             _ => return Err(bad("`quantization` needs both group_size and bits")),
         };
@@ -48,13 +61,17 @@ impl QuantConfig {
     }
 
     /// The parameters of layer `path` (e.g. "model.layers.0.mlp.gate_proj"),
-    /// used when the weights hold `{path}.scales`.
-    pub fn for_layer(&self, path: &str) -> Result<QuantParams> {
+    /// used when the weights hold `{path}.scales`. An override is a layer's
+    /// own `to_quantized` arguments, so its mode is affine unless it names one
+    /// (gpt-oss's 8-bit router beside mxfp4 experts).
+    pub fn for_layer(&self, path: &str) -> Result<QuantSpec> {
         if let Some(Value::Object(o)) = self.overrides.get(path) {
-            let base = self.default.unwrap_or(QuantParams { group_size: 64, bits: 4 });
-            return Ok(QuantParams {
+            let mode = mode(o.get("mode").and_then(Value::as_str).unwrap_or("affine"))?;
+            let base = QuantSpec::default_for(mode);
+            return Ok(QuantSpec {
                 group_size: o.get("group_size").map(|v| int(v, "group_size")).transpose()?.unwrap_or(base.group_size),
                 bits: o.get("bits").map(|v| int(v, "bits")).transpose()?.unwrap_or(base.bits),
+                mode,
             });
         }
         self.default.ok_or_else(|| bad(&format!("{path} is quantized but config.json has no quantization settings")))
@@ -62,7 +79,7 @@ impl QuantConfig {
 
     /// This config with `params` for every layer it does not name
     /// (`--quantize` at load).
-    pub fn with_default(self, params: QuantParams) -> QuantConfig {
+    pub fn with_default(self, params: QuantSpec) -> QuantConfig {
         QuantConfig { default: Some(params), overrides: self.overrides }
     }
 }

@@ -5,7 +5,7 @@ use serde::Deserialize;
 
 use super::config::{ConfigFile, Defaults};
 use super::decoder::DecoderSpec;
-use super::moe::{MoeSpec, Router, HF_GLU_NAMES};
+use super::moe::{MoeParts, MoeSpec, Router, HF_GLU_NAMES};
 use crate::error::Result;
 
 #[derive(Debug, Deserialize)]
@@ -30,6 +30,7 @@ pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
         hf_expert_names: HF_GLU_NAMES,
         flatten_tokens: false,
         module: "mlp",
+        parts: MoeParts::STANDARD,
     });
     Ok(spec)
 }

@@ -19,9 +19,10 @@ enum RopeKind {
     Base { base: f32, scale: f32 },
     /// Llama3RoPE and friends: frequencies computed at load.
     Freqs(Array),
-    /// Phi-3's SuScaledRoPE: the rotated features are first multiplied by
-    /// `input_scale`, then rotated with the long-factor frequencies.
-    SuScaled { freqs: Array, input_scale: f32 },
+    /// Phi-3's SuScaledRoPE and YarnRoPE: the rotated features are first
+    /// multiplied by `input_scale` (where it is not 1), then rotated with
+    /// precomputed frequencies.
+    Scaled { freqs: Array, input_scale: f32 },
 }
 
 impl Rope {
@@ -44,7 +45,12 @@ impl Rope {
                     _ if factor <= 1.0 => 1.0,
                     _ => (1.0 + factor.ln() / (*original_max_position_embeddings as f64).ln()).sqrt() as f32,
                 };
-                return Ok(Rope { dims, traditional: false, kind: RopeKind::SuScaled { freqs, input_scale } });
+                return Ok(Rope { dims, traditional: false, kind: RopeKind::Scaled { freqs, input_scale } });
+            }
+            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, mscale, mscale_all_dim } => {
+                let (freqs, input_scale) =
+                    yarn(dims, base, *factor, *original_max_position_embeddings, *beta_fast, *beta_slow, *mscale, *mscale_all_dim)?;
+                RopeKind::Scaled { freqs, input_scale }
             }
         };
         Ok(Rope { dims, traditional: spec.traditional, kind })
@@ -62,7 +68,8 @@ impl Rope {
         Ok(match &self.kind {
             RopeKind::Base { base, scale } => rope(x, self.traditional, Some(*base), *scale, None)?,
             RopeKind::Freqs(freqs) => rope(x, self.traditional, None, 1.0, Some(freqs))?,
-            RopeKind::SuScaled { freqs, input_scale } => {
+            RopeKind::Scaled { freqs, input_scale } if *input_scale == 1.0 => rope(x, self.traditional, None, 1.0, Some(freqs))?,
+            RopeKind::Scaled { freqs, input_scale } => {
                 // x.at[..., :dims].multiply(scale)
                 let scale = ops::astype(&Array::scalar(*input_scale), x.dtype())?;
                 let shape = x.shape();
@@ -75,10 +82,36 @@ impl Rope {
                     let part = ops::slice(x, &vec![0; n], &stop, &vec![1; n])?;
                     ops::slice_update(x, &ops::multiply(&part, &scale)?, &vec![0; n], &stop, &vec![1; n])?
                 };
-                rope(&scaled, false, None, 1.0, Some(freqs))?
+                rope(&scaled, self.traditional, None, 1.0, Some(freqs))?
             }
         })
     }
+}
+
+/// mlx-lm's YarnRoPE: (frequencies, input scale), with the same float32 ops
+/// for the frequencies and f64 (Python floats) for the scalars.
+#[allow(clippy::too_many_arguments)]
+fn yarn(dims: i32, base: f32, factor: f32, original: f32, beta_fast: f32, beta_slow: f32, mscale: f32, mscale_all_dim: f32) -> Result<(Array, f32)> {
+    let (d, b, orig) = (dims as f64, base as f64, original as f64);
+    let correction_dim = |rotations: f64| (d * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * b.ln());
+    let low = correction_dim(beta_fast as f64).floor().max(0.0);
+    let high = correction_dim(beta_slow as f64).ceil().min(d - 1.0);
+    let get_mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+    let input_scale = get_mscale(factor as f64, mscale as f64) / get_mscale(factor as f64, mscale_all_dim as f64);
+    let idx = ops::arange(0.0, d, 2.0, Dtype::Float32)?;
+    let freq_extra = ops::power(&Array::scalar(base), &ops::divide(&idx, &Array::scalar(dims as f32))?)?;
+    let freq_inter = ops::multiply(&Array::scalar(factor), &freq_extra)?;
+    // 1 - clip((arange(dims / 2) - low) / (high - low), 0, 1), the span widened where it is empty.
+    let span = if low == high { high + 0.001 - low } else { high - low };
+    let ramp = ops::divide(
+        &ops::subtract(&ops::arange(0.0, (dims / 2) as f64, 1.0, Dtype::Float32)?, &Array::scalar(low as f32))?,
+        &Array::scalar(span as f32),
+    )?;
+    let one = Array::scalar(1.0f32);
+    let mask = ops::subtract(&one, &ops::clip(&ramp, Some(&Array::scalar(0.0f32)), Some(&one))?)?;
+    let numerator = ops::multiply(&freq_inter, &freq_extra)?;
+    let denominator = ops::add(&ops::multiply(&freq_inter, &mask)?, &ops::multiply(&freq_extra, &ops::subtract(&one, &mask)?)?)?;
+    Ok((ops::divide(&numerator, &denominator)?, input_scale as f32))
 }
 
 /// base ** (arange(0, dims, 2, float32) / dims), each × its factor.

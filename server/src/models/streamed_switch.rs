@@ -29,9 +29,9 @@ use std::sync::{Arc, Mutex, Weak};
 use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::moe::MoeSpec;
-use super::quant::{QuantConfig, QuantParams};
-use super::switch::SwitchGlu;
-use super::weights::Weights;
+use super::quant::{scales_stored, QuantConfig};
+use super::switch::{GluActivation, StackLayout, SwitchGlu};
+use super::weights::{Stored, Weights};
 use crate::error::{Error, Result};
 use crate::experts::slots::{Plan, SlotTable};
 use crate::experts::{ExpertStream, PendingReads, ReadAhead, ReadJob, Region};
@@ -66,7 +66,8 @@ const WIDE_PICKS_PER_EXPERT: usize = 2;
 pub struct StreamedSwitchGlu {
     layer: u32,
     tensors: Vec<ExpertTensor>,
-    quant: [Option<QuantParams>; 3],
+    layouts: [StackLayout; 3],
+    activation: GluActivation,
     expert_bytes: u64,
     stream: Arc<ExpertStream>,
     state: Mutex<State>,
@@ -81,26 +82,33 @@ impl StreamedSwitchGlu {
     pub fn load(w: &mut Weights, prefix: &str, layer: u32, spec: &MoeSpec, dim: i32, quant: &QuantConfig, stream: Arc<ExpertStream>) -> Result<Arc<StreamedSwitchGlu>> {
         let (e, hidden) = (spec.num_experts, spec.expert_hidden);
         let mut tensors = Vec::new();
-        let mut params = [None; 3];
+        let mut layouts = [StackLayout { quant: None, bias: spec.parts.expert_bias }; 3];
         for (p, ours) in PROJECTIONS.iter().enumerate() {
             let hf = spec.hf_expert_names.iter().find(|(_, o)| o == ours).map_or(*ours, |(h, _)| *h);
-            let stacked = format!("{prefix}.switch_mlp.{ours}");
+            let stacked = format!("{prefix}.{}.{ours}", spec.parts.switch);
             let single = |x: i32| format!("{prefix}.experts.{x}.{hf}");
             let (rows, cols) = if p < 2 { (hidden, dim) } else { (dim, hidden) };
             let quantized = w.contains(&format!("{stacked}.scales")) || w.contains(&format!("{}.scales", single(0)));
-            let parts: Vec<(&str, Vec<i32>, bool)> = if quantized {
+            let mut parts: Vec<(&str, Vec<i32>, Stored)> = if quantized {
                 let q = quant.for_layer(&stacked)?;
-                params[p] = Some(q);
+                layouts[p].quant = Some(q);
                 let groups = vec![rows, cols / q.group_size];
-                vec![("weight", vec![rows, cols * q.bits / 32], true), ("scales", groups.clone(), false), ("biases", groups, false)]
+                let mut parts = vec![("weight", vec![rows, cols * q.bits / 32], Stored::Packed), ("scales", groups.clone(), scales_stored(q))];
+                if q.mode.has_biases() {
+                    parts.push(("biases", groups, Stored::FloatUnread));
+                }
+                parts
             } else {
-                vec![("weight", vec![rows, cols], false)]
+                vec![("weight", vec![rows, cols], Stored::FloatUnread)]
             };
-            for (part, shape, packed) in parts {
+            if spec.parts.expert_bias {
+                parts.push(("bias", vec![rows], Stored::FloatUnread));
+            }
+            for (part, shape, stored) in parts {
                 let name = format!("{stacked}.{part}");
                 let (dtype, regions) = if w.contains(&name) {
                     let full: Vec<i32> = std::iter::once(e).chain(shape.iter().copied()).collect();
-                    let src = w.take_source(&name, &full, packed)?;
+                    let src = w.take_source(&name, &full, stored)?;
                     let slab = src.meta.nbytes / e as u64;
                     let regions = (0..e as u64).map(|x| Region { file: src.file.clone(), offset: src.meta.offset + x * slab, len: slab as usize }).collect();
                     (src.meta.dtype, regions)
@@ -108,7 +116,7 @@ impl StreamedSwitchGlu {
                     let mut dtype = None;
                     let mut regions = Vec::with_capacity(e as usize);
                     for x in 0..e {
-                        let src = w.take_source(&format!("{}.{part}", single(x)), &shape, packed)?;
+                        let src = w.take_source(&format!("{}.{part}", single(x)), &shape, stored)?;
                         if dtype.get_or_insert(src.meta.dtype) != &src.meta.dtype {
                             return Err(Error::model_file(&src.file, format!("expert {x} of {name} is {:?}, expert 0 is {dtype:?}", src.meta.dtype)));
                         }
@@ -134,7 +142,8 @@ impl StreamedSwitchGlu {
         let layer = StreamedSwitchGlu {
             layer,
             tensors,
-            quant: params,
+            layouts,
+            activation: spec.parts.activation,
             expert_bytes,
             stream,
             state: Mutex::new(State { table: SlotTable::new(e as usize, slots), pools, slot_map: None, ahead: None, wide_used: None }),
@@ -174,7 +183,7 @@ impl StreamedSwitchGlu {
         let st = &mut *guard;
         if let Some(map) = &st.slot_map {
             let slots = ops::take(map, indices, 0)?;
-            return SwitchGlu::from_stacks(&st.pools, &self.quant)?.forward(x, &slots);
+            return SwitchGlu::from_stacks(&st.pools, &self.layouts, self.activation)?.forward(x, &slots);
         }
         let counters = self.stream.reader.counters();
         counters.record_host_sync();
@@ -210,7 +219,7 @@ impl StreamedSwitchGlu {
             }
         };
         let index = Array::from_slice(&index, &indices.shape())?;
-        SwitchGlu::from_stacks(&stacks, &self.quant)?.forward(x, &index)
+        SwitchGlu::from_stacks(&stacks, &self.layouts, self.activation)?.forward(x, &index)
     }
 
     /// Reads every tensor of each expert in `misses`, all at once: the arrays

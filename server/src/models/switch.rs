@@ -2,46 +2,101 @@
 //! [experts, out, in], applied to each token's chosen experts in one batched
 //! gather_mm / gather_qmm — never a loop over experts (mlx-lm's SwitchGLU).
 
+use mlx_rs_safe::compile::Compiled;
 use mlx_rs_safe::{ops, quantized, Array};
 
+use super::compiled::call_compiled;
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
-use super::quant::{QuantConfig, QuantParams};
+use super::quant::{QuantConfig, QuantSpec};
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
-/// One stacked projection, dense or quantized.
-pub enum SwitchLinear {
+/// The experts' gated activation of (gate, up).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GluActivation {
+    /// silu(gate) * up (mlx-lm's swiglu).
+    Silu,
+    /// gpt-oss's clamped variant: the gate clipped from above at `limit`, up
+    /// clipped to ±limit, (up + 1) · gate · sigmoid(alpha · gate).
+    SwigluOai { alpha: f32, limit: f32 },
+}
+
+/// gpt-oss's swiglu_oai(gate, up), op for op (alpha and limit as inputs 2 and 3,
+/// so one compiled graph serves every value).
+fn swiglu_oai_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
+    let (gate, x, alpha, limit) = (&a[0], &a[1], &a[2], &a[3]);
+    let gate = ops::minimum(gate, limit)?;
+    let x = ops::clip(x, Some(&ops::negative(limit)?), Some(limit))?;
+    let one = ops::astype(&Array::scalar(1.0f32), x.dtype())?;
+    let glu = ops::multiply(&gate, &ops::sigmoid(&ops::multiply(alpha, &gate)?)?)?;
+    Ok(vec![ops::multiply(&ops::add(&x, &one)?, &glu)?])
+}
+
+thread_local! {
+    // As mlx-lm's `@partial(mx.compile, shapeless=True)` swiglu_oai.
+    static SWIGLU_OAI: Option<Compiled> = Compiled::new(swiglu_oai_graph, true).ok();
+}
+
+impl GluActivation {
+    fn apply(self, gate: &Array, up: &Array) -> Result<Array> {
+        match self {
+            GluActivation::Silu => swiglu(gate, up),
+            GluActivation::SwigluOai { alpha, limit } => {
+                // Python floats beside an array: scalars of its dtype.
+                let alpha = ops::astype(&Array::scalar(alpha), gate.dtype())?;
+                let limit = ops::astype(&Array::scalar(limit), gate.dtype())?;
+                call_compiled(&SWIGLU_OAI, swiglu_oai_graph, &[gate, up, &alpha, &limit])
+            }
+        }
+    }
+}
+
+/// How one stacked projection is stored: quantized (with what) or float, and
+/// whether each expert adds a bias.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StackLayout {
+    pub quant: Option<QuantSpec>,
+    pub bias: bool,
+}
+
+/// One stacked projection's weights, dense or quantized.
+enum SwitchWeight {
     Dense(Array),
     Quantized(QuantizedWeight),
+}
+
+/// One stacked projection, with a bias per expert where the model has them.
+pub struct SwitchLinear {
+    weight: SwitchWeight,
+    bias: Option<Array>,
 }
 
 impl SwitchLinear {
     /// Every expert's `in_dim → out_dim` projection, or this rank's part of
     /// each (`split`, under tensor parallelism).
-    pub fn load(w: &mut Weights, prefix: &str, experts: i32, in_dim: i32, out_dim: i32, split: Split, quant: &QuantConfig) -> Result<SwitchLinear> {
-        Ok(match QuantizedWeight::take_stacked(w, prefix, &[experts], out_dim, in_dim, split, quant)? {
-            Some(q) => SwitchLinear::Quantized(q),
-            None => SwitchLinear::Dense(w.take_split(&format!("{prefix}.weight"), &[experts, out_dim, in_dim], split)?),
-        })
+    pub fn load(w: &mut Weights, prefix: &str, experts: i32, in_dim: i32, out_dim: i32, split: Split, bias: bool, quant: &QuantConfig) -> Result<SwitchLinear> {
+        let weight = match QuantizedWeight::take_stacked(w, prefix, &[experts], out_dim, in_dim, split, quant)? {
+            Some(q) => SwitchWeight::Quantized(q),
+            None => SwitchWeight::Dense(w.take_split(&format!("{prefix}.weight"), &[experts, out_dim, in_dim], split)?),
+        };
+        // The experts' biases are refused under tensor parallelism by the model.
+        let bias = if bias { Some(w.take_shaped(&format!("{prefix}.bias"), &[experts, out_dim])?) } else { None };
+        Ok(SwitchLinear { weight, bias })
     }
 
     /// x [..., 1, in] through expert `indices` → [..., 1, out].
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
-        Ok(match self {
-            SwitchLinear::Dense(w) => quantized::gather_mm(x, &ops::swapaxes(w, -1, -2)?, None, Some(indices), sorted)?,
-            SwitchLinear::Quantized(q) => quantized::gather_qmm(
-                x,
-                &q.weight,
-                &q.scales,
-                Some(&q.biases),
-                None,
-                Some(indices),
-                true,
-                q.params.group_size,
-                q.params.bits,
-                sorted,
-            )?,
+        let y = match &self.weight {
+            SwitchWeight::Dense(w) => quantized::gather_mm(x, &ops::swapaxes(w, -1, -2)?, None, Some(indices), sorted)?,
+            SwitchWeight::Quantized(q) => {
+                quantized::gather_qmm_with(x, &q.weight, &q.scales, q.biases.as_ref(), None, Some(indices), true, q.params, sorted)?
+            }
+        };
+        Ok(match &self.bias {
+            // mlx-lm: x + expand_dims(bias[indices], -2)
+            Some(b) => ops::add(&y, &ops::expand_dims(&ops::take(b, indices, 0)?, &[-2])?)?,
+            None => y,
         })
     }
 }
@@ -50,33 +105,53 @@ pub struct SwitchGlu {
     gate_proj: SwitchLinear,
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
+    activation: GluActivation,
 }
 
 impl SwitchGlu {
     /// Under tensor parallelism each rank holds a run of every expert's
     /// hidden columns, and its output is a partial sum (the caller sums it
     /// over the ranks once, after mixing the experts).
-    pub fn load(w: &mut Weights, prefix: &str, experts: i32, dim: i32, hidden: i32, quant: &QuantConfig) -> Result<SwitchGlu> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        dim: i32,
+        hidden: i32,
+        bias: bool,
+        activation: GluActivation,
+        quant: &QuantConfig,
+    ) -> Result<SwitchGlu> {
         let p = |n: &str| format!("{prefix}.{n}");
         Ok(SwitchGlu {
-            gate_proj: SwitchLinear::load(w, &p("gate_proj"), experts, dim, hidden, Split::Rows, quant)?,
-            up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, Split::Rows, quant)?,
-            down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, Split::Cols, quant)?,
+            gate_proj: SwitchLinear::load(w, &p("gate_proj"), experts, dim, hidden, Split::Rows, bias, quant)?,
+            up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, Split::Rows, bias, quant)?,
+            down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, Split::Cols, bias, quant)?,
+            activation,
         })
     }
 
     /// The layer over expert stacks given as arrays: per projection (gate, up,
-    /// down) its weight, then scales and biases when `quant` gives it params.
-    pub fn from_stacks(stacks: &[Array], quant: &[Option<QuantParams>; 3]) -> Result<SwitchGlu> {
+    /// down) its weight, then scales and (affine) biases when quantized, then
+    /// its per-expert bias when it has one, as `layouts` says.
+    pub fn from_stacks(stacks: &[Array], layouts: &[StackLayout; 3], activation: GluActivation) -> Result<SwitchGlu> {
         let mut it = stacks.iter().cloned();
-        let mut next = |params: Option<QuantParams>| -> Result<SwitchLinear> {
+        let mut next = |layout: StackLayout| -> Result<SwitchLinear> {
             let mut take = || it.next().ok_or(crate::error::Error::Internal("fewer expert stacks than projections need"));
-            Ok(match params {
-                Some(params) => SwitchLinear::Quantized(QuantizedWeight { weight: take()?, scales: take()?, biases: take()?, params }),
-                None => SwitchLinear::Dense(take()?),
-            })
+            let weight = match layout.quant {
+                Some(params) => SwitchWeight::Quantized(QuantizedWeight {
+                    weight: take()?,
+                    scales: take()?,
+                    biases: if params.mode.has_biases() { Some(take()?) } else { None },
+                    params,
+                }),
+                None => SwitchWeight::Dense(take()?),
+            };
+            let bias = if layout.bias { Some(take()?) } else { None };
+            Ok(SwitchLinear { weight, bias })
         };
-        Ok(SwitchGlu { gate_proj: next(quant[0])?, up_proj: next(quant[1])?, down_proj: next(quant[2])? })
+        Ok(SwitchGlu { gate_proj: next(layouts[0])?, up_proj: next(layouts[1])?, down_proj: next(layouts[2])?, activation })
     }
 
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D]. With many routed rows the
@@ -97,7 +172,7 @@ impl SwitchGlu {
         };
         let up = self.up_proj.forward(&x, &idx, do_sort)?;
         let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
+        let mut y = self.down_proj.forward(&self.activation.apply(&gate, &up)?, &idx, do_sort)?;
         if let Some(inv) = inv {
             y = ops::unflatten(&ops::take(&y, &inv, 0)?, 0, &indices.shape())?;
         }

@@ -26,14 +26,17 @@ pub struct TensorSource {
 }
 
 /// How a tensor is stored.
-#[derive(Debug, Clone, Copy)]
-enum Stored {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
     /// Float values.
     Float,
     /// A quantized matrix's packed integers.
     Packed,
     /// Float values checked when they are read (streamed experts), not at load.
     FloatUnread,
+    /// The one-byte scales of the float quantization modes (mxfp4's e8m0
+    /// exponents, nvfp4's e4m3 values): every byte is a valid scale.
+    ByteScales,
 }
 
 pub struct Weights {
@@ -195,10 +198,14 @@ impl Weights {
     }
 
     /// Whether a tensor named `name` is a routed expert's (stacked
-    /// `switch_mlp.*`, or per-expert `experts.{e}.*`; not a shared expert).
+    /// `switch_mlp.*` or, in gpt-oss, `experts.{gate,up,down}_proj.*`; or
+    /// per-expert `experts.{e}.*`; not a shared expert).
     pub fn is_routed_expert(name: &str) -> bool {
+        let after_experts = name.split(".experts.").nth(1).and_then(|rest| rest.split('.').next());
         name.contains(".switch_mlp.")
-            || name.split(".experts.").nth(1).is_some_and(|rest| rest.split('.').next().is_some_and(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())))
+            || after_experts.is_some_and(|e| {
+                (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())) || ["gate_proj", "up_proj", "down_proj"].contains(&e)
+            })
     }
 
     /// Bytes of (routed-expert tensors, all other tensors) as stored in the
@@ -306,6 +313,10 @@ impl Weights {
                 Err(self.error(name, format!("tensor {name} is {dtype:?}; a quantized weight is packed as Uint32")))
             }
             Stored::Packed => Ok(()),
+            Stored::ByteScales if dtype != Dtype::Uint8 => {
+                Err(self.error(name, format!("tensor {name} is {dtype:?}; the scales of this quantization mode are Uint8")))
+            }
+            Stored::ByteScales => Ok(()),
             Stored::Float | Stored::FloatUnread if !matches!(dtype, Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32) => Err(self.error(
                 name,
                 format!("tensor {name} is {dtype:?}; expected Float16, Bfloat16 or Float32"),
@@ -354,6 +365,11 @@ impl Weights {
     /// [`Weights::take_split`] for the packed (uint32) matrix of a quantized layer.
     pub fn take_packed_split(&mut self, name: &str, shape: &[i32], split: Split) -> Result<Array> {
         self.take_part(name, shape, split, Stored::Packed)
+    }
+
+    /// Removes tensor `name` stored as `stored`, keeping this rank's part.
+    pub fn take_stored_split(&mut self, name: &str, shape: &[i32], split: Split, stored: Stored) -> Result<Array> {
+        self.take_part(name, shape, split, stored)
     }
 
     fn take_part(&mut self, name: &str, shape: &[i32], split: Split, stored: Stored) -> Result<Array> {
@@ -412,14 +428,14 @@ impl Weights {
     /// Removes tensor `name` without reading it, returning where its bytes lie
     /// (a streamed expert tensor): its shape and dtype are checked as `take_shaped`
     /// (`packed`: `take_packed`) would; its values are checked when read.
-    pub fn take_source(&mut self, name: &str, shape: &[i32], packed: bool) -> Result<TensorSource> {
+    pub fn take_source(&mut self, name: &str, shape: &[i32], stored: Stored) -> Result<TensorSource> {
         let Some(src) = self.sources.get(name).cloned() else {
             return Err(self.error(
                 name,
                 format!("tensor {name} has no place in a safetensors file: --stream-experts reads safetensors models (a GGUF file is repacked at load)"),
             ));
         };
-        self.take_stored(name, shape, if packed { Stored::Packed } else { Stored::FloatUnread })?;
+        self.take_stored(name, shape, stored)?;
         // Read when streamed, not at load.
         self.read_bytes -= src.meta.nbytes;
         Ok(src)
@@ -492,5 +508,30 @@ impl Weights {
                 if left.len() > 8 { ", ..." } else { "" }
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Weights;
+
+    #[test]
+    fn routed_experts_are_told_from_shared_ones_in_every_layout() {
+        for name in [
+            "model.layers.0.mlp.switch_mlp.gate_proj.weight",
+            "model.layers.3.mlp.experts.17.down_proj.scales",
+            "model.layers.0.mlp.experts.up_proj.bias", // gpt-oss: stacked under `experts`
+        ] {
+            assert!(Weights::is_routed_expert(name), "{name}");
+        }
+        for name in [
+            "model.layers.0.mlp.shared_expert.gate_proj.weight",
+            "model.layers.0.mlp.shared_experts.gate_proj.weight",
+            "model.layers.0.mlp.router.weight",
+            "model.layers.0.mlp.gate.weight",
+            "model.layers.0.self_attn.sinks",
+        ] {
+            assert!(!Weights::is_routed_expert(name), "{name}");
+        }
     }
 }

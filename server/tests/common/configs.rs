@@ -58,6 +58,19 @@ pub fn olmoe() -> Value {
            "tie_word_embeddings": false})
 }
 
+/// gpt-oss: 4 layers, sliding (window 128, shorter than the 600-token prompt)
+/// and full alternating, sinks, biases everywhere, YaRN rope whose ramp spans
+/// several of the 8 frequency pairs.
+pub fn gpt_oss() -> Value {
+    json!({"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+           "vocab_size": 512, "num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": 128,
+           "rope_theta": 150000, "max_position_embeddings": 131072,
+           "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                            "original_max_position_embeddings": 4096, "truncate": false},
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]})
+}
+
 pub fn gemma3() -> Value {
     json!({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,

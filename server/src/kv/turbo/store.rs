@@ -129,6 +129,10 @@ impl KvStore for TurboStore {
     }
 
     fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
+        if args.sinks.is_some() {
+            // Refused at start-up (KvCompression::for_model); a guard, not a path.
+            return Err(Error::Internal("TurboQuant attention has no learned attention sinks"));
+        }
         let n = queries.shape()[2];
         let rep = queries.dim(1)? / keys.dim(1)?;
         if n == 1 && args.window.is_none() && kernels::applies(&self.codec, rep) {
@@ -169,7 +173,7 @@ impl KvStore for TurboStore {
             (ops::concatenate(&[&sink_k, &hk], 2)?, ops::concatenate(&[&sink_v, &hv], 2)?)
         };
         let qr = ops::astype(&rot.apply(queries)?, queries.dtype())?;
-        let out = sdpa::dense(&qr, &k, &v, args.scale, &mask)?;
+        let out = sdpa::dense(&qr, &k, &v, args.scale, &mask, None)?;
         Ok(ops::astype(&rot.invert(&out)?, queries.dtype())?)
     }
 
