@@ -191,6 +191,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     };
     let tokenizer = Arc::new(Tokenizer::load(&dir, template.as_deref())?);
     let tool_format = api::tool_format(args.tool_call_parser.as_deref(), &tokenizer)?;
+    let harmony = tokenizer.chat_template_source().is_some_and(crate::tokenizer::harmony::template_speaks_harmony);
     let system = SystemInfo::collect()?;
     let machine = Machine::detect()?;
     let mut load_options = args.load.options()?;
@@ -306,6 +307,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         tokenize_pool: TokenizePool::new(TokenizePool::default_size()),
         shutdown: Shutdown::default(),
         tool_format,
+        harmony,
         system,
         config: engine.config.clone(),
         kv_footprint,

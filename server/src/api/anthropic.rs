@@ -263,9 +263,10 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let choice = req.tool_choice.as_ref().map_or(structured::ToolChoice::Auto, ToolChoice::forced);
     let output = structured::wanted_output(&choice, p.tools.as_ref(), state.tool_format, !one_call, None)?;
     let (prompt, thinking) = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call };
+    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let prompt_tokens = prompt.len();
     let mut params = common.generation(state, prompt, None)?;
+    params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "tools").await?;
     let rx = generation::submit(state, params)?;
     let id = generation::response_id("msg");
@@ -520,7 +521,7 @@ mod tests {
 
     #[test]
     fn streams_are_named_events_with_thinking_text_and_tool_use_blocks() {
-        let mut s = MessageStream::new("msg_1".into(), "m".into(), 7, OutputSplit::new(OutputShape { tools: hermes(), thinking: Some(false), one_call: false }));
+        let mut s = MessageStream::new("msg_1".into(), "m".into(), 7, OutputSplit::new(OutputShape { tools: hermes(), thinking: Some(false), ..Default::default() }));
         let events = feed_chars(&mut s, THINK_SAY_CALL);
         let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
         assert_eq!(kinds.first(), Some(&"message_start"));

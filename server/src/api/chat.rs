@@ -19,6 +19,7 @@ use super::shutdown::CUT_FINISH_REASON;
 use super::structured::{self, ToolChoice};
 use super::AppState;
 use crate::engine::{Event, TokenLogprob};
+use crate::tokenizer::harmony::{HarmonyPart, HarmonySplit};
 use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
 use crate::tokenizer::{ChatRender, Tokenizer};
@@ -94,9 +95,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
     let (prompt, thinking) = encode_prompt(state, messages, tools, kwargs).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call };
+    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let mut params = common.generation(state, prompt, top)?;
-    params.keep_special_tokens = tool_format == Some(ToolCallFormat::Mistral);
+    params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "response_format.json_schema.schema").await?;
     let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.models.id.clone() };
@@ -196,9 +197,33 @@ pub(super) struct OutputShape {
     pub thinking: Option<bool>,
     /// `parallel_tool_calls: false`: only the first tool call is kept.
     pub one_call: bool,
+    /// The model writes Harmony messages (gpt-oss): channels give reasoning,
+    /// content and tool calls, in place of `thinking` and `tools`.
+    pub harmony: bool,
+}
+
+impl OutputShape {
+    /// Whether the output must keep its special tokens: they are the markers
+    /// the split reads (Harmony's headers, Mistral's `[TOOL_CALLS]`).
+    pub fn keeps_special_tokens(&self) -> bool {
+        self.harmony || self.tools == Some(ToolCallFormat::Mistral)
+    }
 }
 
 pub(super) fn whole_output(shape: OutputShape, text: String) -> WholeOutput {
+    if shape.harmony {
+        // The streaming split fed in one piece, so streamed and whole answers agree.
+        let mut split = OutputSplit::new(shape);
+        let (mut reasoning, mut content, mut calls) = (None::<String>, String::new(), Vec::new());
+        for piece in split.push(&text, true) {
+            match piece {
+                Piece::Reasoning(t) => reasoning.get_or_insert_with(String::new).push_str(&t),
+                Piece::Item(StreamItem::Content(t)) => content.push_str(&t),
+                Piece::Item(StreamItem::Call(c)) => calls.push(c),
+            }
+        }
+        return WholeOutput { reasoning, content, calls };
+    }
     let (reasoning, text) = match shape.thinking {
         Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
         None => (None, text),
@@ -221,8 +246,20 @@ pub(super) enum Piece {
     Item(StreamItem),
 }
 
+impl From<HarmonyPart> for Piece {
+    fn from(part: HarmonyPart) -> Piece {
+        match part {
+            HarmonyPart::Reasoning(t) => Piece::Reasoning(t),
+            HarmonyPart::Content(t) => Piece::Item(StreamItem::Content(t)),
+            HarmonyPart::Call(c) => Piece::Item(StreamItem::Call(c)),
+        }
+    }
+}
+
 /// The streaming twin of [`whole_output`]: text in, pieces out.
 pub(super) struct OutputSplit {
+    /// Present for Harmony output: splits it by channel (in place of the two below).
+    harmony: Option<HarmonySplit>,
     /// Present when the template thinks: splits `<think>` text out.
     reasoning: Option<ReasoningSplit>,
     /// Present when the request has tools and the model's format is known.
@@ -234,6 +271,7 @@ pub(super) struct OutputSplit {
 impl OutputSplit {
     pub fn new(shape: OutputShape) -> OutputSplit {
         OutputSplit {
+            harmony: shape.harmony.then(HarmonySplit::new),
             reasoning: shape.thinking.map(ReasoningSplit::new),
             tools: shape.tools.map(ToolCallStream::new),
             one_call: shape.one_call,
@@ -243,6 +281,21 @@ impl OutputSplit {
 
     /// The settled pieces after `text`; `finish` flushes what is held.
     pub fn push(&mut self, text: &str, finish: bool) -> Vec<Piece> {
+        let out = match self.harmony.as_mut() {
+            Some(h) => {
+                let mut parts = h.push(text);
+                if finish {
+                    parts.extend(h.finish());
+                }
+                parts.into_iter().map(Piece::from).collect()
+            }
+            None => self.split_text(text, finish),
+        };
+        self.keep_calls(out)
+    }
+
+    /// Reasoning, then tool calls, split out of `text`.
+    fn split_text(&mut self, text: &str, finish: bool) -> Vec<Piece> {
         let parts = match self.reasoning.as_mut() {
             Some(r) => {
                 let mut parts = r.push(text);
@@ -264,6 +317,11 @@ impl OutputSplit {
         if let (true, Some(tools)) = (finish, self.tools.as_mut()) {
             out.extend(tools.finish().into_iter().map(Piece::Item));
         }
+        out
+    }
+
+    /// `out` with only the first tool call where one is asked for.
+    fn keep_calls(&mut self, mut out: Vec<Piece>) -> Vec<Piece> {
         if self.one_call {
             let calls = &mut self.calls;
             out.retain(|p| match p {
@@ -411,7 +469,7 @@ mod tests {
         ChatStream {
             meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
             tokenizer: tokenizer(),
-            split: OutputSplit::new(OutputShape { tools: format, thinking, one_call: false }),
+            split: OutputSplit::new(OutputShape { tools: format, thinking, ..Default::default() }),
             calls: 0,
             include_usage: false,
         }
@@ -506,7 +564,7 @@ mod tests {
     fn without_parallel_tool_calls_only_the_first_call_is_kept_whole_or_streamed() {
         let call = |n: &str| format!("<tool_call>{{\"name\": \"{n}\", \"arguments\": {{}}}}</tool_call>");
         let text = format!("{}{}", call("first"), call("second"));
-        let shape = OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: None, one_call: true };
+        let shape = OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: None, one_call: true, harmony: false };
         let out = whole_output(shape, text.clone());
         assert_eq!(out.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["first"]);
         let all = whole_output(OutputShape { one_call: false, ..shape }, text.clone());
@@ -522,5 +580,45 @@ mod tests {
             })
             .collect();
         assert_eq!(names, ["first"]);
+    }
+
+    // gpt-oss's Harmony channels: analysis → reasoning deltas, final → content,
+    // a message to functions.NAME → a tool call; streamed token by token (the
+    // markers arrive as whole special tokens) and whole alike.
+    #[test]
+    fn harmony_channels_become_reasoning_content_and_tool_calls() {
+        let shape = OutputShape { harmony: true, ..Default::default() };
+        assert!(shape.keeps_special_tokens());
+        let tokens = [
+            "<|channel|>", "analysis", "<|message|>", "Need", " weather.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+            "commentary to=functions.get_weather ", "<|constrain|>", "json", "<|message|>", "{\"city\":", " \"Paris\"}",
+        ];
+        let mut s = ChatStream {
+            meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
+            tokenizer: tokenizer(),
+            split: OutputSplit::new(shape),
+            calls: 0,
+            include_usage: false,
+        };
+        let mut chunks = Vec::new();
+        for t in tokens {
+            chunks.extend(s.write(token(t)));
+        }
+        chunks.extend(s.write(done()));
+        let deltas: Vec<&Value> = chunks.iter().map(|c| &c["choices"][0]["delta"]).collect();
+        let reasoning: String = deltas.iter().filter_map(|d| d["reasoning_content"].as_str()).collect();
+        let content: String = deltas.iter().filter_map(|d| d["content"].as_str()).collect();
+        assert_eq!((reasoning.as_str(), content.as_str()), ("Need weather.", ""));
+        let calls: Vec<&Value> = deltas.iter().filter_map(|d| d.get("tool_calls")).collect();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0][0]["function"]["name"], "get_weather");
+        assert_eq!(calls[0][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+        assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+
+        let (msg, finish) = chat_message(shape, tokens.concat(), "stop");
+        assert_eq!((msg["reasoning_content"].as_str(), finish), (Some("Need weather."), "tool_calls"));
+        assert!(msg["content"].is_null(), "{msg}");
+        let (msg, finish) = chat_message(shape, "<|channel|>analysis<|message|>2+2<|end|><|start|>assistant<|channel|>final<|message|>4".into(), "stop");
+        assert_eq!((msg["reasoning"].as_str(), msg["content"].as_str(), finish), (Some("2+2"), Some("4"), "stop"));
     }
 }

@@ -65,6 +65,8 @@ pub struct AppState {
     pub tokenize_pool: TokenizePool,
     pub shutdown: Shutdown,
     pub tool_format: Option<ToolCallFormat>,
+    /// The model writes Harmony messages (gpt-oss): its output is split by channel.
+    pub harmony: bool,
     pub system: SystemInfo,
     pub config: EngineConfig,
     pub kv_footprint: KvFootprint,

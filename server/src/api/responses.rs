@@ -302,8 +302,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
     let (prompt, thinking) = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call };
+    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let mut params = common.generation(state, prompt, None)?;
+    params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "text.format.schema").await?;
     let echo = Echo {
         id: generation::response_id("resp"),
@@ -580,7 +581,7 @@ mod tests {
             previous_response_id: None, tools: json!([]), tool_choice: json!("auto"), temperature: 0.0, top_p: 1.0,
             store: false, metadata: json!({}), parallel_tool_calls: true, text: json!({"format": {"type": "text"}}),
         };
-        let mut s = ResponseStream::new(echo, OutputSplit::new(OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: Some(false), one_call: false }), None);
+        let mut s = ResponseStream::new(echo, OutputSplit::new(OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: Some(false), ..Default::default() }), None);
         let events = feed_chars(&mut s, THINK_SAY_CALL);
         for (i, e) in events.iter().enumerate() {
             assert_eq!(e["sequence_number"], i, "{e}");

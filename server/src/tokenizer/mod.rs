@@ -9,6 +9,7 @@
 mod byte_bound;
 mod chat_template;
 mod detokenizer;
+pub mod harmony;
 pub mod reasoning;
 pub mod tool_calls;
 
