@@ -1,11 +1,15 @@
-"""Writes a random-weight 4-bit Qwen3-MoE model in mlx-community's layout (stacked
-switch_mlp experts, affine 4-bit, group 64, bf16 scales and biases), one shard per
+"""Writes a random-weight quantized MoE model in mlx-community's layout, one shard per
 layer, straight from numpy: a Qwen3-30B-A3B-shaped model (17 GB) takes about a
 minute, without ever holding the float weights. Speed and I/O do not depend on
 the values; every expert gets its own random bytes, so a wrong slot mapping shows.
 
+Qwen3-MoE shapes: stacked switch_mlp experts, affine 4-bit, group 64, bf16 scales and
+biases. gpt-oss shapes: as mlx-community's MXFP4-Q8 conversions, experts in mxfp4
+(group 32, e8m0 byte scales) with a bf16 bias per expert, everything else affine 8-bit
+(group 64), attention with biases and sinks.
+
 usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0]
-SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs)
+SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs) | gpt-oss-20b
 """
 
 import argparse
@@ -27,6 +31,11 @@ SHAPES = {
     "qwen3-moe-cpu": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
                       "num_key_value_heads": 2, "head_dim": 64, "moe_intermediate_size": 512,
                       "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 8192},
+    # openai/gpt-oss-20b
+    "gpt-oss-20b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
+                    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+                    "moe_intermediate_size": 2880, "num_experts": 32, "num_experts_per_tok": 4,
+                    "vocab_size": 201088},
 }
 GROUP, BITS = 64, 4
 
@@ -68,6 +77,60 @@ def quantized(shard, rng, name, shape):
     shard.add(f"{name}.biases", bf16(-7.5 * s), "BF16")
 
 
+def affine8(shard, rng, name, shape, overrides):
+    """A random affine 8-bit matrix (group 64), named in the config's per-layer overrides."""
+    *lead, rows, cols = shape
+    shard.add(f"{name}.weight", rng.integers(0, 2**32, (*lead, rows, cols // 4), dtype=np.uint32), "U32")
+    s = (0.02 / 74) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // 64), dtype=np.float32))
+    shard.add(f"{name}.scales", bf16(s), "BF16")
+    shard.add(f"{name}.biases", bf16(-127.5 * s), "BF16")
+    overrides[name] = {"group_size": 64, "bits": 8}
+
+
+def mxfp4(shard, rng, name, shape):
+    """A random mxfp4 matrix (group 32): packed e2m1 nibbles, e8m0 byte scales near 2^-7
+    (values of std about 0.02)."""
+    *lead, rows, cols = shape
+    shard.add(f"{name}.weight", rng.integers(0, 2**32, (*lead, rows, cols // 8), dtype=np.uint32), "U32")
+    shard.add(f"{name}.scales", rng.integers(118, 122, (*lead, rows, cols // 32), dtype=np.uint8), "U8")
+
+
+def small(rng, shape):
+    return bf16(0.01 * rng.standard_normal(shape, dtype=np.float32))
+
+
+def gpt_oss_layer(s, rng, p, c, overrides):
+    h, hd, e, inter = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
+    q_heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    ones = np.full(h, 0x3F80, np.uint16)
+    s.add(f"{p}.input_layernorm.weight", ones, "BF16")
+    s.add(f"{p}.post_attention_layernorm.weight", ones, "BF16")
+    for n, (rows, cols) in {"q_proj": (q_heads * hd, h), "k_proj": (kv_heads * hd, h), "v_proj": (kv_heads * hd, h),
+                            "o_proj": (h, q_heads * hd)}.items():
+        affine8(s, rng, f"{p}.self_attn.{n}", (rows, cols), overrides)
+        s.add(f"{p}.self_attn.{n}.bias", small(rng, (rows,)), "BF16")
+    s.add(f"{p}.self_attn.sinks", small(rng, (q_heads,)), "BF16")
+    affine8(s, rng, f"{p}.mlp.router", (e, h), overrides)
+    s.add(f"{p}.mlp.router.bias", small(rng, (e,)), "BF16")
+    for n, (rows, cols) in {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}.items():
+        mxfp4(s, rng, f"{p}.mlp.experts.{n}", (e, rows, cols))
+        s.add(f"{p}.mlp.experts.{n}.bias", small(rng, (e, rows)), "BF16")
+
+
+def gpt_oss_config(c, overrides):
+    layers = c["num_hidden_layers"]
+    return {"model_type": "gpt_oss", "hidden_size": c["hidden_size"], "num_hidden_layers": layers,
+            "intermediate_size": c["moe_intermediate_size"], "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_key_value_heads"], "head_dim": c["head_dim"],
+            "num_local_experts": c["num_experts"], "num_experts_per_tok": c["num_experts_per_tok"],
+            "vocab_size": c["vocab_size"], "rms_norm_eps": 1e-5, "sliding_window": 128, "rope_theta": 150000,
+            "max_position_embeddings": 131072, "tie_word_embeddings": False,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "original_max_position_embeddings": 4096, "truncate": False},
+            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+            "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4", **overrides}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=sorted(SHAPES))
@@ -81,11 +144,18 @@ def main():
     h, hd, e, moe = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
     q_heads, kv_heads, layers, vocab = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"], c["vocab_size"]
     ones = lambda n: np.full(n, 0x3F80, np.uint16)  # bf16 1.0
-    weight_map = {}
+    weight_map, overrides = {}, {}
     shards = layers + 1
+    gpt_oss = c.get("model_type") == "gpt_oss"
     for i in range(layers):
         s = Shard()
         p = f"model.layers.{i}"
+        if gpt_oss:
+            gpt_oss_layer(s, rng, p, c, overrides)
+            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            s.write(out / name)
+            weight_map.update({t[0]: name for t in s.tensors})
+            continue
         for n in ["input_layernorm", "post_attention_layernorm"]:
             s.add(f"{p}.{n}.weight", ones(h), "BF16")
         s.add(f"{p}.self_attn.q_norm.weight", ones(hd), "BF16")
@@ -102,14 +172,18 @@ def main():
         s.write(out / name)
         weight_map.update({t[0]: name for t in s.tensors})
     s = Shard()
-    quantized(s, rng, "model.embed_tokens", (vocab, h))
-    quantized(s, rng, "lm_head", (vocab, h))
+    if gpt_oss:
+        affine8(s, rng, "model.embed_tokens", (vocab, h), overrides)
+        affine8(s, rng, "lm_head", (vocab, h), overrides)
+    else:
+        quantized(s, rng, "model.embed_tokens", (vocab, h))
+        quantized(s, rng, "lm_head", (vocab, h))
     s.add("model.norm.weight", ones(h), "BF16")
     name = f"model-{shards:05d}-of-{shards:05d}.safetensors"
     s.write(out / name)
     weight_map.update({t[0]: name for t in s.tensors})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    config = {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    config = gpt_oss_config(c, overrides) if gpt_oss else {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
               "tie_word_embeddings": False, "max_position_embeddings": 40960, "decoder_sparse_step": 1,
               "mlp_only_layers": [], "norm_topk_prob": True, "quantization": {"group_size": GROUP, "bits": BITS}, **c}
     (out / "config.json").write_text(json.dumps(config, indent=1))
