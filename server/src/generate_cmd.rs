@@ -152,6 +152,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         keep_special_tokens: false,
         guide: None,
         progress: false,
+        checkpoints: Vec::new(),
     };
     if args.warmup {
         // The whole generation once: MLX's GPU backends compile kernels per

@@ -9,7 +9,7 @@
 mod common;
 
 
-use common::engine::{check_parity_of, drive, engine, engine_with_prompt_cache, reference};
+use common::engine::{check_parity_of, drive, drive_with, engine, engine_with_prompt_cache, reference};
 use common::configs::{gemma3, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::fixture;
 use mlx_serve::metrics;
@@ -211,6 +211,40 @@ fn gpt_oss_mxfp4_greedy_matches_mlx_lm() {
     check_parity("gpt_oss_mxfp4", spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"}))), TOL);
 }
 
+// A checkpoint (the end of a chat's system prompt) keeps the prompt's KV as the
+// prefill passes it: a sliding window cannot be cut back to a shorter prefix,
+// so without one the next question after the same system prompt starts over.
+// With it, the shared part comes from the cache and decodes as a fresh engine.
+#[test]
+fn a_checkpoint_lets_sliding_window_layers_reuse_a_shared_system_prompt() {
+    let sp = spec(gemma3(), "bfloat16", None);
+    let dir = fixture("gemma3_bf16", &sp);
+    let r = reference(&dir);
+    let system = &r.prompt[..300]; // longer than the 128-token window
+    let ask = |question: &[u32]| -> Vec<u32> { system.iter().chain(question).copied().collect() };
+    let (first, second) = (ask(&r.batch[0].0[..50]), ask(&r.batch[1].0[..60]));
+    let load = models::LoadOptions::default();
+    let cached_after = |checkpoint: bool| -> (usize, Vec<u32>) {
+        let (mut e, metrics) = engine_with_prompt_cache(&dir, &dir, &sp, &load, 1 << 30);
+        let at = |_: usize, g: &mut mlx_serve::engine::Generation| {
+            if checkpoint {
+                g.checkpoints = vec![system.len()];
+            }
+        };
+        drive_with(&mut e, &[(&first, 8)], &[0], None, at);
+        let before = metrics::counter_value(&metrics.render(), "mlx_serve_prompt_cache_tokens_total").unwrap_or(0.0);
+        let out = drive_with(&mut e, &[(&second, 8)], &[0], None, at);
+        let after = metrics::counter_value(&metrics.render(), "mlx_serve_prompt_cache_tokens_total").unwrap();
+        ((after - before) as usize, out[0].tokens.clone())
+    };
+    let (hit, tokens) = cached_after(true);
+    assert_eq!(hit, system.len(), "the system prompt did not come from the cache");
+    let (mut fresh, _) = engine(&dir, &dir, &sp, &load);
+    assert_eq!(tokens, drive(&mut fresh, &[(&second, 8)], &[0], None)[0].tokens, "a restored checkpoint decodes differently");
+    let (hit, _) = cached_after(false);
+    assert!(hit < system.len(), "without a checkpoint {hit} tokens were reused: the test shows nothing");
+}
+
 // Fused qkv / gate_up, longrope scaling (input scale ≠ 1 since 8192 > 512).
 #[test]
 fn phi3_bf16_with_longrope_matches_mlx_lm() {
@@ -298,6 +332,36 @@ fn gpt_oss_through_the_batching_server_matches_mlx_lm() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("learned sinks") && err.contains("--kv-bits"), "{err}");
+}
+
+// Through the server: a chat's system prompt is a checkpoint for a model with
+// sliding windows, so the next question after it reuses it even once the first
+// answer has moved every window past it (150 tokens > the 128-token window).
+#[test]
+fn chats_sharing_a_system_prompt_reuse_it_on_a_sliding_window_model() {
+    let dir = fixture("gemma3_bf16", &spec(gemma3(), "bfloat16", None));
+    let server = common::server::TestServer::start(&dir, &["--prompt-cache-bytes", "100000000"]);
+    let system = "the model reads the cache of every layer. ".repeat(40);
+    let chat = |question: &str, max_tokens: usize| -> Value {
+        let body = json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+                          "max_tokens": max_tokens, "ignore_eos": true});
+        let reply = server.post_json("/v1/chat/completions", &body);
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        serde_json::from_str(&reply.body).unwrap()
+    };
+    // The system prompt's end, as the server finds it: where the system message
+    // before an empty user turn stops agreeing with the whole prompt.
+    let ids = |messages: Value, generation: bool| -> Vec<u64> {
+        let r = server.post_json("/tokenize", &json!({"messages": messages, "add_generation_prompt": generation}));
+        serde_json::from_value(serde_json::from_str::<Value>(&r.body).unwrap()["tokens"].clone()).unwrap()
+    };
+    let head = ids(json!([{"role": "system", "content": system}, {"role": "user", "content": ""}]), false);
+    let whole = ids(json!([{"role": "system", "content": system}, {"role": "user", "content": "and the window"}]), true);
+    let end = head.iter().zip(&whole).take_while(|(a, b)| a == b).count();
+    assert!(end > 128, "the system prompt ({end} tokens) must outlast the window");
+    chat("what does it read", 150);
+    let second = chat("and the window", 4);
+    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], json!(end), "{second}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, OutputShape, OutputSplit, Piece, WholeOutput};
+use super::chat::{encode_prompt, whole_output, ChatPrompt, OutputShape, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -262,10 +262,11 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let one_call = req.tool_choice.as_ref().is_some_and(ToolChoice::one_call);
     let choice = req.tool_choice.as_ref().map_or(structured::ToolChoice::Auto, ToolChoice::forced);
     let output = structured::wanted_output(&choice, p.tools.as_ref(), state.tool_format, !one_call, None)?;
-    let (prompt, thinking) = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
+    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
     let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let prompt_tokens = prompt.len();
     let mut params = common.generation(state, prompt, None)?;
+    params.checkpoints = checkpoints;
     params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "tools").await?;
     let rx = generation::submit(state, params)?;
@@ -341,7 +342,7 @@ pub async fn count_tokens(payload: web::Payload, state: &AppState) -> Result<Htt
     state.check_model(model.as_deref())?;
     let req: MessagesRequest = fields(&body)?;
     let p = prepare(&req)?;
-    let (prompt, _) = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
+    let prompt = encode_prompt(state, p.messages, p.tools, p.kwargs).await?.ids;
     Ok(HttpResponse::Ok().json(json!({"input_tokens": prompt.len()})))
 }
 

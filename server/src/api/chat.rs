@@ -94,9 +94,10 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let schema = structured::format_schema(req.response_format.as_ref(), "response_format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
-    let (prompt, thinking) = encode_prompt(state, messages, tools, kwargs).await?;
+    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, messages, tools, kwargs).await?;
     let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let mut params = common.generation(state, prompt, top)?;
+    params.checkpoints = checkpoints;
     params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "response_format.json_schema.schema").await?;
     let rx = generation::submit(state, params)?;
@@ -127,14 +128,23 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     })))
 }
 
-/// The prompt ids of template-ready `messages` (checked against the context
-/// before tokenizing), and Some(whether the output starts inside `<think>`)
+/// A chat prompt: its ids, Some(whether the output starts inside `<think>`)
 /// when the template thinks and the prompt leaves thinking on
-/// (`reasoning::prompt_thinking`).
-pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Option<Value>, kwargs: Option<Value>) -> Result<(Vec<u32>, Option<bool>), ApiError> {
-    let (tokenizer, limit) = (state.tokenizer.clone(), state.prompt_limit);
+/// (`reasoning::prompt_thinking`), and the positions whose KV the prompt
+/// cache should keep on the way (the end of the system prompt, where the
+/// model needs checkpoints).
+pub(super) struct ChatPrompt {
+    pub ids: Vec<u32>,
+    pub thinking: Option<bool>,
+    pub checkpoints: Vec<usize>,
+}
+
+/// The prompt of template-ready `messages` (checked against the context
+/// before tokenizing).
+pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Option<Value>, kwargs: Option<Value>) -> Result<ChatPrompt, ApiError> {
+    let (tokenizer, limit, checkpoints) = (state.tokenizer.clone(), state.prompt_limit, state.prompt_checkpoints);
     let text_bytes = messages_bytes(&messages);
-    let (prompt, opens_thinking) = state
+    let (ids, opens_thinking, checkpoints) = state
         .tokenize_pool
         .run(text_bytes, move || {
             let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
@@ -143,11 +153,33 @@ pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Opti
                 opens = reasoning::prompt_thinking(text);
                 limit.check_text(text.len(), "messages")
             })?;
-            Ok::<_, ApiError>((ids, opens))
+            let checkpoints = match checkpoints {
+                true => system_prompt_end(&tokenizer, &messages, &how, &ids).into_iter().collect(),
+                false => Vec::new(),
+            };
+            Ok::<_, ApiError>((ids, opens, checkpoints))
         })
         .await?;
     let thinks = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks);
-    Ok((prompt, opens_thinking.filter(|_| thinks)))
+    Ok(ChatPrompt { ids, thinking: opens_thinking.filter(|_| thinks), checkpoints })
+}
+
+/// Where the leading system messages end in `prompt` (mlx-lm's system
+/// segment): those messages rendered before an empty user turn, compared token
+/// by token with the whole prompt. None without system messages, or where the
+/// shared part is empty or the whole prompt.
+fn system_prompt_end(tokenizer: &Tokenizer, messages: &Value, how: &ChatRender, prompt: &[u32]) -> Option<usize> {
+    let messages = messages.as_array()?;
+    let n = messages.iter().take_while(|m| m["role"] == "system").count();
+    if n == 0 {
+        return None;
+    }
+    let mut head = messages[..n].to_vec();
+    head.push(json!({"role": "user", "content": ""}));
+    let how = ChatRender { tools: how.tools, add_generation_prompt: false, kwargs: how.kwargs };
+    let ids = tokenizer.encode_chat_checked(&Value::Array(head), &how, |_| Ok::<(), crate::error::Error>(())).ok()?;
+    let end = ids.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    (end > 0 && end < prompt.len()).then_some(end)
 }
 
 /// Bytes of text in the messages (what the template renders, roughly).

@@ -67,6 +67,9 @@ pub struct AppState {
     pub tool_format: Option<ToolCallFormat>,
     /// The model writes Harmony messages (gpt-oss): its output is split by channel.
     pub harmony: bool,
+    /// Chat prompts mark where their system prompt ends, for the prompt cache
+    /// to keep (the model has sliding-window layers).
+    pub prompt_checkpoints: bool,
     pub system: SystemInfo,
     pub config: EngineConfig,
     pub kv_footprint: KvFootprint,

@@ -259,6 +259,7 @@ impl CommonParams {
             keep_special_tokens: false,
             guide: None,
             progress: self.stream && self.return_progress,
+            checkpoints: Vec::new(),
             prompt,
         })
     }

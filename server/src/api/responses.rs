@@ -18,7 +18,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, OutputShape, OutputSplit, Piece, WholeOutput};
+use super::chat::{encode_prompt, whole_output, ChatPrompt, OutputShape, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -301,9 +301,10 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let schema = structured::format_schema(text_format, "text.format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
-    let (prompt, thinking) = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
+    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
     let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
     let mut params = common.generation(state, prompt, None)?;
+    params.checkpoints = checkpoints;
     params.keep_special_tokens = shape.keeps_special_tokens();
     params.guide = structured::guide(state, output, thinking, "text.format.schema").await?;
     let echo = Echo {

@@ -72,6 +72,12 @@ impl Prefill {
         self.seq.request.params.prompt.len().saturating_sub(self.done + 1)
     }
 
+    /// Tokens from here to the next checkpoint (where the prefill must stop
+    /// to keep the prompt's KV), if one lies ahead.
+    fn to_checkpoint(&self) -> Option<usize> {
+        self.seq.request.params.checkpoints.iter().filter(|&&c| c > self.done).min().map(|c| c - self.done)
+    }
+
     /// Sends the prompt's progress if the request asks for it and it moved.
     /// The last prompt token is the first decode step's input, so a prompt
     /// with nothing left to prefill counts as read whole.
@@ -296,11 +302,15 @@ impl Engine {
         let mut kept = VecDeque::with_capacity(self.prefill.len());
         for (i, mut p) in std::mem::take(&mut self.prefill).into_iter().enumerate() {
             if let Some(&n) = plan.get(i) {
+                let n = p.to_checkpoint().map_or(n, |c| n.min(c));
                 if n > 0 {
                     if let Err(e) = self.prefill_tokens(&mut p, n) {
                         self.note_step_failure(&e);
                         p.seq.fail(&e.to_string());
                         continue;
+                    }
+                    if p.seq.request.params.checkpoints.contains(&p.done) {
+                        self.keep_checkpoint(&p);
                     }
                 }
             }
@@ -404,6 +414,18 @@ impl Engine {
         }
         if self.batch.as_ref().is_some_and(DecodeBatch::is_empty) {
             self.batch = None;
+        }
+    }
+
+    /// Stores the KV of a prompt's first tokens, at a checkpoint.
+    fn keep_checkpoint(&mut self, p: &Prefill) {
+        if self.config.prompt_cache_bytes == 0 {
+            return;
+        }
+        let tokens = p.seq.request.params.prompt[..p.done].to_vec();
+        let stored = p.cache.snapshot(0).and_then(|kv| self.prompt_cache.insert(tokens, kv, None));
+        if let Err(e) = stored {
+            log::warn!("prompt cache: {e}");
         }
     }
 

@@ -32,6 +32,12 @@ pub struct Generation {
     /// Send an [`Event::Progress`] after each prefill chunk (llama-server's
     /// `return_progress`: a long prompt shows it is being read).
     pub progress: bool,
+    /// Prompt positions whose KV the prompt cache keeps as the prefill passes
+    /// them (the end of a chat's system prompt): for models whose caches
+    /// cannot be cut back to an earlier position (sliding windows), the only
+    /// way a later request sharing just that prefix can reuse it.
+    #[serde(default)]
+    pub checkpoints: Vec<usize>,
 }
 
 /// A generation on its way to the engine.

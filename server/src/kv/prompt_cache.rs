@@ -72,14 +72,18 @@ impl PromptCache {
     /// new one holds the prefix it was used for, so a conversation (or a document
     /// asked one question after another) keeps one entry, not one per turn, as
     /// in mlx-lm, whose lookup takes the entry out. If `tokens` is itself a
-    /// prefix of an entry, nothing new is learnt. Least recently used entries go
-    /// until the new one fits; one larger than the whole budget is not kept.
+    /// prefix of an entry, nothing new is learnt. Both only where the longer
+    /// entry can restore the shorter one's tokens: a sliding window that moved
+    /// on cannot, so a checkpoint (a system prompt's KV) stays beside the turns
+    /// that started from it. Least recently used entries go until the new one
+    /// fits; one larger than the whole budget is not kept.
     pub fn insert(&mut self, tokens: Vec<u32>, kv: KvSnapshot, source: Option<u64>) -> Result<()> {
         if tokens.is_empty() || kv.len() as usize != tokens.len() {
             return Ok(());
         }
         self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.len() >= tokens.len() && e.tokens.starts_with(&tokens)) {
+        let n = tokens.len();
+        if let Some(e) = self.entries.iter_mut().find(|e| e.tokens.starts_with(&tokens) && e.kv.servable(n as i32) as usize == n) {
             e.last_used = self.clock;
             return Ok(());
         }
@@ -89,7 +93,8 @@ impl PromptCache {
         }
         let mut freed = 0;
         self.entries.retain(|e| {
-            let superseded = tokens.starts_with(&e.tokens) || Some(e.id) == source;
+            let covered = kv.servable(e.tokens.len().min(n) as i32) as usize == e.tokens.len().min(n);
+            let superseded = covered && (tokens.starts_with(&e.tokens) || Some(e.id) == source);
             if superseded {
                 freed += e.nbytes;
             }

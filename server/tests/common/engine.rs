@@ -83,13 +83,24 @@ pub struct Output {
 /// run until all are done. With `logprobs`, each token comes with the whole
 /// distribution.
 pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize], logprobs: Option<usize>) -> Vec<Output> {
+    drive_with(engine, prompts, arrivals, logprobs, |_, _| {})
+}
+
+/// [`drive`], with `edit` given each request's parameters (and its index) before it is sent.
+pub fn drive_with(
+    engine: &mut Engine,
+    prompts: &[(&[u32], usize)],
+    arrivals: &[usize],
+    logprobs: Option<usize>,
+    edit: impl Fn(usize, &mut Generation),
+) -> Vec<Output> {
     let mut streams: Vec<Option<UnboundedReceiver<Event>>> = prompts.iter().map(|_| None).collect();
     let mut outputs: Vec<Output> = prompts.iter().map(|_| Output::default()).collect();
     for turn in 0..10_000 {
         for (i, (&(prompt, max_tokens), &at)) in prompts.iter().zip(arrivals).enumerate() {
             if at == turn {
                 let (tx, rx) = unbounded_channel();
-                let params = Generation {
+                let mut params = Generation {
                     prompt: prompt.to_vec(),
                     sampling: SamplingParams { seed: Some(0), ..Default::default() },
                     max_tokens,
@@ -99,7 +110,9 @@ pub fn drive(engine: &mut Engine, prompts: &[(&[u32], usize)], arrivals: &[usize
                     keep_special_tokens: false,
                     guide: None,
                     progress: false,
+                    checkpoints: Vec::new(),
                 };
+                edit(i, &mut params);
                 engine.submit(Request { params, arrived: Instant::now(), events: tx });
                 streams[i] = Some(rx);
             }
