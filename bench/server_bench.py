@@ -45,7 +45,7 @@ def session(server, tok, a, rnd) -> dict:
     try:
         warm(server.url, tok, a, rnd)
         for c in a.concurrency:
-            server.reset_peak_rss()
+            server.reset_peaks()
             waves = [run_wave(server.url, [chat(make_text(tok, a.prompt_tokens, f"{rnd}-{c}-{w}-{i}"))
                                            for i in range(c)], a.gen_tokens) for w in range(a.waves)]
             out["levels"][c] = {"waves": waves, "peak_rss_mib": server.peak_rss_mib()}
