@@ -159,10 +159,19 @@ fn rows_with_different_constraints_or_none_share_a_batch() {
     assert!(rows / steps > 1.5, "mean batch size {}: the rows were not batched", rows / steps);
 }
 
+// In the Hermes JSON format and in Qwen3-Coder's XML one, whose bare-text
+// values the parser types by the tools' schemas.
 #[test]
 fn forced_tool_calls_are_valid_calls_of_the_tools() {
-    let s = TestServer::start(&model(), &["--tool-call-parser", "hermes"]);
-    let city = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"], "additionalProperties": false});
+    for parser in ["hermes", "qwen3_coder"] {
+        forced_calls_are_valid(parser);
+    }
+}
+
+fn forced_calls_are_valid(parser: &str) {
+    let s = TestServer::start(&model(), &["--tool-call-parser", parser]);
+    let city = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "units": {"enum": ["C", "F"]}},
+                      "required": ["city"], "additionalProperties": false});
     let hour = json!({"type": "object", "properties": {"hour": {"type": "integer", "minimum": 0, "maximum": 23}}, "required": ["hour"], "additionalProperties": false});
     let tools = json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": city}},
@@ -181,7 +190,7 @@ fn forced_tool_calls_are_valid_calls_of_the_tools() {
                 let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
                 let schema = if name == "get_weather" { &city } else { &hour };
                 assert!(only.is_none_or(|o| o == name), "{r}");
-                assert!(jsonschema::is_valid(schema, &args), "{args} for {name}");
+                assert!(jsonschema::is_valid(schema, &args), "{parser}: {args} for {name}");
             }
         }
     }

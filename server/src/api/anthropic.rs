@@ -258,12 +258,12 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     }
     anthropic_defaults(&mut common, &req);
     let p = prepare(&req)?;
-    let tool_format = p.tools.as_ref().and(state.tool_format);
     let one_call = req.tool_choice.as_ref().is_some_and(ToolChoice::one_call);
     let choice = req.tool_choice.as_ref().map_or(structured::ToolChoice::Auto, ToolChoice::forced);
     let output = structured::wanted_output(&choice, p.tools.as_ref(), state.tool_format, !one_call, None)?;
+    let shape = OutputShape::of(state, p.tools.as_ref(), None, one_call);
     let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
+    let shape = OutputShape { thinking, ..shape };
     let prompt_tokens = prompt.len();
     let mut params = common.generation(state, prompt, None)?;
     params.checkpoints = checkpoints;

@@ -21,6 +21,7 @@ use super::AppState;
 use crate::engine::{Event, TokenLogprob};
 use crate::tokenizer::harmony::{HarmonyPart, HarmonySplit};
 use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
+use crate::tokenizer::qwen_xml::ParamTypes;
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
 use crate::tokenizer::{ChatRender, Tokenizer};
 
@@ -90,12 +91,12 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
     let tools = active_tools(&req, &choice)?;
     let kwargs = template_kwargs(req.chat_template_kwargs)?;
-    let tool_format = tools.as_ref().and(state.tool_format);
     let schema = structured::format_schema(req.response_format.as_ref(), "response_format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
+    let shape = OutputShape::of(state, tools.as_ref(), None, one_call);
     let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, messages, tools, kwargs).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
+    let shape = OutputShape { thinking, ..shape };
     let mut params = common.generation(state, prompt, top)?;
     params.checkpoints = checkpoints;
     params.keep_special_tokens = shape.keeps_special_tokens();
@@ -221,7 +222,7 @@ pub(super) struct WholeOutput {
 }
 
 /// How a request's output is taken apart.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct OutputShape {
     /// The tool-call format, when the request has tools and the model's format is known.
     pub tools: Option<ToolCallFormat>,
@@ -232,9 +233,22 @@ pub(super) struct OutputShape {
     /// The model writes Harmony messages (gpt-oss): channels give reasoning,
     /// content and tool calls, in place of `thinking` and `tools`.
     pub harmony: bool,
+    /// The tools' parameter types, for a format whose values are bare text (Qwen XML).
+    pub param_types: Option<Arc<ParamTypes>>,
 }
 
 impl OutputShape {
+    /// The shape of a request to `state`'s model with `tools` (Some when they
+    /// are active), whose prompt leaves thinking as `thinking` says.
+    pub fn of(state: &AppState, tools: Option<&Value>, thinking: Option<bool>, one_call: bool) -> OutputShape {
+        let format = tools.and(state.tool_format);
+        let param_types = match (format, tools) {
+            (Some(ToolCallFormat::QwenXml), Some(t)) => Some(Arc::new(ParamTypes::from_tools(t))),
+            _ => None,
+        };
+        OutputShape { tools: format, thinking, one_call, harmony: state.harmony, param_types }
+    }
+
     /// Whether the output must keep its special tokens: they are the markers
     /// the split reads (Harmony's headers, Mistral's `[TOOL_CALLS]`).
     pub fn keeps_special_tokens(&self) -> bool {
@@ -262,7 +276,7 @@ pub(super) fn whole_output(shape: OutputShape, text: String) -> WholeOutput {
     };
     match shape.tools {
         Some(f) => {
-            let mut parsed = tool_calls::parse(f, &text);
+            let mut parsed = tool_calls::parse_with(f, &text, shape.param_types.clone());
             if shape.one_call {
                 parsed.tool_calls.truncate(1);
             }
@@ -305,7 +319,7 @@ impl OutputSplit {
         OutputSplit {
             harmony: shape.harmony.then(HarmonySplit::new),
             reasoning: shape.thinking.map(ReasoningSplit::new),
-            tools: shape.tools.map(ToolCallStream::new),
+            tools: shape.tools.map(|f| ToolCallStream::with_types(f, shape.param_types.clone())),
             one_call: shape.one_call,
             calls: 0,
         }
@@ -596,10 +610,10 @@ mod tests {
     fn without_parallel_tool_calls_only_the_first_call_is_kept_whole_or_streamed() {
         let call = |n: &str| format!("<tool_call>{{\"name\": \"{n}\", \"arguments\": {{}}}}</tool_call>");
         let text = format!("{}{}", call("first"), call("second"));
-        let shape = OutputShape { tools: Some(ToolCallFormat::Hermes), thinking: None, one_call: true, harmony: false };
-        let out = whole_output(shape, text.clone());
+        let shape = OutputShape { tools: Some(ToolCallFormat::Hermes), one_call: true, ..Default::default() };
+        let out = whole_output(shape.clone(), text.clone());
         assert_eq!(out.calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["first"]);
-        let all = whole_output(OutputShape { one_call: false, ..shape }, text.clone());
+        let all = whole_output(OutputShape { one_call: false, ..shape.clone() }, text.clone());
         assert_eq!(all.calls.len(), 2);
         let mut split = OutputSplit::new(shape);
         let mut pieces: Vec<Piece> = text.chars().flat_map(|c| split.push(&c.to_string(), false)).collect();
@@ -628,7 +642,7 @@ mod tests {
         let mut s = ChatStream {
             meta: Meta { id: "chatcmpl-x".into(), created: 1, model: "m".into() },
             tokenizer: tokenizer(),
-            split: OutputSplit::new(shape),
+            split: OutputSplit::new(shape.clone()),
             calls: 0,
             include_usage: false,
         };
@@ -647,7 +661,7 @@ mod tests {
         assert_eq!(calls[0][0]["function"]["arguments"], "{\"city\":\"Paris\"}");
         assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
 
-        let (msg, finish) = chat_message(shape, tokens.concat(), "stop");
+        let (msg, finish) = chat_message(shape.clone(), tokens.concat(), "stop");
         assert_eq!((msg["reasoning_content"].as_str(), finish), (Some("Need weather."), "tool_calls"));
         assert!(msg["content"].is_null(), "{msg}");
         let (msg, finish) = chat_message(shape, "<|channel|>analysis<|message|>2+2<|end|><|start|>assistant<|channel|>final<|message|>4".into(), "stop");

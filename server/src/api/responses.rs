@@ -296,13 +296,13 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     prompt_messages.extend(conversation.iter().cloned());
     let choice = ToolChoice::openai(req.tool_choice.as_ref())?;
     let tools = chat_tools(&req, &choice)?;
-    let tool_format = tools.as_ref().and(state.tool_format);
     let text_format = req.text.as_ref().map(|t| &t["format"]);
     let schema = structured::format_schema(text_format, "text.format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
+    let shape = OutputShape::of(state, tools.as_ref(), None, one_call);
     let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
-    let shape = OutputShape { tools: tool_format, thinking, one_call, harmony: state.harmony };
+    let shape = OutputShape { thinking, ..shape };
     let mut params = common.generation(state, prompt, None)?;
     params.checkpoints = checkpoints;
     params.keep_special_tokens = shape.keeps_special_tokens();

@@ -165,6 +165,26 @@ mod tests {
     }
 
     #[test]
+    fn a_forced_qwen_xml_call_takes_typed_values_and_free_text() {
+        let (_dir, tokenizer) = tokenizer();
+        let grammars = Grammars::new(tokenizer.clone());
+        let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"}},
+                                "required": ["city", "days"]});
+        let functions = vec![CallSchema { name: "weather".into(), parameters }];
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::QwenXml, functions, parallel: false }, thinking: None };
+        let call = "<tool_call>\n<function=weather>\n<parameter=city>\nSan Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(feed(&mut g, &tokenizer, call));
+        // A required parameter cannot be left out; an integer cannot be text.
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n<parameter="));
+        assert!(g.advance(tokenizer.encode("u", false).unwrap()[0]).is_err(), "`days` is required, and comes before `units`");
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n"));
+        assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err(), "`days` is an integer");
+    }
+
+    #[test]
     fn schema_errors_lose_the_grammar_excerpt() {
         let e = "at 1(8): failed to compile JSON schema: Unimplemented keys: [\"uniqueItems\"]\n   1 | start: %json {}\n   ^\n";
         assert_eq!(super::schema_error(e), "failed to compile JSON schema: Unimplemented keys: [\"uniqueItems\"]");

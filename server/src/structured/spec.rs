@@ -68,6 +68,55 @@ fn call_schema(functions: &[CallSchema], args_key: &str) -> Value {
     }
 }
 
+/// Qwen XML calls: per function a rule `<function=NAME>` then its parameters
+/// in the schema's order (the required ones always, the others optionally),
+/// each `<parameter=P>` and its value on lines of their own: JSON of the
+/// property's schema for typed ones, free text (up to the closing tag) for
+/// strings and untyped ones. Returns the alternatives of the call's body.
+fn qwen_xml_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> String {
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut names = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let required: Vec<&str> = f.parameters["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let mut params = Vec::new();
+        for (j, (p, schema)) in f.parameters["properties"].as_object().into_iter().flatten().enumerate() {
+            let value = match schema.get("type").and_then(Value::as_str) {
+                Some("integer" | "number" | "boolean" | "object" | "array") => format!("{} {}", json_rule(schema), q("\n</parameter>\n")),
+                _ => {
+                    rules.push(format!("v{i}_{j}[suffix={}]: {}", q("\n</parameter>\n"), text_value(schema)));
+                    format!("v{i}_{j}")
+                }
+            };
+            rules.push(format!("p{i}_{j}: {} {value}", q(&format!("<parameter={p}>\n"))));
+            params.push(if required.contains(&p.as_str()) { format!("p{i}_{j}") } else { format!("p{i}_{j}?") });
+        }
+        rules.push(format!("f{i}: {} {} {}", q(&format!("<function={}>\n", f.name)), params.join(" "), q("</function>")));
+        names.push(format!("f{i}"));
+    }
+    names.join(" | ")
+}
+
+/// A string parameter's bare text as a Lark item: one of its `enum` (or its
+/// `const`), or any text within its `minLength`/`maxLength`. (`pattern` and
+/// `format` are not enforced on bare text.)
+fn text_value(schema: &Value) -> String {
+    let words: Vec<String> = match (schema.get("const"), schema.get("enum")) {
+        (Some(Value::String(c)), _) => vec![c.clone()],
+        (_, Some(Value::Array(e))) => e.iter().filter_map(Value::as_str).map(str::to_string).collect(),
+        _ => Vec::new(),
+    };
+    if !words.is_empty() {
+        // Each word literally: regex metacharacters (and Lark's `/`) escaped.
+        let escape = |w: &str| w.chars().flat_map(|c| if "\\.+*?()|[]{}^$#&-~/".contains(c) { vec!['\\', c] } else { vec![c] }).collect::<String>();
+        return format!("/(?:{})/", words.iter().map(|w| escape(w)).collect::<Vec<_>>().join("|"));
+    }
+    let bound = |k: &str| schema.get(k).and_then(Value::as_u64);
+    match (bound("minLength"), bound("maxLength")) {
+        (None, None) => "/(?s:.*)/".to_string(),
+        (min, max) => format!("/(?s:.{{{},{}}})/", min.unwrap_or(0), max.map(|m| m.to_string()).unwrap_or_default()),
+    }
+}
+
 impl GuideSpec {
     /// The grammar; `literal` writes a marker string as a Lark item (a special
     /// token's reference, or a quoted string).
@@ -82,6 +131,10 @@ impl GuideSpec {
                         (call, r#""\n""#)
                     }
                     ToolCallFormat::Llama3Json => (json_rule(&call_schema(functions, "parameters")), r#""; ""#),
+                    ToolCallFormat::QwenXml => {
+                        let choices = qwen_xml_functions(functions, &mut rules);
+                        (format!(r#"{} "\n" ({choices}) "\n" {}"#, literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
+                    }
                     ToolCallFormat::Mistral => {
                         let mut list = json!({"type": "array", "items": call_schema(functions, "arguments"), "minItems": 1});
                         if !parallel {

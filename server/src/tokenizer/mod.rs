@@ -10,6 +10,7 @@ mod byte_bound;
 mod chat_template;
 mod detokenizer;
 pub mod harmony;
+pub mod qwen_xml;
 pub mod reasoning;
 pub mod tool_calls;
 

@@ -8,6 +8,8 @@
 //!   objects separated by `;`, maybe after `<|python_tag|>`; anything else is content.
 //! - `Mistral`: content, then `[TOOL_CALLS]` and either a JSON array of calls (tokenizers
 //!   before v11) or `name[ARGS]{..}` per call, each after its own `[TOOL_CALLS]` (v11+).
+//! - `QwenXml` (Qwen3-Coder, Qwen3.5): `<tool_call>` blocks as Hermes, each holding
+//!   `<function=NAME>` with `<parameter=P>value</parameter>` lines (see `qwen_xml`).
 //!
 //! Whole-text parsing is the streaming parser fed in one piece, so a streamed response
 //! and a non-streamed one of the same text can never disagree. Text that looks like a
@@ -15,10 +17,12 @@
 //! the model wrote instead of losing it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Deserializer, Value};
+
+use super::qwen_xml::{self, ParamTypes};
 
 pub(crate) const HERMES_START: &str = "<tool_call>";
 pub(crate) const HERMES_END: &str = "</tool_call>";
@@ -32,18 +36,22 @@ pub enum ToolCallFormat {
     Hermes,
     Llama3Json,
     Mistral,
+    QwenXml,
 }
 
 impl ToolCallFormat {
     /// The names `from_name` accepts, in the order `--help` should list them.
-    pub const NAMES: [&'static str; 3] = ["hermes", "llama3_json", "mistral"];
+    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "qwen3_coder"];
 
     /// Picks the format from the chat template source text; None when the template
     /// shows no tool support. A template renders earlier assistant tool calls the way
     /// the model was trained to write them, so its markers name the output format.
     pub fn detect(chat_template: &str) -> Option<ToolCallFormat> {
         let t = chat_template;
-        if t.contains(HERMES_START) {
+        // Qwen3-Coder's template also writes `<tool_call>`: the function tag tells.
+        if t.contains(HERMES_START) && t.contains(qwen_xml::FUNCTION_START) {
+            Some(ToolCallFormat::QwenXml)
+        } else if t.contains(HERMES_START) {
             Some(ToolCallFormat::Hermes)
         } else if t.contains(MISTRAL_CALLS) || t.contains("[AVAILABLE_TOOLS]") {
             Some(ToolCallFormat::Mistral)
@@ -64,6 +72,7 @@ impl ToolCallFormat {
             "hermes" => Ok(ToolCallFormat::Hermes),
             "llama3_json" => Ok(ToolCallFormat::Llama3Json),
             "mistral" => Ok(ToolCallFormat::Mistral),
+            "qwen3_coder" => Ok(ToolCallFormat::QwenXml),
             other => {
                 Err(format!("unknown tool-call parser {other:?}; valid names: {}", Self::NAMES.join(", ")))
             }
@@ -75,6 +84,7 @@ impl ToolCallFormat {
             ToolCallFormat::Hermes => "hermes",
             ToolCallFormat::Llama3Json => "llama3_json",
             ToolCallFormat::Mistral => "mistral",
+            ToolCallFormat::QwenXml => "qwen3_coder",
         }
     }
 }
@@ -106,7 +116,12 @@ pub struct ParsedOutput {
 /// Whole-text parse, for non-streaming responses. Never fails: text that does not
 /// parse as a call is content.
 pub fn parse(format: ToolCallFormat, text: &str) -> ParsedOutput {
-    let mut stream = ToolCallStream::new(format);
+    parse_with(format, text, None)
+}
+
+/// [`parse`] with the request's parameter types (the XML format's values are bare text).
+pub fn parse_with(format: ToolCallFormat, text: &str, types: Option<Arc<ParamTypes>>) -> ParsedOutput {
+    let mut stream = ToolCallStream::with_types(format, types);
     let mut items = stream.push(text);
     items.extend(stream.finish());
     let mut out = ParsedOutput::default();
@@ -129,7 +144,7 @@ pub enum StreamItem {
 enum State {
     /// Ordinary text, watched for the format's start marker (Llama: none, all content).
     Text,
-    /// Hermes, after `<tool_call>`: the call body until `</tool_call>`.
+    /// Hermes and Qwen XML, after `<tool_call>`: the call body until `</tool_call>`.
     InCall,
     /// Everything from here on is call text, parsed at finish(): Mistral after
     /// `[TOOL_CALLS]` (calls follow one another with nothing to close them), Llama output
@@ -149,11 +164,25 @@ pub struct ToolCallStream {
     state: State,
     /// Text received but not yet given out.
     buf: String,
+    /// The request's parameter types, for the XML format.
+    types: Option<Arc<ParamTypes>>,
 }
 
 impl ToolCallStream {
     pub fn new(format: ToolCallFormat) -> Self {
-        ToolCallStream { format, state: initial_state(format), buf: String::new() }
+        ToolCallStream::with_types(format, None)
+    }
+
+    pub fn with_types(format: ToolCallFormat, types: Option<Arc<ParamTypes>>) -> Self {
+        ToolCallStream { format, state: initial_state(format), buf: String::new(), types }
+    }
+
+    /// The call in a `<tool_call>` block body, in this stream's format.
+    fn block_call(&self, body: &str) -> Option<ToolCall> {
+        match self.format {
+            ToolCallFormat::QwenXml => qwen_xml::call(body, self.types.as_deref()).or_else(|| hermes_call(body)),
+            _ => hermes_call(body),
+        }
     }
 
     /// Takes the next delta; returns the content and calls it completes.
@@ -181,8 +210,10 @@ impl ToolCallStream {
                     if let Some(i) = self.buf.find(marker) {
                         push_content(&mut out, take_front(&mut self.buf, i));
                         take_front(&mut self.buf, marker.len());
-                        self.state =
-                            if self.format == ToolCallFormat::Hermes { State::InCall } else { State::Tail };
+                        self.state = match self.format {
+                            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => State::InCall,
+                            _ => State::Tail,
+                        };
                     } else {
                         let keep = held_len(&self.buf, marker);
                         let ready = self.buf.len().saturating_sub(keep);
@@ -194,7 +225,7 @@ impl ToolCallStream {
                     let Some(j) = self.buf.find(HERMES_END) else { break };
                     let body = take_front(&mut self.buf, j);
                     take_front(&mut self.buf, HERMES_END.len());
-                    match hermes_call(&body) {
+                    match self.block_call(&body) {
                         Some(call) => out.push(StreamItem::Call(call)),
                         None => push_content(&mut out, format!("{HERMES_START}{body}{HERMES_END}")),
                     }
@@ -215,7 +246,7 @@ impl ToolCallStream {
         match (state, self.format) {
             // An unclosed block is still a call when its body is one whole call object, as
             // vLLM reads it (a model that ends on the object, a stop string eating the tag).
-            (State::InCall, _) => match hermes_call(&text) {
+            (State::InCall, _) => match self.block_call(&text) {
                 Some(call) => out.push(StreamItem::Call(call)),
                 None => push_content(&mut out, format!("{HERMES_START}{text}")),
             },
@@ -239,7 +270,7 @@ fn initial_state(format: ToolCallFormat) -> State {
 
 fn start_marker(format: ToolCallFormat) -> Option<&'static str> {
     match format {
-        ToolCallFormat::Hermes => Some(HERMES_START),
+        ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some(HERMES_START),
         ToolCallFormat::Mistral => Some(MISTRAL_CALLS),
         ToolCallFormat::Llama3Json => None,
     }
@@ -428,7 +459,7 @@ fn push_base62(out: &mut String, mut word: u64, digits: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::ToolCallFormat::{Hermes, Llama3Json, Mistral};
+    use super::ToolCallFormat::{Hermes, Llama3Json, Mistral, QwenXml};
     use super::*;
 
     /// (name, arguments) of each call: ids differ between runs by design.
@@ -570,7 +601,7 @@ mod tests {
     #[test]
     fn text_without_markers_is_all_content_in_every_format() {
         let text = "Plain answer: [1] <b>x</b> {not json} ; done";
-        for format in [Hermes, Llama3Json, Mistral] {
+        for format in [Hermes, Llama3Json, Mistral, QwenXml] {
             assert_eq!(parse(format, text), ParsedOutput { content: text.into(), tool_calls: vec![] });
         }
     }
@@ -797,11 +828,40 @@ mod tests {
         );
         assert_eq!(ToolCallFormat::detect("<|start_header_id|>{{ message['role'] }}<|end_header_id|>"), None);
         assert_eq!(ToolCallFormat::detect(""), None);
+        // Qwen3-Coder writes <tool_call> too; its function tag tells the formats apart.
+        let coder = "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}";
+        assert_eq!(ToolCallFormat::detect(coder), Some(QwenXml));
+    }
+
+    #[test]
+    fn qwen_xml_calls_stream_as_they_parse_whole() {
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "add", "parameters": {"properties": {"a": {"type": "integer"}, "b": {"type": "number"}}}}}]);
+        let types = Some(Arc::new(ParamTypes::from_tools(&tools)));
+        let text = "Adding.\n<tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2.5\n</parameter>\n</function>\n</tool_call>";
+        let whole = parse_with(QwenXml, text, types.clone());
+        assert_eq!(whole.content, "Adding.\n");
+        assert_eq!(calls(&whole), [("add", r#"{"a":1,"b":2.5}"#)]);
+        let mut stream = ToolCallStream::with_types(QwenXml, types);
+        let mut items = Vec::new();
+        for c in text.chars() {
+            items.extend(stream.push(&c.to_string()));
+        }
+        items.extend(stream.finish());
+        let streamed: Vec<(String, String)> = items
+            .iter()
+            .filter_map(|i| match i {
+                StreamItem::Call(c) => Some((c.name.clone(), c.arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(streamed, [("add".to_string(), r#"{"a":1,"b":2.5}"#.to_string())]);
+        // A JSON body in the same block is still read (a model mixing the two).
+        assert_eq!(calls(&parse(QwenXml, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>")), [("f", "{}")]);
     }
 
     #[test]
     fn from_name_round_trips_and_lists_valid_names_on_error() {
-        for format in [Hermes, Llama3Json, Mistral] {
+        for format in [Hermes, Llama3Json, Mistral, QwenXml] {
             assert_eq!(ToolCallFormat::from_name(format.name()), Ok(format));
         }
         let err = ToolCallFormat::from_name("qwen").unwrap_err();
