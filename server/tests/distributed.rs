@@ -251,13 +251,17 @@ fn a_4bit_moe_model_is_sharded_without_dequantizing() {
     check_reads(&cluster, &model, 2, "tensor", 4);
 }
 
-// gpt-oss in pipeline mode: sliding-window and full layers, sinks and mxfp4
-// experts split by layers over 2 ranks. (Tensor mode refuses its expert biases.)
+// gpt-oss: sliding-window and full layers, sinks, experts with biases. In
+// pipeline mode (mxfp4) split by layers; in tensor mode (fp32: MLX's CPU
+// gather_mm) each expert's gate/up biases split with its rows and the down
+// bias divided among the ranks, as mlx-lm shards it.
 #[test]
-fn gpt_oss_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
+fn gpt_oss_over_2_ranks_gives_mlx_lms_tokens_in_both_modes() {
     let model = fixture("gpt_oss_mxfp4", &spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"}))));
     // The repeated prompt misses: its answer moved the 128-token windows past it.
     check_group("gpt_oss mxfp4", &model, 2, "pipeline", &[], false);
+    let model = fixture("gpt_oss_fp32", &spec(gpt_oss(), "float32", None));
+    check_group("gpt_oss fp32", &model, 2, "tensor", &[], false);
 }
 
 /// A streamed request whose client goes away is cancelled on every rank in

@@ -118,11 +118,6 @@ impl SparseMoe {
             None => {
                 stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
                 let parts = spec.parts;
-                if parts.expert_bias && reduce.is_some() {
-                    return Err(crate::error::Error::Config(
-                        "tensor parallelism does not split experts that carry biases (gpt-oss) yet; use --distributed pipeline".into(),
-                    ));
-                }
                 let switch = format!("{prefix}.{}", parts.switch);
                 Experts::Resident(SwitchGlu::load(w, &switch, spec.num_experts, dim, spec.expert_hidden, parts.expert_bias, parts.activation, quant)?)
             }

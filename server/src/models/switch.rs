@@ -80,8 +80,10 @@ impl SwitchLinear {
             Some(q) => SwitchWeight::Quantized(q),
             None => SwitchWeight::Dense(w.take_split(&format!("{prefix}.weight"), &[experts, out_dim, in_dim], split)?),
         };
-        // The experts' biases are refused under tensor parallelism by the model.
-        let bias = if bias { Some(w.take_shaped(&format!("{prefix}.bias"), &[experts, out_dim])?) } else { None };
+        let bias = match bias {
+            true => Some(shard_bias(w.take_shaped(&format!("{prefix}.bias"), &[experts, out_dim])?, w.tensor_parallel(), split)?),
+            false => None,
+        };
         Ok(SwitchLinear { weight, bias })
     }
 
@@ -99,6 +101,24 @@ impl SwitchLinear {
             None => y,
         })
     }
+}
+
+/// This rank's part of a per-expert bias [experts, out] under tensor
+/// parallelism (mlx-lm's shard of gpt-oss): the run of outputs its rows give
+/// (`Rows`), or, where its output is a partial sum over the ranks (`Cols`), the
+/// bias divided by their number, so that the sum adds it once.
+fn shard_bias(bias: Array, group: Option<&mlx_rs_safe::distributed::Group>, split: Split) -> Result<Array> {
+    let Some(g) = group else { return Ok(bias) };
+    let (rank, ranks) = (g.rank() as i32, g.size() as i32);
+    Ok(match split {
+        Split::Rows => {
+            let s = bias.shape();
+            let part = s[1] / ranks;
+            ops::slice(&bias, &[0, rank * part], &[s[0], (rank + 1) * part], &[1, 1])?
+        }
+        Split::Cols => ops::divide(&bias, &ops::astype(&Array::scalar(ranks), bias.dtype())?)?,
+        Split::Whole => bias,
+    })
 }
 
 pub struct SwitchGlu {
