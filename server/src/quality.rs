@@ -187,7 +187,7 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
     let layout = model.kv_layout();
     let formats: Vec<Format> = formats
         .into_iter()
-        .map(|f| Ok(Format { policy: f.policy.map(|p| p.for_model(layout.head_dim, layout.attention_sinks)).transpose()?, name: f.name }))
+        .map(|f| Ok(Format { policy: f.policy.map(|p| p.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)).transpose()?, name: f.name }))
         .collect::<Result<_>>()?;
     let tok = Tokenizer::load(&args.model, None)?;
     let text = std::fs::read_to_string(&args.text).map_err(|e| Error::Config(format!("{}: {e}", args.text.display())))?;

@@ -10,7 +10,7 @@ mod common;
 
 
 use common::engine::{check_parity_of, drive, drive_with, engine, engine_with_prompt_cache, reference};
-use common::configs::{gemma3, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
+use common::configs::{gemma3, gemma4, gemma4_moe, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
 use common::fixture;
 use mlx_serve::metrics;
 use mlx_serve::models;
@@ -211,6 +211,22 @@ fn gpt_oss_mxfp4_greedy_matches_mlx_lm() {
     check_parity("gpt_oss_mxfp4", spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"}))), TOL);
 }
 
+// Gemma 4: KV-shared layers attending to earlier layers' caches (rotating and
+// full), two head sizes, proportional rope, per-layer inputs, soft-capped logits.
+// In float32: in bfloat16 the sequence alone gives mlx-lm's 64 tokens too, but
+// batched rows (other matmul shapes) flip a near-tie after 22 tokens.
+#[test]
+fn gemma4_with_kv_sharing_and_per_layer_inputs_matches_mlx_lm() {
+    check_parity("gemma4_fp32", spec(gemma4(), "float32", None), TOL);
+}
+
+// Gemma 4's MoE block beside the MLP, values equal to keys on full layers; in
+// 4-bit (MLX's CPU GatherMM is float32-only), its router 8-bit.
+#[test]
+fn gemma4_moe_4bit_matches_mlx_lm() {
+    check_parity("gemma4_moe_q4", spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
 // A checkpoint (the end of a chat's system prompt) keeps the prompt's KV as the
 // prefill passes it: a sliding window cannot be cut back to a shorter prefix,
 // so without one the next question after the same system prompt starts over.
@@ -364,8 +380,27 @@ fn chats_sharing_a_system_prompt_reuse_it_on_a_sliding_window_model() {
     assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], json!(end), "{second}");
 }
 
+// Gemma 4 through the batching server; KV compression, which its KV-shared
+// layers cannot read, is refused at start-up saying why.
+#[test]
+fn gemma4_through_the_batching_server_matches_mlx_lm() {
+    let sp = spec(gemma4(), "float32", None);
+    check_server_parity("gemma4_fp32", sp.clone(), &[]);
+    let dir = fixture("gemma4_fp32", &sp);
+    for flags in [["--kv-bits", "8"], ["--turbo-kv", "balanced"]] {
+        let out = std::process::Command::new(common::server::binary())
+            .args(["--model", dir.to_str().unwrap(), "--port", "0"])
+            .args(flags)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("KV sharing"), "{flags:?}: {err}");
+    }
+}
+
 #[test]
 fn llama_with_8bit_kv_cache_through_the_server_matches_mlx_lm() {
     let flags = ["--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "0"];
     check_server_parity("llama_bf16_kv8", llama_kv8(), &flags);
 }
+

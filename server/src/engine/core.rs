@@ -145,7 +145,7 @@ impl Engine {
         waiting: Arc<AtomicUsize>,
     ) -> Result<Engine> {
         let layout = model.kv_layout();
-        config.kv_compression = config.kv_compression.map(|c| c.for_model(layout.head_dim, layout.attention_sinks)).transpose()?;
+        config.kv_compression = config.kv_compression.map(|c| c.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)).transpose()?;
         Ok(Engine {
             model,
             tokenizer,

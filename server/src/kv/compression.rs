@@ -123,7 +123,10 @@ impl KvCompression {
     /// has learned sinks when `sinks`), checked at start-up. TurboQuant values
     /// take 4 bits at d ≤ 64, where 3-bit codes cost markedly more (the brief:
     /// d = 64 is the fragile case), else 3.
-    pub fn for_model(self, head_dim: i32, sinks: bool) -> Result<KvCompression> {
+    pub fn for_model(self, head_dim: i32, sinks: bool, fixed: Option<&str>) -> Result<KvCompression> {
+        if let Some(why) = fixed {
+            return Err(Error::Config(format!("--kv-bits and --turbo-kv do not apply: {why}")));
+        }
         match self {
             KvCompression::Turbo { .. } if sinks => Err(Error::Config(
                 "--turbo-kv: this model's attention has learned sinks (gpt-oss), which TurboQuant's attention does not take; use --kv-bits instead".into(),
@@ -216,7 +219,7 @@ mod tests {
 
     #[test]
     fn turbo_compresses_when_decoding_starts_or_past_the_prefill_threshold() {
-        let c = KvCompression::turbo("balanced", 8192).unwrap().for_model(128, false).unwrap();
+        let c = KvCompression::turbo("balanced", 8192).unwrap().for_model(128, false, None).unwrap();
         let balanced = Some(KvKind::Turbo(TurboFormat { key: KeyCode::Affine8, value_bits: 3 }));
         assert_eq!(c.target(&KvKind::Dense, 5000, at(3, Phase::Prefill)), None);
         assert_eq!(c.target(&KvKind::Dense, 8192, at(3, Phase::Prefill)), balanced);
@@ -241,7 +244,7 @@ mod tests {
         let kinds = vec![KvKind::Dense; 32];
         let fp16 = bytes_per_token(None, &kinds, 8, 128);
         assert_eq!(fp16, 131072.0);
-        let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_model(128, false).unwrap();
+        let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_model(128, false, None).unwrap();
         let ratio = |preset: &str| bytes_per_token(Some(&policy(preset)), &kinds, 8, 128) / fp16;
         assert!(ratio("balanced") <= 0.36, "balanced {}", ratio("balanced"));
         assert!(ratio("compact") <= 0.25, "compact {}", ratio("compact"));
@@ -257,14 +260,14 @@ mod tests {
         assert!(KvCompression::turbo("tiny", 8192).unwrap_err().to_string().contains("balanced, compact, paper"));
         assert!(KvCompression::turbo("compact", 2).unwrap_err().to_string().contains("--turbo-kv-prefill-threshold"));
         let c = KvCompression::turbo("compact", 8192).unwrap();
-        assert!(c.for_model(128, false).is_ok());
-        assert!(c.for_model(96, false).unwrap_err().to_string().contains("power-of-two head dimension"));
-        assert!(c.for_model(16, false).is_err());
+        assert!(c.for_model(128, false, None).is_ok());
+        assert!(c.for_model(96, false, None).unwrap_err().to_string().contains("power-of-two head dimension"));
+        assert!(c.for_model(16, false, None).is_err());
         // Learned attention sinks (gpt-oss): refused, naming the way out.
-        assert!(c.for_model(128, true).unwrap_err().to_string().contains("learned sinks"));
-        assert!(KvCompression::affine(8, 64, 0).unwrap().for_model(128, true).is_ok());
+        assert!(c.for_model(128, true, None).unwrap_err().to_string().contains("learned sinks"));
+        assert!(KvCompression::affine(8, 64, 0).unwrap().for_model(128, true, None).is_ok());
         // Values take 4 bits at head dimension 64, 3 above.
-        let bits = |d| match c.for_model(d, false).unwrap() {
+        let bits = |d| match c.for_model(d, false, None).unwrap() {
             KvCompression::Turbo { value_bits, .. } => value_bits,
             _ => 0,
         };
@@ -274,7 +277,7 @@ mod tests {
     #[test]
     fn a_group_size_the_head_dim_cannot_take_is_refused() {
         let c = KvCompression::affine(8, 64, 0).unwrap();
-        assert!(c.for_model(128, false).is_ok());
-        assert!(c.for_model(96, false).unwrap_err().to_string().contains("head dimension 96"));
+        assert!(c.for_model(128, false, None).is_ok());
+        assert!(c.for_model(96, false, None).unwrap_err().to_string().contains("head dimension 96"));
     }
 }

@@ -6,7 +6,7 @@ use mlx_rs_safe::{quantized, Array};
 use super::affine::AffineStore;
 use super::mask::StepMemo;
 use super::padded::PaddedRows;
-use super::sdpa;
+use super::sdpa::Attended;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
 use super::turbo::TurboStore;
 use crate::error::Result;
@@ -14,16 +14,18 @@ use crate::error::Result;
 pub struct DenseStore {
     /// Columns: keys, values.
     rows: PaddedRows,
+    /// What the last attention call attended to (for KV-shared layers).
+    last: Option<Attended>,
 }
 
 impl DenseStore {
     pub fn empty(rows: usize) -> DenseStore {
-        DenseStore { rows: PaddedRows::empty(rows) }
+        DenseStore { rows: PaddedRows::empty(rows), last: None }
     }
 
     pub fn from_rows(rows: &[KvRow]) -> Result<DenseStore> {
         let columns: Vec<Vec<Array>> = rows.iter().map(|r| r.columns.clone()).collect();
-        Ok(DenseStore { rows: PaddedRows::from_rows(&columns)? })
+        Ok(DenseStore { rows: PaddedRows::from_rows(&columns)?, last: None })
     }
 }
 
@@ -45,7 +47,14 @@ impl KvStore for DenseStore {
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;
         let kv = self.rows.append(&[keys.clone(), values.clone()])?;
-        sdpa::dense(queries, &kv[0], &kv[1], args.scale, &mask, args.sinks)
+        let attended = Attended { keys: kv[0].clone(), values: kv[1].clone(), mask };
+        let out = attended.attend(queries, args.scale, args.sinks);
+        self.last = Some(attended);
+        out
+    }
+
+    fn last_attended(&self) -> Option<&Attended> {
+        self.last.as_ref()
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

@@ -91,6 +91,20 @@ impl LayerCache {
         Ok(ops::take(&joined, &Array::from_slice(&inverse, &[inverse.len() as i32])?, 0)?)
     }
 
+    /// Attention of `queries` ([B, heads, L, D]) to what this layer's last
+    /// `attend` attended to, appending nothing: a layer that shares this
+    /// layer's keys and values (Gemma 4). One kind of rows only (KV-shared
+    /// models take no KV compression, so their layers never mix kinds).
+    pub fn attend_shared(&self, queries: &Array, args: &AttendArgs) -> Result<Array> {
+        match self.parts.as_slice() {
+            [one] => one
+                .last_attended()
+                .ok_or(Error::Internal("a KV-shared layer ran before the layer it shares, or over a cache kind that keeps nothing"))?
+                .attend(queries, args.scale, args.sinks),
+            _ => Err(Error::Internal("a KV-shared layer over rows of several cache kinds")),
+        }
+    }
+
     /// Row `b`.
     pub fn row(&self, b: usize) -> Result<KvRow> {
         let &(p, r) = self.place.get(b).ok_or(Error::Internal("a cache row out of range"))?;

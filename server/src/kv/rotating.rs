@@ -13,7 +13,7 @@ use mlx_rs_safe::{ops, Array};
 
 use super::mask::{padded_causal_mask, slot_mask, MaskKey, StepMemo};
 use super::padded::STEP;
-use super::sdpa;
+use super::sdpa::Attended;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
 use crate::error::{Error, Result};
 
@@ -30,6 +30,8 @@ pub struct RotatingStore {
     first: Vec<i32>,
     /// Per row: tokens seen (rotary positions), which may exceed what is kept.
     offsets: Vec<i32>,
+    /// What the last attention call attended to (for KV-shared layers).
+    last: Option<Attended>,
 }
 
 fn range(v: &Array, from: i32, to: i32) -> Result<Array> {
@@ -37,8 +39,15 @@ fn range(v: &Array, from: i32, to: i32) -> Result<Array> {
 }
 
 impl RotatingStore {
+    /// Attends `queries` to `attended`, which is kept for KV-shared layers.
+    fn attend_and_keep(&mut self, queries: &Array, attended: Attended, args: &AttendArgs) -> Result<Array> {
+        let out = attended.attend(queries, args.scale, args.sinks);
+        self.last = Some(attended);
+        out
+    }
+
     pub fn empty(rows: usize, max_size: i32) -> RotatingStore {
-        RotatingStore { keys: None, values: None, max_size, total: 0, idx: 0, first: vec![0; rows], offsets: vec![0; rows] }
+        RotatingStore { keys: None, values: None, max_size, total: 0, idx: 0, first: vec![0; rows], offsets: vec![0; rows], last: None }
     }
 
     /// Rows in temporal order ([1, H, kept, D] keys and values each), right-aligned.
@@ -188,14 +197,18 @@ impl KvStore for RotatingStore {
             layout.extend(&first_key);
             let mask = masks.get(MaskKey { kind: "rotating-chunk", layout }, || padded_causal_mask(n, offset, window, &first_key))?;
             let (k, v) = self.update_concat(keys, values)?;
-            return sdpa::dense(queries, &k, &v, args.scale, &mask, args.sinks);
+            return self.attend_and_keep(queries, Attended { keys: k, values: v, mask }, args);
         }
         let (k, v) = self.update_in_place(keys, values)?;
         let len = k.shape()[2];
         let mut layout = vec![self.total, self.idx, len, self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0)];
         layout.extend(&self.first);
         let mask = masks.get(MaskKey { kind: "rotating-step", layout }, || slot_mask(&self.slot_positions(len), &self.first))?;
-        sdpa::dense(queries, &k, &v, args.scale, &mask, args.sinks)
+        self.attend_and_keep(queries, Attended { keys: k, values: v, mask }, args)
+    }
+
+    fn last_attended(&self) -> Option<&Attended> {
+        self.last.as_ref()
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

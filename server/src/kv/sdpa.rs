@@ -36,6 +36,22 @@ fn softmax_with_sinks(scores: &Array, sinks: &Array, n_kv: i32, repeats: i32) ->
     Ok(ops::slice(&all, &start, &stop, &vec![1; nd])?)
 }
 
+/// What one attention call attended to: its keys, values and mask, kept for a
+/// layer that shares this layer's KV (Gemma 4) to attend to as well.
+#[derive(Clone)]
+pub struct Attended {
+    pub keys: Array,
+    pub values: Array,
+    pub mask: AttentionMask,
+}
+
+impl Attended {
+    /// `queries` attending to what was attended to.
+    pub fn attend(&self, queries: &Array, scale: f32, sinks: Option<&Array>) -> Result<Array> {
+        dense(queries, &self.keys, &self.values, scale, &self.mask, sinks)
+    }
+}
+
 /// The most negative finite value of a float dtype (numpy's finfo.min).
 fn finfo_min(dtype: Dtype) -> f32 {
     match dtype {

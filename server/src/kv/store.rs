@@ -72,6 +72,12 @@ pub trait KvStore: Send {
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>>;
     /// The arrays holding the cache, to evaluate.
     fn state(&self) -> Vec<Array>;
+    /// Attention of `queries` to what the last `attend` call attended to, without
+    /// appending: a layer sharing this layer's keys and values (Gemma 4's
+    /// KV-shared layers). None for kinds that do not keep it.
+    fn last_attended(&self) -> Option<&super::sdpa::Attended> {
+        None
+    }
     /// Bytes held.
     fn nbytes(&self) -> usize;
 }

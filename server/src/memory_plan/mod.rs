@@ -143,14 +143,17 @@ impl MemoryPlan {
 }
 
 /// The KV formats the plan tries, least compressed first.
-fn kv_candidates(head_dim: i32, sinks: bool) -> Vec<(&'static str, Option<KvCompression>)> {
+fn kv_candidates(head_dim: i32, sinks: bool, fixed: Option<&str>) -> Vec<(&'static str, Option<KvCompression>)> {
     let mut out = vec![("fp16", None)];
+    if fixed.is_some() {
+        return out;
+    }
     let group = if head_dim % 64 == 0 { 64 } else { 32 };
     if head_dim % group == 0 {
         out.push(("kv8", KvCompression::affine(8, group, 0).ok()));
     }
     for preset in ["balanced", "compact"] {
-        if let Ok(c) = KvCompression::turbo(preset, PLANNED_TURBO_THRESHOLD).and_then(|c| c.for_model(head_dim, sinks)) {
+        if let Ok(c) = KvCompression::turbo(preset, PLANNED_TURBO_THRESHOLD).and_then(|c| c.for_model(head_dim, sinks, None)) {
             out.push(if preset == "balanced" { ("turbo-balanced", Some(c)) } else { ("turbo-compact", Some(c)) });
         }
     }
@@ -268,10 +271,10 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     let candidates = match wants.kv_compression {
         Some(c) => {
             from_flags.push("--kv-bits/--turbo-kv");
-            let c = c.for_model(layout.head_dim, layout.attention_sinks)?;
+            let c = c.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?;
             vec![(kv_name(&c), Some(c))]
         }
-        None => kv_candidates(layout.head_dim, layout.attention_sinks).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
+        None => kv_candidates(layout.head_dim, layout.attention_sinks, layout.fixed_kv).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
     };
     let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
         .into_iter()

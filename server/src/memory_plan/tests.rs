@@ -13,7 +13,7 @@ const GIB: u64 = 1 << 30;
 fn llama8b() -> ModelShape {
     ModelShape {
         weights: WeightFootprint { layers: vec![218 << 20; 32], routed: vec![0; 32], other: GIB },
-        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128, attention_sinks: false },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128, attention_sinks: false, fixed_kv: None },
     }
 }
 
@@ -21,7 +21,7 @@ fn llama8b() -> ModelShape {
 fn moe() -> ModelShape {
     ModelShape {
         weights: WeightFootprint { layers: vec![600 << 20; 48], routed: vec![560 << 20; 48], other: GIB / 2 },
-        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128, attention_sinks: false },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128, attention_sinks: false, fixed_kv: None },
     }
 }
 

@@ -51,6 +51,9 @@ pub enum RopeScaling {
     /// hold Llama 3.1's smoothed frequencies (`rope_freqs`; the type
     /// "freq_factors" is ours, written by the GGUF loader).
     FreqFactors { factors: Vec<f32> },
+    /// Gemma 4's "proportional" rope: the first `partial_rotary_factor` of the
+    /// head rotated at `factor` × base^(2i/head_dim), the rest not at all.
+    Proportional { partial_rotary_factor: f32, factor: f32 },
     /// YaRN (gpt-oss, DeepSeek): frequencies blended between scaled and
     /// original across a ramp of dimensions, and an input scale (mscale).
     Yarn { factor: f32, original_max_position_embeddings: f32, beta_fast: f32, beta_slow: f32, mscale: f32, mscale_all_dim: f32 },
@@ -81,6 +84,7 @@ struct RawRopeScaling {
     beta_slow: Option<f32>,
     mscale: Option<f32>,
     mscale_all_dim: Option<f32>,
+    partial_rotary_factor: Option<f32>,
 }
 
 impl RopeScaling {
@@ -112,6 +116,10 @@ impl RopeScaling {
                 }
                 RopeScaling::LongRope { long_factor, long_mscale: raw.long_mscale, max_position_embeddings: max_pos, original_max_position_embeddings: orig }
             }
+            "proportional" => RopeScaling::Proportional {
+                partial_rotary_factor: raw.partial_rotary_factor.unwrap_or(1.0),
+                factor: raw.factor.unwrap_or(1.0),
+            },
             "yarn" => RopeScaling::Yarn {
                 factor: factor()?,
                 // mlx-lm's YarnRoPE defaults.

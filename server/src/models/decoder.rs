@@ -73,6 +73,7 @@ impl DecoderSpec {
             kv_heads: self.attention.n_kv_heads,
             head_dim: self.attention.head_dim,
             attention_sinks: self.attention.sinks,
+            fixed_kv: None,
         }
     }
 }
@@ -159,6 +160,7 @@ impl Decoder {
             kv_heads,
             head_dim: spec.attention.head_dim,
             attention_sinks: spec.attention.sinks,
+            fixed_kv: None,
         };
         let windows = stage.layers.clone().map(|i| spec.window(i)).collect();
         let model = Decoder { embed, norm, lm_head, layers, placement, stage, windows, layout };

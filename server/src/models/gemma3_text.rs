@@ -89,7 +89,7 @@ impl Gemma3TextConfig {
         let kinds = (0..self.num_hidden_layers)
             .map(|i| if self.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.sliding_window } })
             .collect();
-        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim, attention_sinks: false }
+        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim, attention_sinks: false, fixed_kv: None }
     }
 
     fn is_global(&self, layer: i32) -> bool {

@@ -63,12 +63,28 @@ fn to_mlx(e: crate::error::Error) -> mlx_rs_safe::Error {
     }
 }
 
+fn gelu_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
+    Ok(vec![gelu_approx(&a[0]).map_err(to_mlx)?])
+}
+
 thread_local! {
     // Compiled once per thread (the engine thread), shapeless, like mlx-lm's
     // `@partial(mx.compile, shapeless=True)` activations: MLX fuses the
     // elementwise ops into one kernel.
     static SWIGLU: Option<Compiled> = Compiled::new(swiglu_graph, true).ok();
     static GELU_GLU: Option<Compiled> = Compiled::new(gelu_glu_graph, true).ok();
+    // mlx.nn.gelu_approx is itself compiled so.
+    static GELU: Option<Compiled> = Compiled::new(gelu_graph, true).ok();
+}
+
+/// mlx.nn.gelu_approx(x), compiled as MLX compiles it.
+pub fn gelu_approx_compiled(x: &Array) -> Result<Array> {
+    call_compiled(&GELU, gelu_graph, &[x])
+}
+
+/// mlx-lm's `geglu(gate, x)`: gelu_approx(gate) * x, compiled.
+pub fn geglu(gate: &Array, x: &Array) -> Result<Array> {
+    call_compiled(&GELU_GLU, gelu_glu_graph, &[gate, x])
 }
 
 /// mlx-lm's `swiglu(gate, x)`: silu(gate) * x, compiled.
@@ -129,7 +145,7 @@ impl Mlp {
         };
         let h = match self.activation {
             Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => call_compiled(&GELU_GLU, gelu_glu_graph, &[&gate, &up])?,
+            Activation::GeluApprox => geglu(&gate, &up)?,
         };
         self.down_proj.forward(&h)
     }

@@ -6,6 +6,7 @@ pub(crate) mod compiled;
 mod config;
 mod decoder;
 mod gemma3_text;
+mod gemma4_text;
 mod gpt_oss;
 mod layers;
 mod llama;
@@ -59,6 +60,8 @@ pub struct KvLayout {
     pub head_dim: i32,
     /// Attention with learned sinks (gpt-oss), which TurboQuant's kernels lack.
     pub attention_sinks: bool,
+    /// Why no KV compression applies to this model, if none does.
+    pub fixed_kv: Option<&'static str>,
 }
 
 /// How an architecture is built from its config: the shared decoder from the
@@ -67,6 +70,7 @@ pub struct KvLayout {
 enum Arch {
     Decoder(fn(&ConfigFile) -> Result<DecoderSpec>),
     Gemma3Text,
+    Gemma4Text,
 }
 
 impl Arch {
@@ -75,6 +79,7 @@ impl Arch {
         match self {
             Arch::Decoder(spec) => Ok(spec(c)?.kv_layout()),
             Arch::Gemma3Text => Ok(c.parse::<gemma3_text::Gemma3TextConfig>()?.kv_layout()),
+            Arch::Gemma4Text => c.parse::<gemma4_text::Gemma4TextConfig>()?.kv_layout(),
         }
     }
 
@@ -82,6 +87,7 @@ impl Arch {
         Ok(match self {
             Arch::Decoder(spec) => Box::new(Decoder::load(&spec(c)?, w, quant, placement)?),
             Arch::Gemma3Text => Box::new(gemma3_text::Gemma3Text::load(c, w, quant, placement)?),
+            Arch::Gemma4Text => Box::new(gemma4_text::Gemma4Text::load(c, w, quant, placement)?),
         })
     }
 }
@@ -98,6 +104,7 @@ const REGISTRY: &[(&str, Arch)] = &[
     ("olmoe", Arch::Decoder(olmoe::spec)),
     ("phi3", Arch::Decoder(phi3::spec)),
     ("gemma3_text", Arch::Gemma3Text),
+    ("gemma4_text", Arch::Gemma4Text),
     ("gpt_oss", Arch::Decoder(gpt_oss::spec)),
 ];
 

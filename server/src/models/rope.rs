@@ -37,6 +37,9 @@ impl Rope {
                 RopeKind::Freqs(llama3_freqs(dims, base, *factor, *low_freq_factor, *high_freq_factor, *original_max_position_embeddings)?)
             }
             RopeScaling::FreqFactors { factors } => RopeKind::Freqs(scaled_periods(dims, base, factors)?),
+            RopeScaling::Proportional { partial_rotary_factor, factor } => {
+                RopeKind::Freqs(proportional_freqs(dims, base, *partial_rotary_factor, *factor)?)
+            }
             RopeScaling::LongRope { long_factor, long_mscale, max_position_embeddings, original_max_position_embeddings } => {
                 let freqs = scaled_periods(dims, base, long_factor)?;
                 let factor = *max_position_embeddings as f64 / *original_max_position_embeddings as f64;
@@ -112,6 +115,17 @@ fn yarn(dims: i32, base: f32, factor: f32, original: f32, beta_fast: f32, beta_s
     let numerator = ops::multiply(&freq_inter, &freq_extra)?;
     let denominator = ops::add(&ops::multiply(&freq_inter, &mask)?, &ops::multiply(&freq_extra, &ops::subtract(&one, &mask)?)?)?;
     Ok((ops::divide(&numerator, &denominator)?, input_scale as f32))
+}
+
+/// mlx-lm's ProportionalRoPE frequencies: factor · base^(arange(0, rotated, 2) /
+/// dims) for the first `rotated = int(dims · partial)` features, infinity (no
+/// rotation) for the rest.
+fn proportional_freqs(dims: i32, base: f32, partial: f32, factor: f32) -> Result<Array> {
+    let rotated = (dims as f64 * partial as f64) as i32;
+    let exponents = ops::divide(&ops::arange(0.0, rotated as f64, 2.0, Dtype::Float32)?, &Array::scalar(dims as f32))?;
+    let turning = ops::multiply(&Array::scalar(factor), &ops::power(&Array::scalar(base), &exponents)?)?;
+    let still = ops::full(&[(dims - rotated) / 2], &Array::scalar(f32::INFINITY), Dtype::Float32)?;
+    Ok(ops::concatenate(&[&turning, &still], 0)?)
 }
 
 /// base ** (arange(0, dims, 2, float32) / dims), each × its factor.

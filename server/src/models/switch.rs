@@ -20,6 +20,8 @@ pub enum GluActivation {
     /// gpt-oss's clamped variant: the gate clipped from above at `limit`, up
     /// clipped to ±limit, (up + 1) · gate · sigmoid(alpha · gate).
     SwigluOai { alpha: f32, limit: f32 },
+    /// gelu_approx(gate) * up (Gemma 4's experts).
+    GeluApprox,
 }
 
 /// gpt-oss's swiglu_oai(gate, up), op for op (alpha and limit as inputs 2 and 3,
@@ -42,6 +44,7 @@ impl GluActivation {
     fn apply(self, gate: &Array, up: &Array) -> Result<Array> {
         match self {
             GluActivation::Silu => swiglu(gate, up),
+            GluActivation::GeluApprox => super::mlp::geglu(gate, up),
             GluActivation::SwigluOai { alpha, limit } => {
                 // Python floats beside an array: scalars of its dtype.
                 let alpha = ops::astype(&Array::scalar(alpha), gate.dtype())?;

@@ -71,6 +71,30 @@ pub fn gpt_oss() -> Value {
            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]})
 }
 
+/// Gemma 4 (E2B-like): 6 layers, sliding (window 128) and full (every 3rd,
+/// head size 64 against 32, proportional partial rope), the last 2 sharing the
+/// keys and values of layers 3 and 2, per-layer inputs, double-wide MLPs on the
+/// shared layers, soft-capped logits.
+pub fn gemma4() -> Value {
+    json!({"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 128,
+           "num_attention_heads": 4, "head_dim": 32, "global_head_dim": 64, "num_key_value_heads": 2,
+           "rms_norm_eps": 1e-6, "vocab_size": 512, "vocab_size_per_layer_input": 512, "num_kv_shared_layers": 2,
+           "hidden_size_per_layer_input": 16, "sliding_window": 128, "sliding_window_pattern": 3,
+           "final_logit_softcapping": 30.0, "use_double_wide_mlp": true, "max_position_embeddings": 4096,
+           "tie_word_embeddings": true})
+}
+
+/// Gemma 4's MoE block (26B-A4B-like): a MoE beside every MLP, values equal to
+/// keys on full layers (one global KV head), no per-layer inputs or KV sharing.
+pub fn gemma4_moe() -> Value {
+    json!({"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 64,
+           "num_attention_heads": 4, "head_dim": 32, "global_head_dim": 64, "num_key_value_heads": 2,
+           "num_global_key_value_heads": 1, "attention_k_eq_v": true, "rms_norm_eps": 1e-6, "vocab_size": 512,
+           "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "sliding_window": 128,
+           "sliding_window_pattern": 2, "final_logit_softcapping": 30.0, "enable_moe_block": true, "num_experts": 8,
+           "top_k_experts": 2, "moe_intermediate_size": 32, "max_position_embeddings": 4096, "tie_word_embeddings": true})
+}
+
 pub fn gemma3() -> Value {
     json!({"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
            "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "rms_norm_eps": 1e-6,
