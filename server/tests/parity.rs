@@ -380,6 +380,17 @@ fn chats_sharing_a_system_prompt_reuse_it_on_a_sliding_window_model() {
     assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], json!(end), "{second}");
 }
 
+// A `gemma4` checkpoint (the multimodal wrapper mlx-lm writes: weights under
+// `language_model.`, the config under `text_config`, per-layer quantization
+// keyed by those names) runs through its text tower.
+#[test]
+fn gemma4_multimodal_checkpoints_run_their_text_tower() {
+    let mut text = gemma4_moe();
+    text.as_object_mut().unwrap().remove("model_type");
+    let config = json!({"model_type": "gemma4", "text_config": text, "vocab_size": 512});
+    check_parity("gemma4_wrapper_q4", spec(config, "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
 // Gemma 4 through the batching server; KV compression, which its KV-shared
 // layers cannot read, is refused at start-up saying why.
 #[test]

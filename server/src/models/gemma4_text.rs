@@ -365,6 +365,39 @@ impl Gemma4Text {
     }
 }
 
+/// The text model's config of a `gemma4` checkpoint (its `text_config`, with
+/// the top-level vocabulary size and mlx-lm's head defaults).
+pub fn text_config(c: &ConfigFile) -> Result<Value> {
+    let mut text = match c.value.get("text_config") {
+        Some(Value::Object(t)) => t.clone(),
+        None | Some(Value::Null) => Default::default(),
+        Some(_) => return Err(c.error("invalid config: field `text_config` must be an object")),
+    };
+    text.insert("vocab_size".into(), c.value.get("vocab_size").cloned().unwrap_or(Value::from(262_144)));
+    text.entry("num_attention_heads").or_insert(Value::from(8));
+    text.entry("num_key_value_heads").or_insert(Value::from(1));
+    Ok(Value::Object(text))
+}
+
+/// The text model's name for a tensor of a `gemma4` checkpoint (mlx-lm's
+/// sanitize): the language model's tensors under `model.`/`lm_head`, the
+/// vision and audio towers dropped.
+pub fn text_tensor_name(name: &str) -> Option<String> {
+    let stripped = name.strip_prefix("model.");
+    let rest = stripped.unwrap_or(name);
+    let towers = ["vision_tower", "multi_modal_projector", "audio_tower", "embed_audio", "embed_vision", "vision_embedder"];
+    if towers.iter().any(|t| rest.starts_with(t)) {
+        return None;
+    }
+    Some(match (stripped, rest.strip_prefix("language_model.")) {
+        // HF: model.language_model.X is the text model's model.X.
+        (Some(_), Some(inner)) => format!("model.{inner}"),
+        // mlx-lm's own: language_model.model.X, language_model.lm_head.
+        (None, Some(inner)) => inner.to_string(),
+        _ => name.to_string(),
+    })
+}
+
 /// The layer number of a tensor name (`model.layers.N....`).
 fn layer_of(name: &str) -> Option<usize> {
     name.split("layers.").nth(1)?.split('.').next()?.parse().ok()

@@ -71,6 +71,8 @@ enum Arch {
     Decoder(fn(&ConfigFile) -> Result<DecoderSpec>),
     Gemma3Text,
     Gemma4Text,
+    /// Gemma 4's multimodal checkpoints, through their text tower.
+    Gemma4,
 }
 
 impl Arch {
@@ -80,6 +82,10 @@ impl Arch {
             Arch::Decoder(spec) => Ok(spec(c)?.kv_layout()),
             Arch::Gemma3Text => Ok(c.parse::<gemma3_text::Gemma3TextConfig>()?.kv_layout()),
             Arch::Gemma4Text => c.parse::<gemma4_text::Gemma4TextConfig>()?.kv_layout(),
+            Arch::Gemma4 => {
+                let text = gemma4_text::text_config(c)?;
+                ConfigFile { value: &text, path: c.path }.parse::<gemma4_text::Gemma4TextConfig>()?.kv_layout()
+            }
         }
     }
 
@@ -88,6 +94,13 @@ impl Arch {
             Arch::Decoder(spec) => Box::new(Decoder::load(&spec(c)?, w, quant, placement)?),
             Arch::Gemma3Text => Box::new(gemma3_text::Gemma3Text::load(c, w, quant, placement)?),
             Arch::Gemma4Text => Box::new(gemma4_text::Gemma4Text::load(c, w, quant, placement)?),
+            Arch::Gemma4 => {
+                let text = gemma4_text::text_config(c)?;
+                let mut w = w;
+                w.rename(gemma4_text::text_tensor_name);
+                let quant = quant.clone().rename(gemma4_text::text_tensor_name);
+                Box::new(gemma4_text::Gemma4Text::load(&ConfigFile { value: &text, path: c.path }, w, &quant, placement)?)
+            }
         })
     }
 }
@@ -105,6 +118,7 @@ const REGISTRY: &[(&str, Arch)] = &[
     ("phi3", Arch::Decoder(phi3::spec)),
     ("gemma3_text", Arch::Gemma3Text),
     ("gemma4_text", Arch::Gemma4Text),
+    ("gemma4", Arch::Gemma4),
     ("gpt_oss", Arch::Decoder(gpt_oss::spec)),
 ];
 

@@ -77,6 +77,13 @@ impl QuantConfig {
         self.default.ok_or_else(|| bad(&format!("{path} is quantized but config.json has no quantization settings")))
     }
 
+    /// This config with its per-layer overrides renamed as the weights were
+    /// (see `Weights::rename`).
+    pub fn rename(self, rename: impl Fn(&str) -> Option<String>) -> QuantConfig {
+        let overrides = self.overrides.into_iter().filter_map(|(k, v)| Some((rename(&k)?, v))).collect();
+        QuantConfig { default: self.default, overrides }
+    }
+
     /// This config with `params` for every layer it does not name
     /// (`--quantize` at load).
     pub fn with_default(self, params: QuantSpec) -> QuantConfig {

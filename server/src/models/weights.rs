@@ -197,6 +197,25 @@ impl Weights {
         Weights { tensors, origin, norms_hold_one, sources: HashMap::new(), streaming: None, sharding: Sharding::Whole, read_bytes: 0 }
     }
 
+    /// Renames every tensor by `rename` (None drops it): a wrapper checkpoint's
+    /// text tower under the names its text model reads (Gemma 4's).
+    pub fn rename(&mut self, rename: impl Fn(&str) -> Option<String>) {
+        let names: Vec<String> = self.tensors.keys().cloned().collect();
+        for old in names {
+            let Some(a) = self.tensors.remove(&old) else { continue };
+            let origin = self.origin.remove(&old);
+            let source = self.sources.remove(&old);
+            let Some(new) = rename(&old) else { continue };
+            self.tensors.insert(new.clone(), a);
+            if let Some(o) = origin {
+                self.origin.insert(new.clone(), o);
+            }
+            if let Some(s) = source {
+                self.sources.insert(new, s);
+            }
+        }
+    }
+
     /// Whether a tensor named `name` is a routed expert's (stacked
     /// `switch_mlp.*` or, in gpt-oss, `experts.{gate,up,down}_proj.*`; or
     /// per-expert `experts.{e}.*`; not a shared expert).
