@@ -269,6 +269,9 @@ impl Gemma4Text {
         if w.sharding().group().is_some_and(|g| g.size() > 1) {
             return Err(Error::Config("--distributed does not run Gemma 4 yet (its KV-shared layers and two head sizes are not split)".into()));
         }
+        if w.streaming().is_some() {
+            return Err(Error::Config("--stream-experts does not stream Gemma 4's experts yet (they load with the model)".into()));
+        }
         let full = cfg.types()?;
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();

@@ -217,11 +217,13 @@ impl Weights {
     }
 
     /// Whether a tensor named `name` is a routed expert's (stacked
-    /// `switch_mlp.*` or, in gpt-oss, `experts.{gate,up,down}_proj.*`; or
+    /// `switch_mlp.*` or, in gpt-oss, `experts.{gate,up,down}_proj.*`, in Gemma 4
+    /// `experts.switch_glu.*`; or
     /// per-expert `experts.{e}.*`; not a shared expert).
     pub fn is_routed_expert(name: &str) -> bool {
         let after_experts = name.split(".experts.").nth(1).and_then(|rest| rest.split('.').next());
         name.contains(".switch_mlp.")
+            || name.contains(".experts.switch_glu.")
             || after_experts.is_some_and(|e| {
                 (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())) || ["gate_proj", "up_proj", "down_proj"].contains(&e)
             })
@@ -540,6 +542,7 @@ mod tests {
             "model.layers.0.mlp.switch_mlp.gate_proj.weight",
             "model.layers.3.mlp.experts.17.down_proj.scales",
             "model.layers.0.mlp.experts.up_proj.bias", // gpt-oss: stacked under `experts`
+            "model.layers.1.experts.switch_glu.down_proj.weight", // Gemma 4
         ] {
             assert!(Weights::is_routed_expert(name), "{name}");
         }
