@@ -117,6 +117,39 @@ fn config_problems_name_the_file_and_field() {
     assert!(load_err(d.path()).contains("missing field `model_type`"));
 }
 
+// The newer families' own fields (gpt-oss, Gemma 4) and quantization modes:
+// refused before any weight is read, saying what is wrong.
+#[test]
+fn bad_fields_of_the_newer_families_are_named() {
+    let d = tempfile::tempdir().unwrap();
+    good_model(d.path());
+    let cfg = d.path().join("config.json");
+    let gpt_oss = json!({"model_type": "gpt_oss", "hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 8,
+                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 16,
+                         "num_local_experts": 2, "num_experts_per_tok": 1});
+    let gemma4 = json!({"model_type": "gemma4_text", "hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 8,
+                        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "global_head_dim": 4,
+                        "vocab_size": 16, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0});
+    let with = |base: &Value, field: &str, v: Value| {
+        let mut c = base.clone();
+        c[field] = v;
+        c
+    };
+    for (c, expected) in [
+        (with(&gpt_oss, "layer_types", json!(["sliding_attention"])), "layer_types has 1 entries for 2 layers"),
+        (with(&gpt_oss, "layer_types", json!(["sliding_attention", "local"])), "\"local\" is neither"),
+        (with(&gpt_oss, "rope_scaling", json!({"rope_type": "yarn"})), "needs a numeric factor"),
+        (with(&gemma4, "enable_moe_block", json!(true)), "enable_moe_block needs num_experts"),
+        (with(&gemma4, "layer_types", json!(["sliding_attention", "global"])), "\"global\" is neither"),
+        (with(&gemma4, "num_kv_shared_layers", json!(2)), "no earlier layer of its type"),
+        (with(&config(), "quantization", json!({"group_size": 32, "bits": 4, "mode": "fp3"})), "mode \"fp3\" is not supported"),
+    ] {
+        std::fs::write(&cfg, c.to_string()).unwrap();
+        let e = load_err(d.path());
+        assert!(e.contains(expected), "{c}: {e}");
+    }
+}
+
 #[test]
 fn weight_problems_name_the_file_or_tensor() {
     let d = tempfile::tempdir().unwrap();

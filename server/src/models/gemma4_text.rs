@@ -154,6 +154,21 @@ impl Gemma4TextConfig {
         })
     }
 
+    /// (experts, top-k, expert hidden size) of the MoE block, if the model has one.
+    fn moe_shape(&self) -> Result<Option<(i32, i32, i32)>> {
+        if !self.enable_moe_block {
+            return Ok(None);
+        }
+        let missing = |f: &str| Error::Config(format!("gemma4: enable_moe_block needs {f}"));
+        let e = self.num_experts.ok_or_else(|| missing("num_experts"))?;
+        let k = self.top_k_experts.ok_or_else(|| missing("top_k_experts"))?;
+        let inter = self.moe_intermediate_size.ok_or_else(|| missing("moe_intermediate_size"))?;
+        if k < 1 || k > e {
+            return Err(Error::Config(format!("gemma4: top_k_experts ({k}) must be between 1 and num_experts ({e})")));
+        }
+        Ok(Some((e, k, inter)))
+    }
+
     /// Why no KV compression applies, if none does.
     fn fixed_kv_reason(&self) -> Option<&'static str> {
         if self.num_kv_shared_layers > 0 {
@@ -165,8 +180,9 @@ impl Gemma4TextConfig {
         }
     }
 
-    /// The rope of a layer type, as mlx-lm's `rope_parameters` give it.
-    fn rope(&self, full: bool, head_dim: i32) -> Result<Rope> {
+    /// The rope of a layer type, as mlx-lm's `rope_parameters` give it (errors
+    /// name `path`, the config's file).
+    fn rope(&self, full: bool, head_dim: i32, path: &std::path::Path) -> Result<Rope> {
         let key = if full { "full_attention" } else { "sliding_attention" };
         let default = if full {
             serde_json::json!({"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"})
@@ -179,7 +195,7 @@ impl Gemma4TextConfig {
         };
         let theta = params.get("rope_theta").and_then(Value::as_f64).unwrap_or(10000.0) as f32;
         let holder = serde_json::json!({ "rope": params });
-        let file = ConfigFile { value: &holder, path: std::path::Path::new("config.json") };
+        let file = ConfigFile { value: &holder, path };
         let scaling = RopeScaling::read(&file, "rope", (head_dim / 2) as usize, None)?;
         Rope::new(&RopeSpec { theta, traditional: self.rope_traditional, scaling, dims: head_dim })
     }
@@ -275,6 +291,7 @@ impl Gemma4Text {
         let full = cfg.types()?;
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();
+        let moe = cfg.moe_shape()?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         // As mlx-lm's sanitize: rotary tables and the KV-shared layers' unused projections go.
         w.discard(|k| {
@@ -312,12 +329,12 @@ impl Gemma4Text {
                     o: Linear::load(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, quant)?,
                     q_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.q_norm"), hd, eps)?,
                     kv,
-                    rope: cfg.rope(is_full, hd)?,
+                    rope: cfg.rope(is_full, hd, config.path)?,
                     eps,
                 };
-                let moe = match cfg.enable_moe_block {
-                    true => Some(load_moe(&mut w, &p, &cfg, quant)?),
-                    false => None,
+                let moe = match moe {
+                    Some(shape) => Some(load_moe(&mut w, &p, &cfg, shape, quant)?),
+                    None => None,
                 };
                 let per_layer = match d_pl > 0 {
                     true => Some(PerLayerGate {
@@ -406,10 +423,7 @@ fn layer_of(name: &str) -> Option<usize> {
     name.split("layers.").nth(1)?.split('.').next()?.parse().ok()
 }
 
-fn load_moe(w: &mut Weights, p: &str, cfg: &Gemma4TextConfig, quant: &QuantConfig) -> Result<Moe> {
-    let missing = |f: &str| Error::Config(format!("gemma4: enable_moe_block needs {f}"));
-    let (e, k) = (cfg.num_experts.ok_or_else(|| missing("num_experts"))?, cfg.top_k_experts.ok_or_else(|| missing("top_k_experts"))?);
-    let inter = cfg.moe_intermediate_size.ok_or_else(|| missing("moe_intermediate_size"))?;
+fn load_moe(w: &mut Weights, p: &str, cfg: &Gemma4TextConfig, (e, k, inter): (i32, i32, i32), quant: &QuantConfig) -> Result<Moe> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
     let scale = w.take_shaped(&format!("{p}.router.scale"), &[h])?;
     Ok(Moe {
