@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::configs::{gpt_oss, qwen3_moe_many_experts, spec};
+use common::configs::{gemma4_moe, gpt_oss, qwen3_moe_many_experts, spec};
 use common::engine::check_parity_of;
 use common::fixture;
 use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
@@ -61,6 +61,14 @@ fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
 fn streamed_gpt_oss_mxfp4_with_expert_biases_matches_mlx_lm() {
     let s = spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})));
     check_streamed_parity("gpt_oss_mxfp4", s, &["25%", "50%"]);
+}
+
+// Gemma 4's MoE block (the 26B-A4B's layout: experts beside a dense MLP, its
+// own router), 4-bit, streamed alike.
+#[test]
+fn streamed_gemma4_moe_matches_mlx_lm() {
+    let s = spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32})));
+    check_streamed_parity("gemma4_moe_q4", s, &["25%", "50%"]);
 }
 
 // ---- Through the server: counters, the kernel's own count, errors, memory ----

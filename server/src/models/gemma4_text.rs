@@ -21,7 +21,8 @@ use super::mlp::{gelu_approx_compiled, Activation, Mlp};
 use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
-use super::switch::{GluActivation, SwitchGlu};
+use super::moe::{Experts, MoeParts, MoeSpec, Router, HF_GLU_NAMES};
+use super::switch::GluActivation;
 use super::weights::Weights;
 use super::{KvLayout, LanguageModel};
 use crate::error::{Error, Result};
@@ -229,7 +230,8 @@ struct Moe {
     per_expert_scale: Array,
     top_k: i32,
     eps: f32,
-    experts: SwitchGlu,
+    /// In memory, or streamed from disk (`--stream-experts`).
+    experts: Experts,
     pre_norm: RmsNorm,
     post_norm_1: RmsNorm,
     post_norm_2: RmsNorm,
@@ -285,9 +287,6 @@ impl Gemma4Text {
         if w.sharding().group().is_some_and(|g| g.size() > 1) {
             return Err(Error::Config("--distributed does not run Gemma 4 yet (its KV-shared layers and two head sizes are not split)".into()));
         }
-        if w.streaming().is_some() {
-            return Err(Error::Config("--stream-experts does not stream Gemma 4's experts yet (they load with the model)".into()));
-        }
         let full = cfg.types()?;
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();
@@ -333,7 +332,7 @@ impl Gemma4Text {
                     eps,
                 };
                 let moe = match moe {
-                    Some(shape) => Some(load_moe(&mut w, &p, &cfg, shape, quant)?),
+                    Some(shape) => Some(load_moe(&mut w, &p, i as u32, &cfg, shape, quant)?),
                     None => None,
                 };
                 let per_layer = match d_pl > 0 {
@@ -423,8 +422,22 @@ fn layer_of(name: &str) -> Option<usize> {
     name.split("layers.").nth(1)?.split('.').next()?.parse().ok()
 }
 
-fn load_moe(w: &mut Weights, p: &str, cfg: &Gemma4TextConfig, (e, k, inter): (i32, i32, i32), quant: &QuantConfig) -> Result<Moe> {
+fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k, inter): (i32, i32, i32), quant: &QuantConfig) -> Result<Moe> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+    // The experts as the shared MoE code reads them (the routing fields are
+    // Gemma's own, below, and unused there).
+    let spec = MoeSpec {
+        num_experts: e,
+        top_k: k,
+        expert_hidden: inter,
+        norm_topk_prob: false,
+        router: Router::TopKLastThenSoftmax,
+        shared_expert_hidden: None,
+        hf_expert_names: HF_GLU_NAMES,
+        flatten_tokens: false,
+        module: "",
+        parts: MoeParts { router_name: "router.proj", router_bias: false, switch: "experts.switch_glu", expert_bias: false, activation: GluActivation::GeluApprox },
+    };
     let scale = w.take_shaped(&format!("{p}.router.scale"), &[h])?;
     Ok(Moe {
         router_proj: Linear::load(w, &format!("{p}.router.proj"), h, e, false, quant)?,
@@ -433,7 +446,7 @@ fn load_moe(w: &mut Weights, p: &str, cfg: &Gemma4TextConfig, (e, k, inter): (i3
         per_expert_scale: w.take_shaped(&format!("{p}.router.per_expert_scale"), &[e])?,
         top_k: k,
         eps,
-        experts: SwitchGlu::load(w, &format!("{p}.experts.switch_glu"), e, h, inter, false, GluActivation::GeluApprox, quant)?,
+        experts: Experts::load(w, p, layer, h, &spec, quant)?,
         pre_norm: RmsNorm::load(w, &format!("{p}.pre_feedforward_layernorm_2"), h, eps)?,
         post_norm_1: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_1"), h, eps)?,
         post_norm_2: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_2"), h, eps)?,

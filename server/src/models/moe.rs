@@ -78,13 +78,34 @@ struct SharedExpert {
 }
 
 /// The routed experts: all in memory, or streamed from disk.
-enum Experts {
+pub enum Experts {
     Resident(SwitchGlu),
     Streamed(Arc<StreamedSwitchGlu>),
 }
 
 impl Experts {
-    fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+    /// The routed experts of the MoE module at `prefix` (layer `layer`): with
+    /// expert streaming on (`Weights::streaming`) indexed for reading on
+    /// demand; else in memory, per-expert Hugging Face tensors
+    /// (`{prefix}.experts.{e}.{proj}.weight`) first stacked as mlx-lm's
+    /// sanitize does.
+    pub fn load(w: &mut Weights, prefix: &str, layer: u32, dim: i32, spec: &MoeSpec, quant: &QuantConfig) -> Result<Experts> {
+        let parts = spec.parts;
+        match w.streaming() {
+            Some(_) if w.tensor_parallel().is_some() => {
+                Err(crate::error::Error::Config("--stream-experts cannot be combined with tensor parallelism (--distributed tensor)".into()))
+            }
+            Some(stream) => Ok(Experts::Streamed(StreamedSwitchGlu::load(w, prefix, layer, spec, dim, quant, stream)?)),
+            None => {
+                stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
+                let switch = format!("{prefix}.{}", parts.switch);
+                Ok(Experts::Resident(SwitchGlu::load(w, &switch, spec.num_experts, dim, spec.expert_hidden, parts.expert_bias, parts.activation, quant)?))
+            }
+        }
+    }
+
+    /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         match self {
             Experts::Resident(s) => s.forward(x, indices),
             Experts::Streamed(s) => s.forward(x, indices),
@@ -103,25 +124,11 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads `{prefix}.gate` and `{prefix}.switch_mlp`, first stacking per-expert
-    /// Hugging Face tensors (`{prefix}.experts.{e}.{proj}.weight`) as mlx-lm's
-    /// sanitize does.
-    /// With expert streaming on (`Weights::streaming`), the routed experts are
-    /// indexed for reading on demand instead (layer `layer`).
+    /// Loads the router `{prefix}.{router_name}`, the routed experts (see
+    /// [`Experts::load`]) and the shared expert where the family has one.
     pub fn load(w: &mut Weights, prefix: &str, layer: u32, dim: i32, spec: MoeSpec, quant: &QuantConfig) -> Result<SparseMoe> {
         let reduce = w.tensor_parallel().cloned();
-        let experts = match w.streaming() {
-            Some(_) if reduce.is_some() => {
-                return Err(crate::error::Error::Config("--stream-experts cannot be combined with tensor parallelism (--distributed tensor)".into()))
-            }
-            Some(stream) => Experts::Streamed(StreamedSwitchGlu::load(w, prefix, layer, &spec, dim, quant, stream)?),
-            None => {
-                stack_experts(w, prefix, spec.num_experts, &spec.hf_expert_names)?;
-                let parts = spec.parts;
-                let switch = format!("{prefix}.{}", parts.switch);
-                Experts::Resident(SwitchGlu::load(w, &switch, spec.num_experts, dim, spec.expert_hidden, parts.expert_bias, parts.activation, quant)?)
-            }
-        };
+        let experts = Experts::load(w, prefix, layer, dim, &spec, quant)?;
         let shared = match spec.shared_expert_hidden {
             Some(hidden) => Some(SharedExpert {
                 mlp: super::mlp::Mlp::load(w, &format!("{prefix}.shared_expert"), dim, hidden, false, quant)?,
