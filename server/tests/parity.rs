@@ -380,6 +380,50 @@ fn chats_sharing_a_system_prompt_reuse_it_on_a_sliding_window_model() {
     assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], json!(end), "{second}");
 }
 
+// Gemma 4's experts in Hugging Face's layout (one fused `gate_up_proj` stack
+// per layer, `experts.down_proj`), as mlx-lm's sanitize reads them: the fp32
+// MoE fixture rewritten so gives the same tokens.
+#[test]
+fn gemma4_experts_in_the_hugging_face_layout_are_split_at_load() {
+    let sp = spec(gemma4_moe(), "float32", None);
+    let dir = fixture("gemma4_moe_fp32", &sp);
+    let hf = dir.parent().unwrap().join("gemma4_moe_fp32_hf_layout");
+    let _ = std::fs::remove_dir_all(&hf);
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(dir.join(f), hf.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut out: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let layer = name.strip_suffix(".experts.switch_glu.gate_proj.weight");
+        if let Some(prefix) = layer {
+            // [E, inter, h] gate then up, per expert, along the rows.
+            let up = st.tensor(&format!("{prefix}.experts.switch_glu.up_proj.weight")).unwrap();
+            let (shape, per_expert) = (view.shape().to_vec(), view.data().len() / view.shape()[0]);
+            let mut fused = Vec::with_capacity(2 * view.data().len());
+            for e in 0..shape[0] {
+                fused.extend_from_slice(&view.data()[e * per_expert..(e + 1) * per_expert]);
+                fused.extend_from_slice(&up.data()[e * per_expert..(e + 1) * per_expert]);
+            }
+            out.push((format!("{prefix}.experts.gate_up_proj"), vec![shape[0], 2 * shape[1], shape[2]], fused));
+        } else if name.ends_with(".experts.switch_glu.up_proj.weight") {
+            continue;
+        } else if let Some(prefix) = name.strip_suffix(".experts.switch_glu.down_proj.weight") {
+            out.push((format!("{prefix}.experts.down_proj"), view.shape().to_vec(), view.data().to_vec()));
+        } else {
+            out.push((name.clone(), view.shape().to_vec(), view.data().to_vec()));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = out
+        .iter()
+        .map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &hf.join("model.safetensors")).unwrap();
+    check_parity_of("gemma4 MoE, HF expert layout", &dir, &hf, &sp, &models::LoadOptions::default(), TOL);
+}
+
 // A `gemma4` checkpoint (the multimodal wrapper mlx-lm writes: weights under
 // `language_model.`, the config under `text_config`, per-layer quantization
 // keyed by those names) runs through its text tower.

@@ -424,6 +424,19 @@ fn layer_of(name: &str) -> Option<usize> {
 
 fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k, inter): (i32, i32, i32), quant: &QuantConfig) -> Result<Moe> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+    // Hugging Face's layout, as mlx-lm's sanitize reads it: one fused gate-and-up
+    // stack [experts, 2 · inter, hidden] split in halves, `down_proj` renamed.
+    let fused = format!("{p}.experts.gate_up_proj");
+    if w.contains(&fused) {
+        let gate_up = w.take_shaped(&fused, &[e, 2 * inter, h])?;
+        let mut halves = ops::split(&gate_up, 2, -2)?.into_iter();
+        for name in ["gate_proj", "up_proj"] {
+            let half = halves.next().ok_or(Error::Internal("a split in two gave fewer halves"))?;
+            w.insert(format!("{p}.experts.switch_glu.{name}.weight"), ops::contiguous(&half, false)?);
+        }
+        let down = w.take_shaped(&format!("{p}.experts.down_proj"), &[e, h, inter])?;
+        w.insert(format!("{p}.experts.switch_glu.down_proj.weight"), down);
+    }
     // The experts as the shared MoE code reads them (the routing fields are
     // Gemma's own, below, and unused there).
     let spec = MoeSpec {
