@@ -4,7 +4,7 @@ output on it: the reference our engine must match token for token.
 usage: python make_fixture.py SPEC_JSON OUT_DIR
 
 SPEC_JSON: {"config": {...HF config.json fields...}, "dtype": "bfloat16",
-            "quantize": null | {"bits": 4, "group_size": 64, "mode": "affine" | "mxfp4"},
+            "quantize": null | {"bits": 4, "group_size": 64, "mode": "affine" | "mxfp4", "only": "experts"},
             "prompt_tokens": 600, "max_tokens": 64, "seed": 0,
             "batch_prompt_tokens": [530, 200, 40],
             "kv_bits": null | 8, "kv_group_size": 64, "quantized_kv_start": 0}
@@ -59,7 +59,10 @@ def main():
     model.set_dtype(dtype)
     if spec.get("quantize"):
         q = spec["quantize"]
-        model, config = quantize_model(model, config, q["group_size"], q["bits"], mode=q.get("mode", "affine"))
+        # "only": quantize just the layers whose path holds it (e.g. a checkpoint
+        # whose experts alone are quantized, as openai/gpt-oss ships them).
+        only = (lambda path, _: q["only"] in path) if q.get("only") else None
+        model, config = quantize_model(model, config, q["group_size"], q["bits"], mode=q.get("mode", "affine"), quant_predicate=only)
     mx.eval(model.parameters())
     save_model(out, model)
     save_config(config, out / "config.json")

@@ -261,6 +261,77 @@ fn a_checkpoint_lets_sliding_window_layers_reuse_a_shared_system_prompt() {
     assert!(hit < system.len(), "without a checkpoint {hit} tokens were reused: the test shows nothing");
 }
 
+// The original openai/gpt-oss layout: experts alone in mxfp4 as `_blocks`
+// bytes and `_scales`, gate and up interleaved row by row in one
+// `gate_up_proj` stack with its bias, `quantization_config` saying
+// `quant_method: mxfp4`. Made here from a fixture whose experts alone mlx-lm
+// quantized, and decoded as mlx-lm decodes that fixture.
+#[test]
+fn gpt_oss_in_openais_layout_is_split_at_load() {
+    let sp = spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4", "only": "experts"})));
+    let dir = fixture("gpt_oss_mxfp4_experts", &sp);
+    let openai = dir.parent().unwrap().join("gpt_oss_openai_layout");
+    let _ = std::fs::remove_dir_all(&openai);
+    std::fs::create_dir_all(&openai).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(dir.join(f), openai.join(f)).unwrap();
+    }
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("quantization");
+    config["quantization_config"] = json!({"quant_method": "mxfp4"});
+    std::fs::write(openai.join("config.json"), config.to_string()).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    // Rows of gate and up, interleaved: [E, R, ..] twice -> [E, 2R, ..].
+    let interleave = |gate: &safetensors::tensor::TensorView, up: &safetensors::tensor::TensorView| -> Vec<u8> {
+        let row = gate.data().len() / (gate.shape()[0] * gate.shape()[1]);
+        let mut out = Vec::with_capacity(2 * gate.data().len());
+        for (g, u) in gate.data().chunks(row).zip(up.data().chunks(row)) {
+            out.extend_from_slice(g);
+            out.extend_from_slice(u);
+        }
+        out
+    };
+    let mut out: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let Some((stem, part)) = name.rsplit_once('.') else { continue };
+        let Some(layer) = stem.strip_suffix(".mlp.experts.gate_proj").or_else(|| stem.strip_suffix(".mlp.experts.down_proj")) else {
+            if !stem.ends_with(".mlp.experts.up_proj") {
+                out.push((name.clone(), view.dtype(), view.shape().to_vec(), view.data().to_vec()));
+            }
+            continue;
+        };
+        let down = stem.ends_with("down_proj");
+        let target = format!("{layer}.mlp.experts.{}", if down { "down_proj" } else { "gate_up_proj" });
+        let (data, mut shape) = if down {
+            (view.data().to_vec(), view.shape().to_vec())
+        } else {
+            let up = st.tensor(&format!("{layer}.mlp.experts.up_proj.{part}")).unwrap();
+            let mut shape = view.shape().to_vec();
+            shape[1] *= 2;
+            (interleave(&view, &up), shape)
+        };
+        match part {
+            // Packed words back to their bytes, 16 per group of 32 values.
+            "weight" => {
+                let groups = shape[2] / 4;
+                shape.truncate(2);
+                shape.extend([groups, 16]);
+                out.push((format!("{target}_blocks"), safetensors::Dtype::U8, shape, data));
+            }
+            "scales" => out.push((format!("{target}_scales"), safetensors::Dtype::U8, shape, data)),
+            "bias" => out.push((format!("{target}_bias"), view.dtype(), shape, data)),
+            other => panic!("unexpected expert tensor part {other}"),
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = out
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &openai.join("model.safetensors")).unwrap();
+    check_parity_of("gpt-oss, openai's layout", &dir, &openai, &sp, &models::LoadOptions::default(), TOL);
+}
+
 // Fused qkv / gate_up, longrope scaling (input scale ≠ 1 since 8192 > 512).
 #[test]
 fn phi3_bf16_with_longrope_matches_mlx_lm() {

@@ -237,6 +237,7 @@ impl DecoderConfig {
             moe: None,
             moe_layers: Vec::new(),
             windows: Vec::new(),
+            sanitize: None,
         })
     }
 }

@@ -50,6 +50,9 @@ pub struct DecoderSpec {
     /// Per layer: the sliding window it attends within, None for full
     /// attention. Missing entries are full.
     pub windows: Vec<Option<i32>>,
+    /// The family's renaming of checkpoint layouts other than mlx-lm's (its
+    /// `sanitize`), run over the weights before any is taken.
+    pub sanitize: Option<fn(&mut Weights, &DecoderSpec) -> Result<()>>,
 }
 
 impl DecoderSpec {
@@ -123,6 +126,9 @@ impl Decoder {
         w.discard(|k| k.contains("self_attn.rotary_emb.inv_freq"));
         if spec.tie_word_embeddings {
             w.discard(|k| k.starts_with("lm_head."));
+        }
+        if let Some(sanitize) = spec.sanitize {
+            sanitize(&mut w, spec)?;
         }
         let stage = PipelineStage::of(w.sharding(), spec.num_layers as usize)?;
         w.discard(|k| stage.foreign(k));

@@ -13,7 +13,9 @@ use super::config::{ConfigFile, RopeScaling};
 use super::decoder::{DecoderSpec, RopeSpec};
 use super::moe::{MoeParts, MoeSpec, Router, HF_GLU_NAMES};
 use super::switch::GluActivation;
+use super::weights::Weights;
 use crate::error::Result;
+use mlx_rs_safe::{ops, Array, Dtype};
 
 /// config.json's fields, with mlx-lm's defaults (gpt-oss-20b's shapes).
 #[derive(Debug, Deserialize)]
@@ -115,5 +117,65 @@ pub fn spec(config: &ConfigFile) -> Result<DecoderSpec> {
         }),
         moe_layers: vec![true; layers],
         windows,
+        sanitize: Some(sanitize),
     })
+}
+
+/// The original openai/gpt-oss layout, as mlx-lm's sanitize reads it: each
+/// layer's experts as one `gate_up_proj` stack whose rows interleave gate and
+/// up (even rows gate, odd rows up), in mxfp4 as `_blocks` (bytes: 16 per 32
+/// values) and `_scales`, with `_bias`; `down_proj` likewise. Split into
+/// mlx-lm's separate stacks. Checkpoints already in mlx-lm's layout pass through.
+fn sanitize(w: &mut Weights, spec: &DecoderSpec) -> Result<()> {
+    for i in 0..spec.num_layers {
+        let p = format!("model.layers.{i}.mlp.experts");
+        let openai_layout = ["gate_up_proj", "gate_up_proj_blocks"].iter().any(|n| w.contains(&format!("{p}.{n}")));
+        if openai_layout && w.streaming().is_some() {
+            return Err(crate::error::Error::Config(
+                "--stream-experts reads experts where mlx-lm's layout puts them; this is openai's original gpt-oss layout, whose experts are re-laid out at load (convert it with mlx_lm.convert to stream them)".into(),
+            ));
+        }
+        for (stored, fused) in [("gate_up_proj", true), ("down_proj", false)] {
+            let base = format!("{p}.{stored}");
+            let parts = [
+                (format!("{base}_blocks"), "weight", true),
+                (format!("{base}_scales"), "scales", false),
+                (format!("{base}_bias"), "bias", false),
+                (base.clone(), "weight", false),
+            ];
+            for (name, part, blocks) in parts {
+                if !w.contains(&name) {
+                    continue;
+                }
+                let mut a = w.take_unchecked(&name)?;
+                if blocks {
+                    // [.., rows, groups, 16] bytes -> [.., rows, groups * 4] packed words.
+                    a = ops::flatten(&ops::view(&a, Dtype::Uint32)?, -2, -1)?;
+                }
+                if !fused {
+                    w.insert(format!("{p}.down_proj.{part}"), a);
+                    continue;
+                }
+                // Gate and up interleave along the output axis (-2; -1 for the bias).
+                let axis = if part == "bias" { -1 } else { -2 };
+                for (half, start) in [("gate_proj", 0), ("up_proj", 1)] {
+                    let rows = every_other(&a, axis, start)?;
+                    w.insert(format!("{p}.{half}.{part}"), rows);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every other entry of `a` along `axis` (negative), from `start`.
+fn every_other(a: &Array, axis: i32, start: i32) -> Result<Array> {
+    let shape = a.shape();
+    let n = shape.len();
+    let ax = (n as i32 + axis) as usize;
+    let mut begin = vec![0; n];
+    begin[ax] = start;
+    let mut strides = vec![1; n];
+    strides[ax] = 2;
+    Ok(ops::contiguous(&ops::slice(a, &begin, &shape, &strides)?, false)?)
 }

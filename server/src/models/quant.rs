@@ -42,6 +42,13 @@ impl QuantConfig {
             return Ok(QuantConfig::default());
         };
         let obj = q.as_object().ok_or_else(|| bad("`quantization` must be an object"))?;
+        // Hugging Face's microscaling checkpoints (openai/gpt-oss-*): the mode's
+        // one group size and width, for every layer that carries scales (as mlx-lm).
+        if config.get("quantization").is_none() {
+            if let Some(method @ ("mxfp4" | "mxfp8")) = obj.get("quant_method").and_then(Value::as_str) {
+                return Ok(QuantConfig { default: Some(QuantSpec::default_for(mode(method)?)), overrides: Default::default() });
+            }
+        }
         let mode = mode(obj.get("mode").and_then(Value::as_str).unwrap_or("affine"))?;
         let default = match (obj.get("group_size"), obj.get("bits")) {
             (Some(g), Some(b)) => Some(QuantSpec { group_size: int(g, "group_size")?, bits: int(b, "bits")?, mode }),

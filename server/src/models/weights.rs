@@ -225,7 +225,11 @@ impl Weights {
         name.contains(".switch_mlp.")
             || name.contains(".experts.switch_glu.")
             || after_experts.is_some_and(|e| {
-                (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit())) || ["gate_proj", "up_proj", "down_proj"].contains(&e)
+                (!e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()))
+                    || ["gate_proj", "up_proj", "down_proj"].contains(&e)
+                    // openai's gpt-oss layout: gate_up_proj_blocks, down_proj_scales, ...
+                    || e.starts_with("gate_up_proj")
+                    || e.starts_with("down_proj_")
             })
     }
 
@@ -543,6 +547,7 @@ mod tests {
             "model.layers.3.mlp.experts.17.down_proj.scales",
             "model.layers.0.mlp.experts.up_proj.bias", // gpt-oss: stacked under `experts`
             "model.layers.1.experts.switch_glu.down_proj.weight", // Gemma 4
+            "model.layers.2.mlp.experts.gate_up_proj_blocks", // openai's gpt-oss
         ] {
             assert!(Weights::is_routed_expert(name), "{name}");
         }
