@@ -47,10 +47,7 @@ impl KvStore for DenseStore {
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;
         let kv = self.rows.append(&[keys.clone(), values.clone()])?;
-        let attended = Attended { keys: kv[0].clone(), values: kv[1].clone(), mask };
-        let out = attended.attend(queries, args.scale, args.sinks);
-        self.last = Some(attended);
-        out
+        Attended { keys: kv[0].clone(), values: kv[1].clone(), mask }.attend_keeping(queries, args, &mut self.last)
     }
 
     fn last_attended(&self) -> Option<&Attended> {

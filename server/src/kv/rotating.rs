@@ -39,13 +39,6 @@ fn range(v: &Array, from: i32, to: i32) -> Result<Array> {
 }
 
 impl RotatingStore {
-    /// Attends `queries` to `attended`, which is kept for KV-shared layers.
-    fn attend_and_keep(&mut self, queries: &Array, attended: Attended, args: &AttendArgs) -> Result<Array> {
-        let out = attended.attend(queries, args.scale, args.sinks);
-        self.last = Some(attended);
-        out
-    }
-
     pub fn empty(rows: usize, max_size: i32) -> RotatingStore {
         RotatingStore { keys: None, values: None, max_size, total: 0, idx: 0, first: vec![0; rows], offsets: vec![0; rows], last: None }
     }
@@ -197,14 +190,14 @@ impl KvStore for RotatingStore {
             layout.extend(&first_key);
             let mask = masks.get(MaskKey { kind: "rotating-chunk", layout }, || padded_causal_mask(n, offset, window, &first_key))?;
             let (k, v) = self.update_concat(keys, values)?;
-            return self.attend_and_keep(queries, Attended { keys: k, values: v, mask }, args);
+            return Attended { keys: k, values: v, mask }.attend_keeping(queries, args, &mut self.last);
         }
         let (k, v) = self.update_in_place(keys, values)?;
         let len = k.shape()[2];
         let mut layout = vec![self.total, self.idx, len, self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0)];
         layout.extend(&self.first);
         let mask = masks.get(MaskKey { kind: "rotating-step", layout }, || slot_mask(&self.slot_positions(len), &self.first))?;
-        self.attend_and_keep(queries, Attended { keys: k, values: v, mask }, args)
+        Attended { keys: k, values: v, mask }.attend_keeping(queries, args, &mut self.last)
     }
 
     fn last_attended(&self) -> Option<&Attended> {

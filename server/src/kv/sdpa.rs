@@ -6,6 +6,7 @@ use mlx_rs_safe::fast::{self, SdpaMask};
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
 use super::mask::AttentionMask;
+use super::store::AttendArgs;
 use crate::error::Result;
 
 /// softmax(Q Kᵀ · scale, masked) V with grouped KV heads, and `sinks` (one
@@ -49,6 +50,14 @@ impl Attended {
     /// `queries` attending to what was attended to.
     pub fn attend(&self, queries: &Array, scale: f32, sinks: Option<&Array>) -> Result<Array> {
         dense(queries, &self.keys, &self.values, scale, &self.mask, sinks)
+    }
+
+    /// `queries` attending to this, which `kept` then holds where `args` ask
+    /// for it (and nothing otherwise): a store's attention call.
+    pub fn attend_keeping(self, queries: &Array, args: &AttendArgs, kept: &mut Option<Attended>) -> Result<Array> {
+        let out = self.attend(queries, args.scale, args.sinks);
+        *kept = args.keep.then_some(self);
+        out
     }
 }
 

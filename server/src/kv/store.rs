@@ -51,6 +51,9 @@ pub struct AttendArgs<'a> {
     /// Learned attention sinks (gpt-oss): one logit per query head [heads]
     /// that joins each softmax's denominator and attends to nothing.
     pub sinks: Option<&'a Array>,
+    /// Keep what this call attends to for a later layer that shares this
+    /// layer's keys and values (Gemma 4); otherwise nothing is held past it.
+    pub keep: bool,
 }
 
 pub trait KvStore: Send {
@@ -72,9 +75,10 @@ pub trait KvStore: Send {
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>>;
     /// The arrays holding the cache, to evaluate.
     fn state(&self) -> Vec<Array>;
-    /// Attention of `queries` to what the last `attend` call attended to, without
-    /// appending: a layer sharing this layer's keys and values (Gemma 4's
-    /// KV-shared layers). None for kinds that do not keep it.
+    /// What the last `attend` call attended to, when it was asked to keep it
+    /// (`AttendArgs::keep`): for a layer sharing this layer's keys and values
+    /// (Gemma 4's KV-shared layers). None otherwise, and for kinds that keep
+    /// nothing.
     fn last_attended(&self) -> Option<&super::sdpa::Attended> {
         None
     }

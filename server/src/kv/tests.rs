@@ -53,7 +53,7 @@ fn at(a: &Array, from: i32, to: i32) -> Array {
 }
 
 fn args() -> AttendArgs<'static> {
-    AttendArgs { scale: (DIM as f32).powf(-0.5), window: None, sinks: None }
+    AttendArgs { scale: (DIM as f32).powf(-0.5), window: None, sinks: None, keep: false }
 }
 
 /// Attends row `r`'s positions `from..to` (one chunk) in `cache`.

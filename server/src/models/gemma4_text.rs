@@ -270,6 +270,8 @@ pub struct Gemma4Text {
     per_layer: Option<PerLayerInputs>,
     layers: Vec<Block>,
     kv_sources: Vec<usize>,
+    /// Per layer: a later layer shares its keys and values.
+    shared: Vec<bool>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
     placement: Placement,
@@ -378,7 +380,8 @@ impl Gemma4Text {
             w.discard(|k| k.starts_with("lm_head."));
         }
         let layout = cfg.kv_layout()?;
-        let model = Gemma4Text { embed, per_layer, layers, kv_sources, norm, lm_head, placement, layout, cfg };
+        let shared = (0..kv_sources.len()).map(|i| kv_sources.iter().enumerate().any(|(j, &src)| src == i && j != i)).collect();
+        let model = Gemma4Text { embed, per_layer, layers, kv_sources, shared, norm, lm_head, placement, layout, cfg };
         w.finish()?;
         Ok(model)
     }
@@ -467,9 +470,10 @@ fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k,
 }
 
 impl Moe {
-    /// The routed experts' mixed output for `x` (routed on `routed_on`).
-    fn forward(&self, routed_on: &Array, x: &Array) -> Result<Array> {
-        let normed = fast::rms_norm(routed_on, Some(&self.router_norm), self.eps)?;
+    /// The routed experts' mixed output for `h`, routed on it and fed to the
+    /// experts through their own norm.
+    fn forward(&self, h: &Array) -> Result<Array> {
+        let normed = fast::rms_norm(h, Some(&self.router_norm), self.eps)?;
         let scores = self.router_proj.forward(&normed)?;
         let e = self.per_expert_scale.dim(0)?;
         let inds = ops::argpartition(&scores, -self.top_k, -1)?;
@@ -481,23 +485,23 @@ impl Moe {
         let inds = ops::slice(&inds, &start, &stop, &vec![1; n])?;
         let weights = ops::softmax(&ops::take_along_axis(&scores, &inds, -1)?, &[-1], false)?;
         let weights = ops::multiply(&weights, &ops::take(&self.per_expert_scale, &inds, 0)?)?;
-        let y = self.experts.forward(&self.pre_norm.forward(x)?, &inds)?;
+        let y = self.experts.forward(&self.pre_norm.forward(h)?, &inds)?;
         Ok(ops::sum(&ops::multiply(&ops::expand_dims(&weights, &[-1])?, &y)?, &[-2], false)?)
     }
 }
 
 impl Attention {
-    /// `x` [B, L, hidden] attending through `own` (a layer with keys and values)
-    /// or through `shared` (the cache of the layer it shares, which has just
+    /// `x` [B, L, hidden] attending through `cache` (its own, kept for later
+    /// layers when `keep`, or the one of the layer it shares, which has just
     /// attended this step), at `positions`.
-    fn forward(&self, x: &Array, cache: Target, masks: &StepMemo, window: Option<i32>, positions: &crate::kv::Positions) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: Target, masks: &StepMemo, window: Option<i32>, positions: &crate::kv::Positions, keep: bool) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let heads = |a: Array, n: i32| -> Result<Array> { Ok(ops::reshape(&a, &[b, l, n, self.head_dim])?) };
         let t = |a: &Array| -> Result<Array> { Ok(ops::transpose_axes(a, &[0, 2, 1, 3])?) };
         let q = self.q_norm.forward(&heads(self.q.forward(x)?, self.n_heads)?)?;
         let q = self.rope.forward(&t(&q)?, positions)?;
-        let args = AttendArgs { scale: 1.0, window, sinks: None };
+        let args = AttendArgs { scale: 1.0, window, sinks: None, keep };
         let out = match (cache, &self.kv) {
             (Target::Own(cache), Some(kv)) => {
                 let keys = heads(kv.k.forward(x)?, self.n_kv_heads)?;
@@ -545,12 +549,12 @@ impl LanguageModel for Gemma4Text {
             let window = (!layer.full).then_some(self.cfg.sliding_window);
             h = self.placement.run(i, || {
                 let target = if src == i { Target::Own(&mut caches[i]) } else { Target::Shared(&caches[src]) };
-                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src])?;
+                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src], self.shared[i])?;
                 let hh = ops::add(&h, &layer.post_attn_norm.forward(&r)?)?;
                 let ff = match &layer.moe {
                     Some(moe) => {
                         let dense = moe.post_norm_1.forward(&layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?)?;
-                        let routed = moe.post_norm_2.forward(&moe.forward(&hh, &hh)?)?;
+                        let routed = moe.post_norm_2.forward(&moe.forward(&hh)?)?;
                         ops::add(&dense, &routed)?
                     }
                     None => layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?,

@@ -39,7 +39,7 @@ fn outputs(format: TurboFormat, c: &Case, seed: u64) -> (Array, Array, Array) {
         v = with_outliers(&v, d);
     }
     let q = normal(&[1, kv_heads * c.gqa, 1, d], seed + 2);
-    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None, sinks: None };
+    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None, sinks: None, keep: false };
     let at = |a: &Array, from: i32, to: i32| ops::slice_axis(a, 2, from, to).unwrap();
     let mut cache = LayerCache::new(&KvKind::Dense).unwrap();
     let prompt_q = normal(&[1, kv_heads * c.gqa, len - 1, d], seed + 3);
@@ -145,7 +145,7 @@ fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
     // attending to the compressed history.
     let (kv_heads, gqa, d) = (2, 2, 64);
     let format = TurboPreset::Balanced.format(3, 8, 4);
-    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None, sinks: None };
+    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None, sinks: None, keep: false };
     let compressed = |len: i32, seed: u64| {
         let mut cache = LayerCache::new(&KvKind::Dense).unwrap();
         let kv = |s| normal(&[1, kv_heads, len, d], s);
