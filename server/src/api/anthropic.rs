@@ -16,7 +16,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, ChatPrompt, OutputShape, OutputSplit, Piece, WholeOutput};
+use super::chat::{chat_generation, encode_prompt, whole_output, ChatInput, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -261,14 +261,9 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let one_call = req.tool_choice.as_ref().is_some_and(ToolChoice::one_call);
     let choice = req.tool_choice.as_ref().map_or(structured::ToolChoice::Auto, ToolChoice::forced);
     let output = structured::wanted_output(&choice, p.tools.as_ref(), state.tool_format, !one_call, None)?;
-    let shape = OutputShape::of(state, p.tools.as_ref(), None, one_call);
-    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, p.messages, p.tools, p.kwargs).await?;
-    let shape = OutputShape { thinking, ..shape };
-    let prompt_tokens = prompt.len();
-    let mut params = common.generation(state, prompt, None)?;
-    params.checkpoints = checkpoints;
-    params.keep_special_tokens = shape.keeps_special_tokens();
-    params.guide = structured::guide(state, output, thinking, "tools").await?;
+    let chat = ChatInput { messages: p.messages, tools: p.tools, kwargs: p.kwargs, one_call };
+    let (params, shape) = chat_generation(state, &common, chat, None, output, "tools").await?;
+    let prompt_tokens = params.prompt.len();
     let rx = generation::submit(state, params)?;
     let id = generation::response_id("msg");
     if common.stream {
@@ -474,6 +469,7 @@ fn error_event(kind: &str, message: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::chat::OutputShape;
     use crate::api::generation::testing::{feed_chars, THINK_SAY_CALL};
     use crate::tokenizer::tool_calls::ToolCallFormat;
 

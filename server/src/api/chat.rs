@@ -18,7 +18,9 @@ use super::params::{fields, read_request};
 use super::shutdown::CUT_FINISH_REASON;
 use super::structured::{self, ToolChoice};
 use super::AppState;
-use crate::engine::{Event, TokenLogprob};
+use super::params::CommonParams;
+use crate::engine::{Event, Generation, TokenLogprob};
+use crate::structured::Output;
 use crate::tokenizer::harmony::{HarmonyPart, HarmonySplit};
 use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
 use crate::tokenizer::qwen_xml::ParamTypes;
@@ -94,13 +96,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let schema = structured::format_schema(req.response_format.as_ref(), "response_format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
-    let shape = OutputShape::of(state, tools.as_ref(), None, one_call);
-    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, messages, tools, kwargs).await?;
-    let shape = OutputShape { thinking, ..shape };
-    let mut params = common.generation(state, prompt, top)?;
-    params.checkpoints = checkpoints;
-    params.keep_special_tokens = shape.keeps_special_tokens();
-    params.guide = structured::guide(state, output, thinking, "response_format.json_schema.schema").await?;
+    let chat = ChatInput { messages, tools, kwargs, one_call };
+    let (params, shape) = chat_generation(state, &common, chat, top, output, "response_format.json_schema.schema").await?;
     let rx = generation::submit(state, params)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.models.id.clone() };
     if common.stream {
@@ -138,6 +135,40 @@ pub(super) struct ChatPrompt {
     pub ids: Vec<u32>,
     pub thinking: Option<bool>,
     pub checkpoints: Vec<usize>,
+}
+
+/// A chat request's conversation, as every chat route hands it on.
+pub(super) struct ChatInput {
+    /// Template-ready messages.
+    pub messages: Value,
+    /// The active tools (None: none, or `tool_choice: none`).
+    pub tools: Option<Value>,
+    /// Extra chat template variables.
+    pub kwargs: Option<Value>,
+    /// Only the first tool call is kept.
+    pub one_call: bool,
+}
+
+/// What a chat request asks the engine for, and how its output is taken
+/// apart: the prompt (see `encode_prompt`), the output shape with the prompt's
+/// thinking, the checkpoints and special tokens that shape needs, and the
+/// grammar `output` asks for (errors naming `format_param`).
+pub(super) async fn chat_generation(
+    state: &AppState,
+    common: &CommonParams,
+    chat: ChatInput,
+    logprobs: Option<usize>,
+    output: Option<Output>,
+    format_param: &'static str,
+) -> Result<(Generation, OutputShape), ApiError> {
+    let shape = OutputShape::of(state, chat.tools.as_ref(), chat.one_call);
+    let ChatPrompt { ids, thinking, checkpoints } = encode_prompt(state, chat.messages, chat.tools, chat.kwargs).await?;
+    let shape = OutputShape { thinking, ..shape };
+    let mut params = common.generation(state, ids, logprobs)?;
+    params.checkpoints = checkpoints;
+    params.keep_special_tokens = shape.keeps_special_tokens();
+    params.guide = structured::guide(state, output, thinking, format_param).await?;
+    Ok((params, shape))
 }
 
 /// The prompt of template-ready `messages` (checked against the context
@@ -239,14 +270,14 @@ pub(super) struct OutputShape {
 
 impl OutputShape {
     /// The shape of a request to `state`'s model with `tools` (Some when they
-    /// are active), whose prompt leaves thinking as `thinking` says.
-    pub fn of(state: &AppState, tools: Option<&Value>, thinking: Option<bool>, one_call: bool) -> OutputShape {
+    /// are active); `thinking` is the rendered prompt's to say.
+    pub fn of(state: &AppState, tools: Option<&Value>, one_call: bool) -> OutputShape {
         let format = tools.and(state.tool_format);
         let param_types = match (format, tools) {
             (Some(ToolCallFormat::QwenXml), Some(t)) => Some(Arc::new(ParamTypes::from_tools(t))),
             _ => None,
         };
-        OutputShape { tools: format, thinking, one_call, harmony: state.harmony, param_types }
+        OutputShape { tools: format, thinking: None, one_call, harmony: state.harmony, param_types }
     }
 
     /// Whether the output must keep its special tokens: they are the markers

@@ -18,7 +18,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{encode_prompt, whole_output, ChatPrompt, OutputShape, OutputSplit, Piece, WholeOutput};
+use super::chat::{chat_generation, whole_output, ChatInput, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -300,13 +300,8 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let schema = structured::format_schema(text_format, "text.format")?;
     let one_call = req.parallel_tool_calls == Some(false);
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
-    let shape = OutputShape::of(state, tools.as_ref(), None, one_call);
-    let ChatPrompt { ids: prompt, thinking, checkpoints } = encode_prompt(state, to_chat(&prompt_messages)?, tools, template_kwargs(&req)).await?;
-    let shape = OutputShape { thinking, ..shape };
-    let mut params = common.generation(state, prompt, None)?;
-    params.checkpoints = checkpoints;
-    params.keep_special_tokens = shape.keeps_special_tokens();
-    params.guide = structured::guide(state, output, thinking, "text.format.schema").await?;
+    let chat = ChatInput { messages: to_chat(&prompt_messages)?, tools, kwargs: template_kwargs(&req), one_call };
+    let (params, shape) = chat_generation(state, &common, chat, None, output, "text.format.schema").await?;
     let echo = Echo {
         id: generation::response_id("resp"),
         created_at: generation::unix_now(),
@@ -531,6 +526,7 @@ impl ChunkWriter for ResponseStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::chat::OutputShape;
     use crate::api::generation::testing::{feed_chars, THINK_SAY_CALL};
     use crate::tokenizer::tool_calls::ToolCallFormat;
 
