@@ -31,6 +31,13 @@ pub enum QuantMode {
 }
 
 impl QuantMode {
+    pub const ALL: [QuantMode; 4] = [QuantMode::Affine, QuantMode::Mxfp4, QuantMode::Mxfp8, QuantMode::Nvfp4];
+
+    /// The mode MLX calls `name`, if any.
+    pub fn from_name(name: &str) -> Option<QuantMode> {
+        QuantMode::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+
     /// MLX's name of the mode ("affine", "mxfp4", ...).
     pub fn as_str(self) -> &'static str {
         match self {

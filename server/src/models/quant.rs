@@ -26,12 +26,9 @@ pub struct QuantConfig {
 
 /// MLX's quantization mode named `name`.
 fn mode(name: &str) -> Result<QuantMode> {
-    Ok(match name {
-        "affine" => QuantMode::Affine,
-        "mxfp4" => QuantMode::Mxfp4,
-        "mxfp8" => QuantMode::Mxfp8,
-        "nvfp4" => QuantMode::Nvfp4,
-        other => return Err(bad(&format!("quantization mode {other:?} is not supported (affine, mxfp4, mxfp8, nvfp4)"))),
+    QuantMode::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = QuantMode::ALL.iter().map(|m| m.as_str()).collect();
+        bad(&format!("quantization mode {name:?} is not supported ({})", names.join(", ")))
     })
 }
 
