@@ -10,7 +10,7 @@ mod common;
 
 
 use common::engine::{check_parity_of, drive, drive_with, engine, engine_with_prompt_cache, reference};
-use common::configs::{gemma3, gemma4, gemma4_moe, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_moe, spec};
+use common::configs::{gemma3, gemma4, gemma4_moe, gpt_oss, llama, mixtral, olmoe, phi3, phi3_longrope, qwen2, qwen2_moe, qwen3, qwen3_5, qwen3_5_moe, qwen3_moe, qwen3_next, spec};
 use common::fixture;
 use mlx_serve::metrics;
 use mlx_serve::models;
@@ -225,6 +225,32 @@ fn gemma4_with_kv_sharing_and_per_layer_inputs_matches_mlx_lm() {
 #[test]
 fn gemma4_moe_4bit_matches_mlx_lm() {
     check_parity("gemma4_moe_q4", spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
+// Qwen3-Next: Gated DeltaNet layers (convolution + recurrent state, the
+// gated delta rule as mlx-lm's ops path runs it on the CPU) beside gated full
+// attention; MoE with a shared expert, one dense layer. 4-bit (MoE on CPU).
+#[test]
+fn qwen3_next_4bit_matches_mlx_lm() {
+    check_parity("qwen3_next_q4", spec(qwen3_next(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
+// Qwen3.5 (dense), a `qwen3_5` checkpoint through its text model, in bf16
+// and 4-bit.
+#[test]
+fn qwen3_5_bf16_matches_mlx_lm() {
+    check_parity("qwen3_5_bf16", spec(qwen3_5(), "bfloat16", None), TOL);
+}
+
+#[test]
+fn qwen3_5_4bit_matches_mlx_lm() {
+    check_parity("qwen3_5_q4", spec(qwen3_5(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
+}
+
+// Qwen3.5-MoE: a MoE with a shared expert on every layer, its gates 8-bit.
+#[test]
+fn qwen3_5_moe_4bit_matches_mlx_lm() {
+    check_parity("qwen3_5_moe_q4", spec(qwen3_5_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), TOL);
 }
 
 // A checkpoint (the end of a chat's system prompt) keeps the prompt's KV as the

@@ -147,3 +147,12 @@ pub fn addmm(c: &Array, a: &Array, b: &Array, alpha: f32, beta: f32) -> Result<A
         unsafe { sys::mlx_addmm(res, c.raw, a.raw, b.raw, alpha, beta, s) }
     })
 }
+
+/// 1-D convolution of `input` [N, L, C_in] with `weight` [C_out, K, C_in /
+/// groups] (MLX's channels-last layout; `groups == C_in` is depthwise).
+pub fn conv1d(input: &Array, weight: &Array, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Array> {
+    Array::build_s(|res, s| {
+        // SAFETY: live input handles, valid out handle and stream.
+        unsafe { sys::mlx_conv1d(res, input.raw, weight.raw, stride, padding, dilation, groups, s) }
+    })
+}

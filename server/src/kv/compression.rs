@@ -185,6 +185,10 @@ impl KvCompression {
 pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32) -> f64 {
     let layers = kinds.len();
     let per_layer = |layer: usize, kind: &KvKind| {
+        if *kind == KvKind::Recurrent {
+            // A fixed-size state per sequence, not per token.
+            return 0.0;
+        }
         let (k, v) = policy.and_then(|p| p.bits_per_dim(kind, layer, layers, head_dim)).unwrap_or((16.0, 16.0));
         kv_heads as f64 * head_dim as f64 * (k + v) / 8.0
     };

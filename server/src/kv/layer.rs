@@ -105,6 +105,15 @@ impl LayerCache {
         }
     }
 
+    /// The recurrent state of a linear-attention layer (its rows are all of
+    /// that kind, which no compression converts).
+    pub fn recurrent(&mut self) -> Result<&mut super::RecurrentStore> {
+        match self.parts.as_mut_slice() {
+            [one] => one.recurrent().ok_or(Error::Internal("a linear-attention layer over an attention cache")),
+            _ => Err(Error::Internal("a linear-attention layer over rows of several cache kinds")),
+        }
+    }
+
     /// Row `b`.
     pub fn row(&self, b: usize) -> Result<KvRow> {
         let &(p, r) = self.place.get(b).ok_or(Error::Internal("a cache row out of range"))?;

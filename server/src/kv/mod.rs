@@ -1,7 +1,8 @@
 //! Key/value caches. Every cache holds a batch of sequences ("rows"); one
 //! sequence is a batch of one. A model's [`ModelCache`] has a [`LayerCache`]
 //! per layer, which keeps its rows in one [`KvStore`] per cache kind (dense,
-//! affine-quantized, rotating window) and runs attention over them. The
+//! affine-quantized, rotating window) and runs attention over them, or, in a
+//! linear-attention layer, the recurrent state its model updates. The
 //! prompt cache keeps finished sequences' rows as [`KvSnapshot`]s.
 
 mod affine;
@@ -12,6 +13,7 @@ mod layer;
 mod mask;
 mod padded;
 mod prompt_cache;
+mod recurrent;
 mod rotating;
 mod sdpa;
 mod snapshot;
@@ -25,6 +27,7 @@ pub use mask::{causal_mask, AttentionMask, StepMemo};
 /// Tokens a cache grows by at a time.
 pub const KV_STEP: usize = padded::STEP as usize;
 pub use prompt_cache::{PromptCache, PromptCacheHit};
+pub use recurrent::RecurrentStore;
 pub use snapshot::KvSnapshot;
 pub use store::{AttendArgs, KvKind, KvRow, KvStore};
 

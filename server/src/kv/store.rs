@@ -12,6 +12,7 @@ use mlx_rs_safe::Array;
 use super::affine::AffineStore;
 use super::dense::DenseStore;
 use super::mask::StepMemo;
+use super::recurrent::RecurrentStore;
 use super::rotating::RotatingStore;
 use super::turbo::{self, TurboFormat, TurboStore};
 use crate::error::{Error, Result};
@@ -28,6 +29,9 @@ pub enum KvKind {
     Rotating { max_size: i32 },
     /// TurboQuant: rotated, codebook- or affine-coded keys and values (`--turbo-kv`).
     Turbo(TurboFormat),
+    /// A linear-attention layer's convolution and recurrent state (Qwen3.5's
+    /// Gated DeltaNet; mlx-lm's ArraysCache): no keys or values.
+    Recurrent,
 }
 
 /// One sequence's keys and values in one layer, in its kind's format: what a
@@ -82,6 +86,11 @@ pub trait KvStore: Send {
     fn last_attended(&self) -> Option<&super::sdpa::Attended> {
         None
     }
+    /// The state of a linear-attention layer, which its model updates
+    /// itself; None for the kinds attention reads.
+    fn recurrent(&mut self) -> Option<&mut RecurrentStore> {
+        None
+    }
     /// Bytes held.
     fn nbytes(&self) -> usize;
 }
@@ -95,6 +104,7 @@ impl KvKind {
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::from_rows(rows, group_size, bits)?),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::from_rows(rows, max_size)?),
             KvKind::Turbo(format) => Box::new(TurboStore::from_rows(rows, format)?),
+            KvKind::Recurrent => Box::new(RecurrentStore::from_rows(rows)?),
         })
     }
 
@@ -105,6 +115,7 @@ impl KvKind {
             KvKind::Dense => Box::new(DenseStore::empty(rows)),
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::empty(rows, group_size, bits)),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::empty(rows, max_size)),
+            KvKind::Recurrent => Box::new(RecurrentStore::empty(rows)),
             KvKind::Turbo(_) => return Err(Error::Internal("a TurboQuant cache starts from a compressed prompt")),
         })
     }
@@ -118,6 +129,7 @@ impl KvRow {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::servable(self, n, max_size),
             KvKind::Turbo(_) => turbo::servable(self, n),
+            KvKind::Recurrent => super::recurrent::servable(self, n),
             KvKind::Dense | KvKind::Affine { .. } => n.min(self.offset),
         }
     }
@@ -127,6 +139,7 @@ impl KvRow {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::prefix(self, n, max_size),
             KvKind::Turbo(_) => turbo::prefix(self, n),
+            KvKind::Recurrent => super::recurrent::prefix(self, n),
             // Positions are tokens: the first n of every column (quantization
             // groups run along the last axis, so a prefix of codes is the
             // quantized prefix).

@@ -21,7 +21,7 @@ use super::mlp::{gelu_approx_compiled, Activation, Mlp};
 use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
-use super::moe::{Experts, MoeParts, MoeSpec, Router, HF_GLU_NAMES};
+use super::moe::{split_fused_experts, Experts, MoeParts, MoeSpec, Router, HF_GLU_NAMES};
 use super::switch::GluActivation;
 use super::weights::Weights;
 use super::{KvLayout, LanguageModel};
@@ -427,19 +427,7 @@ fn layer_of(name: &str) -> Option<usize> {
 
 fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k, inter): (i32, i32, i32), quant: &QuantConfig) -> Result<Moe> {
     let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
-    // Hugging Face's layout, as mlx-lm's sanitize reads it: one fused gate-and-up
-    // stack [experts, 2 · inter, hidden] split in halves, `down_proj` renamed.
-    let fused = format!("{p}.experts.gate_up_proj");
-    if w.contains(&fused) {
-        let gate_up = w.take_shaped(&fused, &[e, 2 * inter, h])?;
-        let mut halves = ops::split(&gate_up, 2, -2)?.into_iter();
-        for name in ["gate_proj", "up_proj"] {
-            let half = halves.next().ok_or(Error::Internal("a split in two gave fewer halves"))?;
-            w.insert(format!("{p}.experts.switch_glu.{name}.weight"), ops::contiguous(&half, false)?);
-        }
-        let down = w.take_shaped(&format!("{p}.experts.down_proj"), &[e, h, inter])?;
-        w.insert(format!("{p}.experts.switch_glu.down_proj.weight"), down);
-    }
+    split_fused_experts(w, p, "experts.switch_glu", e, inter, h)?;
     // The experts as the shared MoE code reads them (the routing fields are
     // Gemma's own, below, and unused there).
     let spec = MoeSpec {

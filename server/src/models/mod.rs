@@ -6,6 +6,7 @@ pub(crate) mod compiled;
 mod config;
 mod decoder;
 mod gemma3_text;
+mod gated_delta;
 mod gemma4_text;
 mod gpt_oss;
 mod layers;
@@ -22,6 +23,7 @@ mod qwen2;
 mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
+mod qwen3_next;
 mod rope;
 mod streamed_switch;
 mod switch;
@@ -73,6 +75,10 @@ enum Arch {
     Gemma4Text,
     /// Gemma 4's multimodal checkpoints, through their text tower.
     Gemma4,
+    /// Qwen3-Next: Gated DeltaNet layers beside gated full attention.
+    Qwen3Next,
+    /// Qwen3.5 (dense and MoE) checkpoints, through their text model.
+    Qwen35,
 }
 
 impl Arch {
@@ -85,6 +91,11 @@ impl Arch {
             Arch::Gemma4 => {
                 let text = gemma4_text::text_config(c)?;
                 ConfigFile { value: &text, path: c.path }.parse::<gemma4_text::Gemma4TextConfig>()?.kv_layout()
+            }
+            Arch::Qwen3Next => Ok(c.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout()),
+            Arch::Qwen35 => {
+                let text = qwen3_next::text_config(c)?;
+                Ok(ConfigFile { value: &text, path: c.path }.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout())
             }
         }
     }
@@ -100,6 +111,15 @@ impl Arch {
                 w.rename(gemma4_text::text_tensor_name);
                 let quant = quant.clone().rename(gemma4_text::text_tensor_name);
                 Box::new(gemma4_text::Gemma4Text::load(&ConfigFile { value: &text, path: c.path }, w, &quant, placement)?)
+            }
+            Arch::Qwen3Next => Box::new(qwen3_next::Qwen3Next::load(c, qwen3_next::Family::Next, w, quant, placement)?),
+            Arch::Qwen35 => {
+                let text = qwen3_next::text_config(c)?;
+                let mut w = w;
+                w.rename(qwen3_next::text_tensor_name);
+                let quant = quant.clone().rename(qwen3_next::text_tensor_name);
+                let text = ConfigFile { value: &text, path: c.path };
+                Box::new(qwen3_next::Qwen3Next::load(&text, qwen3_next::Family::Qwen35, w, &quant, placement)?)
             }
         })
     }
@@ -120,6 +140,9 @@ const REGISTRY: &[(&str, Arch)] = &[
     ("gemma4_text", Arch::Gemma4Text),
     ("gemma4", Arch::Gemma4),
     ("gpt_oss", Arch::Decoder(gpt_oss::spec)),
+    ("qwen3_next", Arch::Qwen3Next),
+    ("qwen3_5", Arch::Qwen35),
+    ("qwen3_5_moe", Arch::Qwen35),
 ];
 
 /// `model_type`s this build can load.

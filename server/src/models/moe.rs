@@ -211,6 +211,27 @@ impl SparseMoe {
     }
 }
 
+/// Hugging Face's fused expert layout, as mlx-lm's sanitize reads it (Gemma 4,
+/// Qwen3.5-MoE): one gate-and-up stack `{prefix}.experts.gate_up_proj`
+/// [experts, 2 · hidden, dim] split in halves, and `{prefix}.experts.down_proj`,
+/// renamed to `{prefix}.{switch}.{gate,up,down}_proj.weight`. Nothing to do
+/// for other layouts.
+pub fn split_fused_experts(w: &mut Weights, prefix: &str, switch: &str, experts: i32, hidden: i32, dim: i32) -> Result<()> {
+    let fused = format!("{prefix}.experts.gate_up_proj");
+    if !w.contains(&fused) {
+        return Ok(());
+    }
+    let gate_up = w.take_shaped(&fused, &[experts, 2 * hidden, dim])?;
+    let mut halves = ops::split(&gate_up, 2, -2)?.into_iter();
+    for name in ["gate_proj", "up_proj"] {
+        let half = halves.next().ok_or(crate::error::Error::Internal("a split in two gave fewer halves"))?;
+        w.insert(format!("{prefix}.{switch}.{name}.weight"), ops::contiguous(&half, false)?);
+    }
+    let down = w.take_shaped(&format!("{prefix}.experts.down_proj"), &[experts, dim, hidden])?;
+    w.insert(format!("{prefix}.{switch}.down_proj.weight"), down);
+    Ok(())
+}
+
 /// Replaces per-expert tensors `{prefix}.experts.{e}.{hf}.{weight,scales,biases}`
 /// (e < n) by stacked `{prefix}.switch_mlp.{ours}.*`, as mlx-lm's sanitize does.
 fn stack_experts(w: &mut Weights, prefix: &str, n: i32, names: &[(&str, &str); 3]) -> Result<()> {

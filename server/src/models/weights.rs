@@ -314,6 +314,11 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
+    /// The shape of tensor `name`, if there is one (nothing is read).
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(Array::shape)
+    }
+
     /// Removes tensor `name`, unchecked.
     fn remove(&mut self, name: &str) -> Result<Array> {
         self.sources.remove(name);

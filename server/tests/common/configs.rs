@@ -126,3 +126,45 @@ pub fn qwen3_moe_many_experts() -> Value {
     c["num_experts_per_tok"] = json!(4);
     c
 }
+
+/// Qwen3-Next: Gated DeltaNet layers with a gated full-attention layer every
+/// second one, MoE with a shared expert but on `mlp_only_layers`.
+pub fn qwen3_next() -> Value {
+    json!({"model_type": "qwen3_next", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+           "max_position_embeddings": 2048, "tie_word_embeddings": false,
+           "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+           "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 2,
+           "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+           "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "norm_topk_prob": true})
+}
+
+/// Qwen3.5's text model (as its `text_config`): separate linear-attention
+/// projections, rope from `rope_parameters` (multimodal sections, which text
+/// ignores), a full-attention layer every fourth.
+pub fn qwen3_5_text() -> Value {
+    json!({"model_type": "qwen3_5_text", "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-6,
+           "vocab_size": 512, "max_position_embeddings": 2048, "tie_word_embeddings": true,
+           "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 32,
+           "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                               "mrope_section": [2, 1, 1], "mrope_interleaved": true}})
+}
+
+/// A `qwen3_5` checkpoint (text model inside, as published).
+pub fn qwen3_5() -> Value {
+    json!({"model_type": "qwen3_5", "text_config": qwen3_5_text(), "tie_word_embeddings": true, "vocab_size": 512})
+}
+
+/// A `qwen3_5_moe` checkpoint: MoE with a shared expert on every layer.
+pub fn qwen3_5_moe() -> Value {
+    let mut text = qwen3_5_text();
+    text["model_type"] = json!("qwen3_5_moe_text");
+    text["tie_word_embeddings"] = json!(false);
+    for (k, v) in [("num_experts", 8), ("num_experts_per_tok", 2), ("moe_intermediate_size", 32), ("shared_expert_intermediate_size", 32)] {
+        text[k] = json!(v);
+    }
+    json!({"model_type": "qwen3_5_moe", "text_config": text, "tie_word_embeddings": false, "vocab_size": 512})
+}
