@@ -106,7 +106,7 @@ fn main() -> Res<()> {
     println!("| context | format | step ms | graph ms | vs fp16 | KV MB read | GB/s | kernels ms (graph) | encode ms (graph) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     let scale = (s.head_dim as f32).powf(-0.5);
-    let attend_args = AttendArgs { scale, window: None };
+    let attend_args = AttendArgs { scale, window: None, sinks: None, keep: false };
     let q = normal(&[s.rows, s.heads, 1, s.head_dim], 1)?;
     let (k1, v1) = (normal(&[s.rows, s.kv_heads, 1, s.head_dim], 2)?, normal(&[s.rows, s.kv_heads, 1, s.head_dim], 3)?);
     for &ctx in &contexts {

@@ -287,9 +287,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         Some(max) => log::info!("prompts over {max} bytes are refused before tokenizing (they cannot fit the context)"),
         None => log::info!("no byte bound for this model's prompts: each is tokenized before its length is checked"),
     }
-    // Sliding-window caches cannot be cut back to a shorter prefix: chat
-    // prompts then keep their system prompt's KV as it is prefilled.
-    let prompt_checkpoints = engine.config.prompt_cache_bytes > 0 && layout.kinds.iter().any(|k| matches!(k, crate::kv::KvKind::Rotating { .. }));
+    // Sliding-window and recurrent caches cannot be cut back to a shorter
+    // prefix: chat prompts then keep their system prompt's KV as it is prefilled.
+    let prompt_checkpoints = engine.config.prompt_cache_bytes > 0 && !layout.restores_any_prefix();
     let state = web::Data::new(AppState {
         experts: expert_counters,
         distributed,

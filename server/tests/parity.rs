@@ -264,7 +264,10 @@ fn a_checkpoint_lets_sliding_window_layers_reuse_a_shared_system_prompt() {
     let r = reference(&dir);
     let system = &r.prompt[..300]; // longer than the 128-token window
     let ask = |question: &[u32]| -> Vec<u32> { system.iter().chain(question).copied().collect() };
-    let (first, second) = (ask(&r.batch[0].0[..50]), ask(&r.batch[1].0[..60]));
+    // The first question is long: its prompt spans two prefill chunks, so the
+    // state kept at its end (the last chunk and the window before it) cannot
+    // serve the system prompt alone.
+    let (first, second) = (ask(&r.batch[0].0[..400]), ask(&r.batch[1].0[..60]));
     let load = models::LoadOptions::default();
     let cached_after = |checkpoint: bool| -> (usize, Vec<u32>) {
         let (mut e, metrics) = engine_with_prompt_cache(&dir, &dir, &sp, &load, 1 << 30);
@@ -285,6 +288,39 @@ fn a_checkpoint_lets_sliding_window_layers_reuse_a_shared_system_prompt() {
     assert_eq!(tokens, drive(&mut fresh, &[(&second, 8)], &[0], None)[0].tokens, "a restored checkpoint decodes differently");
     let (hit, _) = cached_after(false);
     assert!(hit < system.len(), "without a checkpoint {hit} tokens were reused: the test shows nothing");
+}
+
+// A recurrent state can be restored only at the length it was stored at.
+// The prompt cache keeps each prompt's state as its prefill ends, and each
+// finished sequence's: the next turn of a chat hits the first even when the
+// template re-renders the answer (here: other tokens in its place), and the
+// second when it does not. Each restored state decodes as a fresh engine.
+#[test]
+fn qwen3_5_multi_turn_chats_reuse_recurrent_states() {
+    let sp = spec(qwen3_5(), "bfloat16", None);
+    let dir = fixture("qwen3_5_bf16", &sp);
+    let r = reference(&dir);
+    let load = models::LoadOptions::default();
+    let (mut e, metrics) = engine_with_prompt_cache(&dir, &dir, &sp, &load, 1 << 30);
+    let cached = || metrics::counter_value(&metrics.render(), "mlx_serve_prompt_cache_tokens_total").unwrap_or(0.0) as usize;
+    let first: Vec<u32> = r.prompt[..200].to_vec();
+    let answer = drive(&mut e, &[(&first, 8)], &[0], None)[0].tokens.clone();
+    let fresh = |prompt: &[u32]| drive(&mut engine(&dir, &dir, &sp, &load).0, &[(prompt, 8)], &[0], None)[0].tokens.clone();
+
+    // The answer re-rendered otherwise: only the prompt's own state serves.
+    let rerendered: Vec<u32> = first.iter().chain(&r.batch[0].0[..30]).copied().collect();
+    let before = cached();
+    let out = drive(&mut e, &[(&rerendered, 8)], &[0], None)[0].tokens.clone();
+    assert_eq!(cached() - before, first.len() - 1, "the first prompt's state did not serve the next turn");
+    assert_eq!(out, fresh(&rerendered), "a restored prompt state decodes differently");
+
+    // The answer as generated: the finished sequence's state serves.
+    let continued: Vec<u32> = first.iter().chain(&answer).chain(&r.batch[1].0[..20]).copied().collect();
+    let before = cached();
+    let out = drive(&mut e, &[(&continued, 8)], &[0], None)[0].tokens.clone();
+    let hit = cached() - before;
+    assert!(hit >= first.len() + answer.len() - 1, "the finished sequence's state did not serve ({hit} tokens)");
+    assert_eq!(out, fresh(&continued), "a restored finished state decodes differently");
 }
 
 // The original openai/gpt-oss layout: experts alone in mxfp4 as `_blocks`

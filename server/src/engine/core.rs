@@ -116,6 +116,9 @@ pub struct Engine {
     /// The first model computation that failed since the last look (see
     /// `take_step_failure`).
     step_failure: Option<String>,
+    /// Keep each prompt's KV in the prompt cache as its prefill ends: for
+    /// models whose cache cannot be cut back to a shorter prefix.
+    checkpoint_prompt_end: bool,
 }
 
 /// Decode steps between clearing MLX's buffer cache: each step's buffers differ in size
@@ -165,6 +168,7 @@ impl Engine {
             kept_masks: MaskRows::new(KEPT_ROWS_BYTES),
             decode_turns: 0,
             step_failure: None,
+            checkpoint_prompt_end: !layout.restores_any_prefix(),
         })
     }
 
@@ -317,6 +321,13 @@ impl Engine {
             p.report_progress();
             // Admission refused empty prompts, so there is a last token.
             if let (0, Some(&next)) = (p.remaining(), p.seq.request.params.prompt.last()) {
+                if self.checkpoint_prompt_end && p.done > p.seq.cached_tokens {
+                    // The prompt's KV as it is now: the next turn of a chat starts
+                    // with this prompt, though maybe not with this answer (a
+                    // template that drops the reasoning re-renders it), and this
+                    // cache cannot be cut back to it from a longer entry.
+                    self.keep_checkpoint(&p);
+                }
                 // Decoding starts: what compresses then (TurboQuant) does so now.
                 match p.cache.compress(self.config.kv_compression.as_ref(), Phase::Decode) {
                     Ok(n) => self.metrics.record_kv_compressions("decode", n as u64),
@@ -434,9 +445,9 @@ impl Engine {
         if self.config.prompt_cache_bytes == 0 {
             return;
         }
-        // The cache may hold one position more than the tokens it was fed
-        // (a step queued ahead); keep exactly the fed tokens' KV.
-        let tokens = seq.cached_history().to_vec();
+        // Keep exactly the fed tokens' KV (with the last sampled token's when
+        // a step queued ahead fed it: a recurrent state cannot be cut back).
+        let tokens = seq.held_history(kv.len().max(0) as usize).to_vec();
         let n = tokens.len() as i32;
         if kv.servable(n) != n {
             return;

@@ -102,10 +102,11 @@ impl Sequence {
         self.request.events.send(event).is_ok()
     }
 
-    /// The tokens whose KV the sequence's cache holds once it ends: all but the
-    /// last sampled token, which was never fed back.
-    pub fn cached_history(&self) -> &[u32] {
-        &self.history[..self.history.len().saturating_sub(1)]
+    /// The tokens whose KV a cache of `held` positions holds once the
+    /// sequence ends: all but the last sampled token, or all of them when a
+    /// step queued ahead has fed it back.
+    pub fn held_history(&self, held: usize) -> &[u32] {
+        &self.history[..held.min(self.history.len())]
     }
 
     fn usage(&self) -> Usage {

@@ -82,14 +82,14 @@ impl DecoderSpec {
 }
 
 /// A layer's feed-forward: one dense MLP or a mixture of experts.
-enum FeedForward {
+pub(super) enum FeedForward {
     Dense(Mlp),
     // Boxed: a sparse block holds many more arrays than a dense one.
     Moe(Box<SparseMoe>),
 }
 
 impl FeedForward {
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub(super) fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Moe(m) => m.forward(x),

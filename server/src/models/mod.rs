@@ -66,6 +66,16 @@ pub struct KvLayout {
     pub fixed_kv: Option<&'static str>,
 }
 
+impl KvLayout {
+    /// Whether a cache of any length can be cut back to any shorter prefix:
+    /// not with a sliding window that moved on, nor a recurrent state. Such
+    /// models keep prompt-cache checkpoints (a chat's system prompt, each
+    /// prompt's end) as their prefill passes them.
+    pub fn restores_any_prefix(&self) -> bool {
+        self.kinds.iter().all(|k| !matches!(k, KvKind::Rotating { .. } | KvKind::Recurrent))
+    }
+}
+
 /// How an architecture is built from its config: the shared decoder from the
 /// spec its config maps to, or a model of its own.
 #[derive(Clone, Copy)]

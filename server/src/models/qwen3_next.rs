@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::config::{ConfigFile, RopeScaling};
-use super::decoder::RopeSpec;
+use super::decoder::{FeedForward, RopeSpec};
 use super::gated_delta;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
@@ -379,11 +379,6 @@ enum Mixer {
     Full(GatedAttention),
 }
 
-enum FeedForward {
-    Dense(Mlp),
-    Moe(Box<SparseMoe>),
-}
-
 struct Block {
     input_norm: RmsNorm,
     mixer: Mixer,
@@ -472,11 +467,7 @@ impl LanguageModel for Qwen3Next {
                 };
                 let hh = ops::add(&h, &r)?;
                 let x = layer.post_attn_norm.forward(&hh)?;
-                let r = match &layer.mlp {
-                    FeedForward::Dense(m) => m.forward(&x)?,
-                    FeedForward::Moe(m) => m.forward(&x)?,
-                };
-                Ok(ops::add(&hh, &r)?)
+                Ok(ops::add(&hh, &layer.mlp.forward(&x)?)?)
             })?;
         }
         self.placement.run_head(self.layers.len(), || self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?))
