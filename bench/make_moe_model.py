@@ -9,7 +9,13 @@ biases. gpt-oss shapes: as mlx-community's MXFP4-Q8 conversions, experts in mxfp
 (group 64), attention with biases and sinks.
 
 usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0]
-SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs) | gpt-oss-20b
+SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs) | gpt-oss-20b |
+       qwen3.5-35b-a3b
+
+Qwen3.5-MoE shapes: a `qwen3_5_moe` checkpoint as mlx-community's 4-bit conversions lay
+it out (tensors under `language_model.`): Gated DeltaNet layers with a gated full-attention
+layer every fourth, 4-bit everything but the routers and shared-expert gates (8-bit), the
+convolutions, norms and decay parameters.
 """
 
 import argparse
@@ -31,6 +37,15 @@ SHAPES = {
     "qwen3-moe-cpu": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
                       "num_key_value_heads": 2, "head_dim": 64, "moe_intermediate_size": 512,
                       "num_experts": 64, "num_experts_per_tok": 8, "vocab_size": 8192},
+    # Qwen/Qwen3.5-35B-A3B as we understand its config (40 layers, 10 of them full
+    # attention; 256 experts, 8 routed + 1 shared): not checked against the published
+    # file, which this machine cannot reach.
+    "qwen3.5-35b-a3b": {"model_type": "qwen3_5_moe", "hidden_size": 2048, "num_hidden_layers": 40,
+                        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                        "num_experts": 256, "num_experts_per_tok": 8, "vocab_size": 248320,
+                        "linear_num_value_heads": 32, "linear_num_key_heads": 16,
+                        "linear_key_head_dim": 128, "linear_value_head_dim": 128},
     # openai/gpt-oss-20b
     "gpt-oss-20b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
                     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
@@ -131,6 +146,54 @@ def gpt_oss_config(c, overrides):
             "quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4", **overrides}}
 
 
+def qwen3_5_layer(s, rng, i, c, overrides):
+    p = f"language_model.model.layers.{i}"
+    h, e, moe, shared = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    ones = lambda n: np.full(n, 0x3F80, np.uint16)
+    s.add(f"{p}.input_layernorm.weight", ones(h), "BF16")
+    s.add(f"{p}.post_attention_layernorm.weight", ones(h), "BF16")
+    if (i + 1) % 4:
+        nk, nv, dk, dv = c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"], c["linear_value_head_dim"]
+        channels = 2 * nk * dk + nv * dv
+        a = f"{p}.linear_attn"
+        quantized(s, rng, f"{a}.in_proj_qkv", (channels, h))
+        quantized(s, rng, f"{a}.in_proj_z", (nv * dv, h))
+        quantized(s, rng, f"{a}.in_proj_b", (nv, h))
+        quantized(s, rng, f"{a}.in_proj_a", (nv, h))
+        s.add(f"{a}.conv1d.weight", bf16(0.3 * rng.standard_normal((channels, 4, 1), dtype=np.float32)), "BF16")
+        s.add(f"{a}.dt_bias", ones(nv), "BF16")
+        s.add(f"{a}.A_log", np.log(rng.uniform(1, 16, nv)).astype(np.float32), "F32")
+        s.add(f"{a}.norm.weight", ones(dv), "BF16")
+        quantized(s, rng, f"{a}.out_proj", (h, nv * dv))
+    else:
+        hd, q_heads, kv_heads = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+        a = f"{p}.self_attn"
+        quantized(s, rng, f"{a}.q_proj", (2 * q_heads * hd, h))
+        quantized(s, rng, f"{a}.k_proj", (kv_heads * hd, h))
+        quantized(s, rng, f"{a}.v_proj", (kv_heads * hd, h))
+        quantized(s, rng, f"{a}.o_proj", (h, q_heads * hd))
+        s.add(f"{a}.q_norm.weight", ones(hd), "BF16")
+        s.add(f"{a}.k_norm.weight", ones(hd), "BF16")
+    affine8(s, rng, f"{p}.mlp.gate", (e, h), overrides)
+    quantized(s, rng, f"{p}.mlp.switch_mlp.gate_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.mlp.switch_mlp.up_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.mlp.switch_mlp.down_proj", (e, h, moe))
+    quantized(s, rng, f"{p}.mlp.shared_expert.gate_proj", (shared, h))
+    quantized(s, rng, f"{p}.mlp.shared_expert.up_proj", (shared, h))
+    quantized(s, rng, f"{p}.mlp.shared_expert.down_proj", (h, shared))
+    affine8(s, rng, f"{p}.mlp.shared_expert_gate", (1, h), overrides)
+
+
+def qwen3_5_config(c, overrides):
+    text = {k: v for k, v in c.items() if k != "model_type"}
+    text.update({"model_type": "qwen3_5_moe_text", "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
+                 "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 262144,
+                 "norm_topk_prob": True, "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                 "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10], "mrope_interleaved": True}})
+    return {"model_type": "qwen3_5_moe", "text_config": text, "tie_word_embeddings": False,
+            "quantization": {"group_size": GROUP, "bits": BITS, **overrides}}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("shape", choices=sorted(SHAPES))
@@ -147,9 +210,16 @@ def main():
     weight_map, overrides = {}, {}
     shards = layers + 1
     gpt_oss = c.get("model_type") == "gpt_oss"
+    qwen3_5 = c.get("model_type") == "qwen3_5_moe"
     for i in range(layers):
         s = Shard()
         p = f"model.layers.{i}"
+        if qwen3_5:
+            qwen3_5_layer(s, rng, i, c, overrides)
+            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            s.write(out / name)
+            weight_map.update({t[0]: name for t in s.tensors})
+            continue
         if gpt_oss:
             gpt_oss_layer(s, rng, p, c, overrides)
             name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
@@ -172,18 +242,23 @@ def main():
         s.write(out / name)
         weight_map.update({t[0]: name for t in s.tensors})
     s = Shard()
-    if gpt_oss:
+    if qwen3_5:
+        quantized(s, rng, "language_model.model.embed_tokens", (vocab, h))
+        quantized(s, rng, "language_model.lm_head", (vocab, h))
+        s.add("language_model.model.norm.weight", ones(h), "BF16")
+    elif gpt_oss:
         affine8(s, rng, "model.embed_tokens", (vocab, h), overrides)
         affine8(s, rng, "lm_head", (vocab, h), overrides)
     else:
         quantized(s, rng, "model.embed_tokens", (vocab, h))
         quantized(s, rng, "lm_head", (vocab, h))
-    s.add("model.norm.weight", ones(h), "BF16")
+    if not qwen3_5:
+        s.add("model.norm.weight", ones(h), "BF16")
     name = f"model-{shards:05d}-of-{shards:05d}.safetensors"
     s.write(out / name)
     weight_map.update({t[0]: name for t in s.tensors})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    config = gpt_oss_config(c, overrides) if gpt_oss else {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    config = qwen3_5_config(c, overrides) if qwen3_5 else gpt_oss_config(c, overrides) if gpt_oss else {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
               "tie_word_embeddings": False, "max_position_embeddings": 40960, "decoder_sparse_step": 1,
               "mlp_only_layers": [], "norm_topk_prob": True, "quantization": {"group_size": GROUP, "bits": BITS}, **c}
     (out / "config.json").write_text(json.dumps(config, indent=1))

@@ -73,9 +73,13 @@ def main():
             cases.append(("turbo_attend", [("q", t[1:])] + key_in + [("vc", "u8"), ("vn", "f16"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32")],
                           [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep)))
         cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("q", t[1:]), ("sink_k", t[1:]), ("sink_v", t[1:]), ("signs", "f32"), ("scale", "f32")], [("out", t[1:])], {"T": t, "D": d}))
+    for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
+        inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
+        cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
     for name, inputs, outputs, template in cases:
         body = (KERNELS / f"{name}.cu").read_text()
-        res, log = compile_one(lib, includes, name, wrap(name, header, body, inputs, outputs, template))
+        own_header = header if name.startswith("turbo_") else ""
+        res, log = compile_one(lib, includes, name, wrap(name, own_header, body, inputs, outputs, template))
         if res != 0 or "warning" in log:
             failures += res != 0
             print(f"== {name} {template}\n{log}")

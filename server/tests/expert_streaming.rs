@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::configs::{gemma4_moe, gpt_oss, qwen3_moe_many_experts, spec};
+use common::configs::{gemma4_moe, gpt_oss, qwen3_5_moe, qwen3_moe_many_experts, qwen3_next, spec};
 use common::engine::check_parity_of;
 use common::fixture;
 use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
@@ -69,6 +69,15 @@ fn streamed_gpt_oss_mxfp4_with_expert_biases_matches_mlx_lm() {
 fn streamed_gemma4_moe_matches_mlx_lm() {
     let s = spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32})));
     check_streamed_parity("gemma4_moe_q4", s, &["25%", "50%"]);
+}
+
+// The hybrid families' MoE layers (a shared expert resident beside the
+// streamed routed ones), between linear-attention layers.
+#[test]
+fn streamed_qwen3_5_moe_and_qwen3_next_match_mlx_lm() {
+    let q4 = Some(json!({"bits": 4, "group_size": 32}));
+    check_streamed_parity("qwen3_5_moe_q4", spec(qwen3_5_moe(), "bfloat16", q4.clone()), &["25%", "50%"]);
+    check_streamed_parity("qwen3_next_q4", spec(qwen3_next(), "bfloat16", q4), &["25%"]);
 }
 
 // ---- Through the server: counters, the kernel's own count, errors, memory ----

@@ -130,6 +130,11 @@ fn bad_fields_of_the_newer_families_are_named() {
     let gemma4 = json!({"model_type": "gemma4_text", "hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 8,
                         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "global_head_dim": 4,
                         "vocab_size": 16, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0});
+    let qwen3_next = json!({"model_type": "qwen3_next", "hidden_size": 8, "num_hidden_layers": 2, "intermediate_size": 8,
+                            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "vocab_size": 16,
+                            "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 4,
+                            "linear_value_head_dim": 4, "rope_theta": 10000.0, "partial_rotary_factor": 0.5});
+    let qwen3_5 = |text: Value| json!({"model_type": "qwen3_5", "text_config": text});
     let with = |base: &Value, field: &str, v: Value| {
         let mut c = base.clone();
         c[field] = v;
@@ -142,6 +147,12 @@ fn bad_fields_of_the_newer_families_are_named() {
         (with(&gemma4, "enable_moe_block", json!(true)), "enable_moe_block needs num_experts"),
         (with(&gemma4, "layer_types", json!(["sliding_attention", "global"])), "\"global\" is neither"),
         (with(&gemma4, "num_kv_shared_layers", json!(2)), "no earlier layer of its type"),
+        (with(&qwen3_next, "linear_num_key_heads", json!(3)), "must be a multiple of linear_num_key_heads (3)"),
+        (with(&qwen3_next, "full_attention_interval", json!(0)), "full_attention_interval must be at least 1"),
+        (with(&with(&qwen3_next, "num_experts", json!(4)), "num_experts_per_tok", json!(5)), "between 1 and num_experts (4)"),
+        (with(&qwen3_next, "partial_rotary_factor", Value::Null), "needs rope_theta and partial_rotary_factor"),
+        (qwen3_5(with(&qwen3_next, "linear_conv_kernel_dim", json!(1))), "linear_conv_kernel_dim must be at least 2"),
+        (qwen3_5(json!(7)), "`text_config` must be an object"),
         (with(&config(), "quantization", json!({"group_size": 32, "bits": 4, "mode": "fp3"})), "mode \"fp3\" is not supported"),
     ] {
         std::fs::write(&cfg, c.to_string()).unwrap();

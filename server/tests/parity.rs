@@ -449,6 +449,13 @@ fn check_server_parity(name: &str, spec: Value, flags: &[&str]) {
     assert!(rows / steps > 1.5, "{name}: mean batch size {} — the requests did not share a batch", rows / steps);
 }
 
+// Qwen3.5-MoE's recurrent states batched by the server with other requests
+// (rows joining and leaving a batch carry their states).
+#[test]
+fn qwen3_5_moe_through_the_batching_server_matches_mlx_lm() {
+    check_server_parity("qwen3_5_moe_q4", spec(qwen3_5_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))), &[]);
+}
+
 #[test]
 fn llama_bf16_through_the_batching_server_matches_mlx_lm() {
     check_server_parity("llama_bf16", spec(llama(), "bfloat16", None), &[]);
@@ -555,6 +562,66 @@ fn gemma4_experts_in_the_hugging_face_layout_are_split_at_load() {
         .collect();
     safetensors::serialize_to_file(views, None, &hf.join("model.safetensors")).unwrap();
     check_parity_of("gemma4 MoE, HF expert layout", &dir, &hf, &sp, &models::LoadOptions::default(), TOL);
+}
+
+// A Qwen3.5-MoE checkpoint as Hugging Face publishes it: tensors under
+// `model.language_model.`, convolution weights [channels, 1, kernel], the
+// (1 + w) norms stored as w, the experts' gate and up fused in one stack, a
+// vision tower and a multi-token-prediction head beside. Made from an fp32
+// fixture (MLX's CPU GatherMM is float32-only) and decoded as mlx-lm decodes it.
+#[test]
+fn qwen3_5_moe_in_the_hugging_face_layout_is_read_as_mlx_lm_reads_it() {
+    let sp = spec(qwen3_5_moe(), "float32", None);
+    let dir = fixture("qwen3_5_moe_fp32", &sp);
+    let hf = dir.parent().unwrap().join("qwen3_5_moe_fp32_hf_layout");
+    let _ = std::fs::remove_dir_all(&hf);
+    std::fs::create_dir_all(&hf).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(dir.join(f), hf.join(f)).unwrap();
+    }
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let floats = |d: &[u8]| -> Vec<f32> { d.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect() };
+    let raw = |v: Vec<f32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let norms = [".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight", ".q_norm.weight", ".k_norm.weight"];
+    let mut out: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        let hf_name = match name.strip_prefix("language_model.model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.strip_prefix("language_model.").unwrap_or(&name).to_string(),
+        };
+        let (shape, data) = (view.shape().to_vec(), view.data().to_vec());
+        if let Some(prefix) = hf_name.strip_suffix(".switch_mlp.gate_proj.weight") {
+            let up = st.tensor(&name.replace("gate_proj", "up_proj")).unwrap();
+            let per_expert = data.len() / shape[0];
+            let mut fused = Vec::with_capacity(2 * data.len());
+            for e in 0..shape[0] {
+                fused.extend_from_slice(&data[e * per_expert..(e + 1) * per_expert]);
+                fused.extend_from_slice(&up.data()[e * per_expert..(e + 1) * per_expert]);
+            }
+            out.push((format!("{prefix}.experts.gate_up_proj"), vec![shape[0], 2 * shape[1], shape[2]], fused));
+        } else if hf_name.ends_with(".switch_mlp.up_proj.weight") {
+            continue;
+        } else if let Some(prefix) = hf_name.strip_suffix(".switch_mlp.down_proj.weight") {
+            out.push((format!("{prefix}.experts.down_proj"), shape, data));
+        } else if hf_name.ends_with("conv1d.weight") {
+            // [channels, kernel, 1] → [channels, 1, kernel]: the same bytes.
+            out.push((hf_name, vec![shape[0], 1, shape[1]], data));
+        } else if norms.iter().any(|n| hf_name.ends_with(n)) {
+            out.push((hf_name, shape, raw(floats(&data).iter().map(|w| w - 1.0).collect())));
+        } else {
+            out.push((hf_name, shape, data));
+        }
+    }
+    for extra in ["mtp.fc.weight", "model.visual.patch_embed.weight"] {
+        out.push((extra.to_string(), vec![2, 2], raw(vec![f32::NAN; 4])));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = out
+        .iter()
+        .map(|(n, s, d)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &hf.join("model.safetensors")).unwrap();
+    check_parity_of("qwen3_5_moe, HF layout", &dir, &hf, &sp, &models::LoadOptions::default(), TOL);
 }
 
 // A `gemma4` checkpoint (the multimodal wrapper mlx-lm writes: weights under

@@ -102,10 +102,10 @@ impl Arch {
                 let text = gemma4_text::text_config(c)?;
                 ConfigFile { value: &text, path: c.path }.parse::<gemma4_text::Gemma4TextConfig>()?.kv_layout()
             }
-            Arch::Qwen3Next => Ok(c.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout()),
+            Arch::Qwen3Next => c.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout(),
             Arch::Qwen35 => {
                 let text = qwen3_next::text_config(c)?;
-                Ok(ConfigFile { value: &text, path: c.path }.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout())
+                ConfigFile { value: &text, path: c.path }.parse::<qwen3_next::Qwen3NextConfig>()?.kv_layout()
             }
         }
     }

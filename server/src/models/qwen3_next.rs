@@ -130,14 +130,15 @@ impl Qwen3NextConfig {
 
     /// What the model's cache holds: a recurrent state on linear layers, keys
     /// and values on full ones.
-    pub fn kv_layout(&self) -> KvLayout {
-        KvLayout {
+    pub fn kv_layout(&self) -> Result<KvLayout> {
+        self.check()?;
+        Ok(KvLayout {
             kinds: (0..self.num_hidden_layers as usize).map(|i| if self.is_linear(i) { KvKind::Recurrent } else { KvKind::Dense }).collect(),
             kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim(),
             attention_sinks: false,
             fixed_kv: None,
-        }
+        })
     }
 
     fn moe_spec(&self, family: Family) -> MoeSpec {
@@ -448,7 +449,7 @@ impl Qwen3Next {
             let head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?) };
             Ok((norm(&mut w, "model.norm", h, eps)?, head))
         })?;
-        let model = Qwen3Next { embed, layers, norm, lm_head, placement, layout: cfg.kv_layout() };
+        let model = Qwen3Next { embed, layers, norm, lm_head, placement, layout: cfg.kv_layout()? };
         w.finish()?;
         Ok(model)
     }
