@@ -10,12 +10,14 @@ biases. gpt-oss shapes: as mlx-community's MXFP4-Q8 conversions, experts in mxfp
 
 usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0]
 SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs) | gpt-oss-20b |
-       qwen3.5-35b-a3b
+       qwen3.5-35b-a3b | gemma-4-26b-a4b
 
 Qwen3.5-MoE shapes: a `qwen3_5_moe` checkpoint as mlx-community's 4-bit conversions lay
 it out (tensors under `language_model.`): Gated DeltaNet layers with a gated full-attention
 layer every fourth, 4-bit everything but the routers and shared-expert gates (8-bit), the
-convolutions, norms and decay parameters.
+convolutions, norms and decay parameters. Gemma 4 MoE shapes: a `gemma4_text` checkpoint,
+five sliding-window layers to one full, the MoE block beside the dense MLP, 4-bit but the
+routers (8-bit) and norms.
 """
 
 import argparse
@@ -46,6 +48,13 @@ SHAPES = {
                         "num_experts": 256, "num_experts_per_tok": 8, "vocab_size": 248320,
                         "linear_num_value_heads": 32, "linear_num_key_heads": 16,
                         "linear_key_head_dim": 128, "linear_value_head_dim": 128},
+    # google/gemma-4-26b-a4b's text model as configs in public code give it (30 layers
+    # assumed, five sliding to one full).
+    "gemma-4-26b-a4b": {"model_type": "gemma4_text", "hidden_size": 2816, "num_hidden_layers": 30,
+                        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+                        "global_head_dim": 512, "num_global_key_value_heads": 2, "intermediate_size": 2112,
+                        "moe_intermediate_size": 704, "num_experts": 128, "num_experts_per_tok": 8,
+                        "vocab_size": 262144},
     # openai/gpt-oss-20b
     "gpt-oss-20b": {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 24,
                     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
@@ -184,6 +193,59 @@ def qwen3_5_layer(s, rng, i, c, overrides):
     affine8(s, rng, f"{p}.mlp.shared_expert_gate", (1, h), overrides)
 
 
+def gemma4_full(i):
+    return (i + 1) % 6 == 0
+
+
+def gemma4_layer(s, rng, i, c, overrides):
+    p = f"model.layers.{i}"
+    h, e, moe, inter, heads = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["intermediate_size"], c["num_attention_heads"]
+    ones = lambda n: np.full(n, 0x3F80, np.uint16)
+    for n in ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+              "pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2"]:
+        s.add(f"{p}.{n}.weight", ones(h), "BF16")
+    s.add(f"{p}.layer_scalar", ones(1), "BF16")
+    full = gemma4_full(i)
+    hd = c["global_head_dim"] if full else c["head_dim"]
+    kv = c["num_global_key_value_heads"] if full else c["num_key_value_heads"]
+    a = f"{p}.self_attn"
+    quantized(s, rng, f"{a}.q_proj", (heads * hd, h))
+    quantized(s, rng, f"{a}.k_proj", (kv * hd, h))
+    if not full:  # full layers take their values from the keys (attention_k_eq_v)
+        quantized(s, rng, f"{a}.v_proj", (kv * hd, h))
+    quantized(s, rng, f"{a}.o_proj", (h, heads * hd))
+    s.add(f"{a}.q_norm.weight", ones(hd), "BF16")
+    s.add(f"{a}.k_norm.weight", ones(hd), "BF16")
+    quantized(s, rng, f"{p}.mlp.gate_proj", (inter, h))
+    quantized(s, rng, f"{p}.mlp.up_proj", (inter, h))
+    quantized(s, rng, f"{p}.mlp.down_proj", (h, inter))
+    affine8(s, rng, f"{p}.router.proj", (e, h), overrides)
+    s.add(f"{p}.router.scale", ones(h), "BF16")
+    s.add(f"{p}.router.per_expert_scale", ones(e), "BF16")
+    quantized(s, rng, f"{p}.experts.switch_glu.gate_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.experts.switch_glu.up_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.experts.switch_glu.down_proj", (e, h, moe))
+
+
+def gemma4_config(c, overrides):
+    layers = c["num_hidden_layers"]
+    return {"model_type": "gemma4_text", "hidden_size": c["hidden_size"], "num_hidden_layers": layers,
+            "intermediate_size": c["intermediate_size"], "num_attention_heads": c["num_attention_heads"],
+            "num_key_value_heads": c["num_key_value_heads"], "head_dim": c["head_dim"],
+            "global_head_dim": c["global_head_dim"], "num_global_key_value_heads": c["num_global_key_value_heads"],
+            "attention_k_eq_v": True, "vocab_size": c["vocab_size"], "vocab_size_per_layer_input": c["vocab_size"],
+            "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0, "sliding_window": 1024,
+            "layer_types": ["full_attention" if gemma4_full(i) else "sliding_attention" for i in range(layers)],
+            "final_logit_softcapping": 30.0, "use_double_wide_mlp": False, "enable_moe_block": True,
+            "num_experts": c["num_experts"], "top_k_experts": c["num_experts_per_tok"],
+            "moe_intermediate_size": c["moe_intermediate_size"], "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 262144, "tie_word_embeddings": True,
+            "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                                   "rope_type": "proportional"},
+                                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+            "quantization": {"group_size": GROUP, "bits": BITS, **overrides}}
+
+
 def qwen3_5_config(c, overrides):
     text = {k: v for k, v in c.items() if k != "model_type"}
     text.update({"model_type": "qwen3_5_moe_text", "linear_conv_kernel_dim": 4, "full_attention_interval": 4,
@@ -211,9 +273,16 @@ def main():
     shards = layers + 1
     gpt_oss = c.get("model_type") == "gpt_oss"
     qwen3_5 = c.get("model_type") == "qwen3_5_moe"
+    gemma4 = c.get("model_type") == "gemma4_text"
     for i in range(layers):
         s = Shard()
         p = f"model.layers.{i}"
+        if gemma4:
+            gemma4_layer(s, rng, i, c, overrides)
+            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            s.write(out / name)
+            weight_map.update({t[0]: name for t in s.tensors})
+            continue
         if qwen3_5:
             qwen3_5_layer(s, rng, i, c, overrides)
             name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
@@ -246,6 +315,8 @@ def main():
         quantized(s, rng, "language_model.model.embed_tokens", (vocab, h))
         quantized(s, rng, "language_model.lm_head", (vocab, h))
         s.add("language_model.model.norm.weight", ones(h), "BF16")
+    elif gemma4:
+        quantized(s, rng, "model.embed_tokens", (vocab, h))
     elif gpt_oss:
         affine8(s, rng, "model.embed_tokens", (vocab, h), overrides)
         affine8(s, rng, "lm_head", (vocab, h), overrides)
@@ -258,7 +329,7 @@ def main():
     s.write(out / name)
     weight_map.update({t[0]: name for t in s.tensors})
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    config = qwen3_5_config(c, overrides) if qwen3_5 else gpt_oss_config(c, overrides) if gpt_oss else {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    config = gemma4_config(c, overrides) if gemma4 else qwen3_5_config(c, overrides) if qwen3_5 else gpt_oss_config(c, overrides) if gpt_oss else {"model_type": "qwen3_moe", "intermediate_size": 6144, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
               "tie_word_embeddings": False, "max_position_embeddings": 40960, "decoder_sparse_step": 1,
               "mlp_only_layers": [], "norm_topk_prob": True, "quantization": {"group_size": GROUP, "bits": BITS}, **c}
     (out / "config.json").write_text(json.dumps(config, indent=1))
