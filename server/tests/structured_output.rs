@@ -159,11 +159,11 @@ fn rows_with_different_constraints_or_none_share_a_batch() {
     assert!(rows / steps > 1.5, "mean batch size {}: the rows were not batched", rows / steps);
 }
 
-// In the Hermes JSON format and in Qwen3-Coder's XML one, whose bare-text
-// values the parser types by the tools' schemas.
+// In the Hermes JSON format, in Qwen3-Coder's XML one, whose bare-text
+// values the parser types by the tools' schemas, and in Gemma 4's literals.
 #[test]
 fn forced_tool_calls_are_valid_calls_of_the_tools() {
-    for parser in ["hermes", "qwen3_coder"] {
+    for parser in ["hermes", "qwen3_coder", "gemma4"] {
         forced_calls_are_valid(parser);
     }
 }

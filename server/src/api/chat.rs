@@ -22,7 +22,7 @@ use super::params::CommonParams;
 use crate::engine::{Event, Generation, TokenLogprob};
 use crate::structured::Output;
 use crate::tokenizer::harmony::{HarmonyPart, HarmonySplit};
-use crate::tokenizer::reasoning::{self, Part, ReasoningSplit};
+use crate::tokenizer::reasoning::{self, Part, ReasoningSplit, ThinkMarkers};
 use crate::tokenizer::qwen_xml::ParamTypes;
 use crate::tokenizer::tool_calls::{self, StreamItem, ToolCall, ToolCallFormat, ToolCallStream};
 use crate::tokenizer::{ChatRender, Tokenizer};
@@ -181,8 +181,9 @@ pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Opti
         .run(text_bytes, move || {
             let how = ChatRender { tools: tools.as_ref(), add_generation_prompt: true, kwargs: kwargs.as_ref() };
             let mut opens = None;
+            let markers = tokenizer.think_markers();
             let ids = tokenizer.encode_chat_checked(&messages, &how, |text| {
-                opens = reasoning::prompt_thinking(text);
+                opens = reasoning::prompt_thinking(text, markers);
                 limit.check_text(text.len(), "messages")
             })?;
             let checkpoints = match checkpoints {
@@ -192,7 +193,7 @@ pub(super) async fn encode_prompt(state: &AppState, messages: Value, tools: Opti
             Ok::<_, ApiError>((ids, opens, checkpoints))
         })
         .await?;
-    let thinks = state.tokenizer.chat_template_source().is_some_and(reasoning::template_thinks);
+    let thinks = state.tokenizer.thinks();
     Ok(ChatPrompt { ids, thinking: opens_thinking.filter(|_| thinks), checkpoints })
 }
 
@@ -257,8 +258,10 @@ pub(super) struct WholeOutput {
 pub(super) struct OutputShape {
     /// The tool-call format, when the request has tools and the model's format is known.
     pub tools: Option<ToolCallFormat>,
-    /// Some(whether the output starts inside `<think>`) when the template thinks.
+    /// Some(whether the output starts inside a reasoning block) when the template thinks.
     pub thinking: Option<bool>,
+    /// How the model's reasoning block opens and closes.
+    pub think: ThinkMarkers,
     /// `parallel_tool_calls: false`: only the first tool call is kept.
     pub one_call: bool,
     /// The model writes Harmony messages (gpt-oss): channels give reasoning,
@@ -277,13 +280,15 @@ impl OutputShape {
             (Some(ToolCallFormat::QwenXml), Some(t)) => Some(Arc::new(ParamTypes::from_tools(t))),
             _ => None,
         };
-        OutputShape { tools: format, thinking: None, one_call, harmony: state.harmony, param_types }
+        OutputShape { tools: format, thinking: None, think: state.tokenizer.think_markers(), one_call, harmony: state.harmony, param_types }
     }
 
     /// Whether the output must keep its special tokens: they are the markers
-    /// the split reads (Harmony's headers, Mistral's `[TOOL_CALLS]`).
+    /// the split reads (Harmony's headers, Mistral's `[TOOL_CALLS]`, Gemma 4's
+    /// call blocks and thought channel).
     pub fn keeps_special_tokens(&self) -> bool {
-        self.harmony || self.tools == Some(ToolCallFormat::Mistral)
+        let gemma_thinks = self.thinking.is_some() && self.think == reasoning::GEMMA4_THOUGHT;
+        self.harmony || matches!(self.tools, Some(ToolCallFormat::Mistral | ToolCallFormat::Gemma4)) || gemma_thinks
     }
 }
 
@@ -302,7 +307,7 @@ pub(super) fn whole_output(shape: OutputShape, text: String) -> WholeOutput {
         return WholeOutput { reasoning, content, calls };
     }
     let (reasoning, text) = match shape.thinking {
-        Some(starts_inside) => reasoning::split_whole(&text, starts_inside),
+        Some(starts_inside) => reasoning::split_whole(&text, shape.think, starts_inside),
         None => (None, text),
     };
     match shape.tools {
@@ -349,7 +354,7 @@ impl OutputSplit {
     pub fn new(shape: OutputShape) -> OutputSplit {
         OutputSplit {
             harmony: shape.harmony.then(HarmonySplit::new),
-            reasoning: shape.thinking.map(ReasoningSplit::new),
+            reasoning: shape.thinking.map(|starts| ReasoningSplit::new(shape.think, starts)),
             tools: shape.tools.map(|f| ToolCallStream::with_types(f, shape.param_types.clone())),
             one_call: shape.one_call,
             calls: 0,

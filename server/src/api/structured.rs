@@ -128,7 +128,7 @@ pub(super) async fn guide(state: &AppState, output: Option<Output>, thinking: Op
         Output::Json(_) => format_param,
         Output::Calls { .. } => "tools",
     };
-    let spec = GuideSpec { output, thinking };
+    let spec = GuideSpec { output, thinking, markers: state.tokenizer.think_markers() };
     let grammars = state.grammars.clone();
     let size = spec_bytes(&spec);
     let compiled = state.tokenize_pool.run(size, move || Ok::<_, ApiError>(grammars.compile(&spec))).await?;

@@ -97,6 +97,7 @@ mod tests {
 
     use super::*;
     use crate::structured::{CallSchema, Output};
+    use crate::tokenizer::reasoning::THINK_TAGS;
     use crate::tokenizer::tool_calls::ToolCallFormat;
 
     /// A byte-level tokenizer of single bytes, `<think>` / `</think>` /
@@ -140,7 +141,7 @@ mod tests {
         let (_dir, tokenizer) = tokenizer();
         let grammars = Grammars::new(tokenizer.clone());
         let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
-        let spec = GuideSpec { output: Output::Json(schema), thinking: Some(false) };
+        let spec = GuideSpec { output: Output::Json(schema), thinking: Some(false), markers: THINK_TAGS };
         let mut g = grammars.compile(&spec).unwrap();
         assert!(!feed(&mut g, &tokenizer, "<think>any {text} at all</think>\n\n"));
         assert!(feed(&mut g, &tokenizer, "{\"a\": 12}"));
@@ -156,7 +157,7 @@ mod tests {
         let (_dir, tokenizer) = tokenizer();
         let grammars = Grammars::new(tokenizer.clone());
         let functions = vec![CallSchema { name: "get".into(), parameters: json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"], "additionalProperties": false}) }];
-        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions, parallel: false }, thinking: None };
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions, parallel: false }, thinking: None, markers: THINK_TAGS };
         let mut g = grammars.compile(&spec).unwrap();
         assert!(feed(&mut g, &tokenizer, "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>"));
         let mut g = grammars.compile(&spec).unwrap();
@@ -171,7 +172,7 @@ mod tests {
         let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"}},
                                 "required": ["city", "days"]});
         let functions = vec![CallSchema { name: "weather".into(), parameters }];
-        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::QwenXml, functions, parallel: false }, thinking: None };
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::QwenXml, functions, parallel: false }, thinking: None, markers: THINK_TAGS };
         let call = "<tool_call>\n<function=weather>\n<parameter=city>\nSan Francisco, CA\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
         let mut g = grammars.compile(&spec).unwrap();
         assert!(feed(&mut g, &tokenizer, call));
@@ -181,6 +182,28 @@ mod tests {
         assert!(g.advance(tokenizer.encode("u", false).unwrap()[0]).is_err(), "`days` is required, and comes before `units`");
         let mut g = grammars.compile(&spec).unwrap();
         assert!(!feed(&mut g, &tokenizer, "<tool_call>\n<function=weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n"));
+        assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err(), "`days` is an integer");
+    }
+
+    #[test]
+    fn a_forced_gemma4_call_is_written_in_gemmas_literals() {
+        let (_dir, tokenizer) = tokenizer();
+        let grammars = Grammars::new(tokenizer.clone());
+        let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}, "units": {"type": "string"}, "days": {"type": "integer"}},
+                                "required": ["city", "days"]});
+        let functions = vec![CallSchema { name: "weather".into(), parameters }];
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Gemma4, functions, parallel: false }, thinking: None, markers: THINK_TAGS };
+        let call = "<|tool_call>call:weather{city:<|\"|>Paris, FR<|\"|>,days:3,units:<|\"|>metric<|\"|>}<tool_call|>";
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(feed(&mut g, &tokenizer, call));
+        let parsed = crate::tokenizer::tool_calls::parse(ToolCallFormat::Gemma4, call);
+        assert_eq!(parsed.tool_calls[0].arguments, r#"{"city":"Paris, FR","days":3,"units":"metric"}"#);
+        // `days` is required and an integer.
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<|tool_call>call:weather{city:<|\"|>Paris<|\"|>,"));
+        assert!(g.advance(tokenizer.encode("u", false).unwrap()[0]).is_err(), "`days` comes next");
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<|tool_call>call:weather{city:<|\"|>Paris<|\"|>,days:"));
         assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err(), "`days` is an integer");
     }
 

@@ -4,7 +4,8 @@
 
 use serde_json::{json, Value};
 
-use crate::tokenizer::reasoning::{THINK_END, THINK_START};
+use crate::tokenizer::gemma4;
+use crate::tokenizer::reasoning::ThinkMarkers;
 use crate::tokenizer::tool_calls::{ToolCallFormat, HERMES_END, HERMES_START, MISTRAL_CALLS};
 
 /// One callable function: its name and the JSON schema of its arguments.
@@ -26,9 +27,11 @@ pub enum Output {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GuideSpec {
     pub output: Output,
-    /// Some(whether the output starts inside `<think>`) when the template thinks:
-    /// the reasoning block is free text, the constraint starts after it.
+    /// Some(whether the output starts inside a reasoning block) when the
+    /// template thinks: the block is free text, the constraint starts after it.
     pub thinking: Option<bool>,
+    /// How the model's reasoning block opens and closes.
+    pub markers: ThinkMarkers,
 }
 
 /// How constrained JSON is written: one line, with the separators of Python's
@@ -96,6 +99,46 @@ fn qwen_xml_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> Stri
     names.join(" | ")
 }
 
+/// Gemma 4 calls: per function a rule `call:NAME{` then its arguments in
+/// Gemma's literal syntax, the required ones first in the schema's order, then
+/// the others optionally (keys bare; strings between `<|"|>` delimiters as free
+/// text, other values as JSON of their schema), `}` to close. Returns the
+/// alternatives of the block's body.
+fn gemma4_functions(functions: &[CallSchema], literal: &impl Fn(&str) -> String, rules: &mut Vec<String>) -> String {
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let quote = literal(gemma4::QUOTE);
+    let mut names = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let required: Vec<&str> = f.parameters["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let (mut req, mut opt) = (Vec::new(), Vec::new());
+        for (j, (p, schema)) in f.parameters["properties"].as_object().into_iter().flatten().enumerate() {
+            let value = match schema.get("type").and_then(Value::as_str) {
+                Some("integer" | "number" | "boolean" | "object" | "array") => json_rule(schema),
+                _ => {
+                    rules.push(format!("g{i}_{j}[suffix={quote}]: {}", text_value(schema)));
+                    format!("{quote} g{i}_{j}")
+                }
+            };
+            rules.push(format!("a{i}_{j}: {} {value}", q(&format!("{p}:"))));
+            if required.contains(&p.as_str()) { req.push(format!("a{i}_{j}")) } else { opt.push(format!("a{i}_{j}")) }
+        }
+        let args = if !req.is_empty() {
+            let mut s = req.join(r#" "," "#);
+            for o in &opt {
+                s.push_str(&format!(r#" ("," {o})?"#));
+            }
+            s
+        } else if !opt.is_empty() {
+            format!(r#"(({0}) ("," ({0}))*)?"#, opt.join(" | "))
+        } else {
+            String::new()
+        };
+        rules.push(format!(r#"h{i}: {} {args} "}}""#, q(&format!("call:{}{{", f.name))));
+        names.push(format!("h{i}"));
+    }
+    names.join(" | ")
+}
+
 /// A string parameter's bare text as a Lark item: one of its `enum` (or its
 /// `const`), or any text within its `minLength`/`maxLength`. (`pattern` and
 /// `format` are not enforced on bare text.)
@@ -135,6 +178,10 @@ impl GuideSpec {
                         let choices = qwen_xml_functions(functions, &mut rules);
                         (format!(r#"{} "\n" ({choices}) "\n" {}"#, literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
                     }
+                    ToolCallFormat::Gemma4 => {
+                        let choices = gemma4_functions(functions, &literal, &mut rules);
+                        (format!("{} ({choices}) {}", literal(gemma4::CALL_START), literal(gemma4::CALL_END)), "")
+                    }
                     ToolCallFormat::Mistral => {
                         let mut list = json!({"type": "array", "items": call_schema(functions, "arguments"), "minItems": 1});
                         if !parallel {
@@ -144,20 +191,21 @@ impl GuideSpec {
                     }
                 };
                 rules.push(format!("call: {call}"));
-                if *parallel && !sep.is_empty() {
-                    format!("call ({sep} call)*")
-                } else {
-                    "call".to_string()
+                match (*parallel, *format, sep) {
+                    // Gemma 4's blocks follow one another directly.
+                    (true, ToolCallFormat::Gemma4, _) => "call+".to_string(),
+                    (true, _, sep) if !sep.is_empty() => format!("call ({sep} call)*"),
+                    _ => "call".to_string(),
                 }
             }
         };
         let start = match self.thinking {
             None => body,
             Some(true) => format!("think {body}"),
-            Some(false) => format!("({} think)? {body}", literal(THINK_START)),
+            Some(false) => format!("({} think)? {body}", literal(self.markers.start)),
         };
         if self.thinking.is_some() {
-            rules.push(format!("think: think_text WS?\nthink_text[suffix={}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/", literal(THINK_END)));
+            rules.push(format!("think: think_text WS?\nthink_text[suffix={}]: /(?s:.*)/\nWS: /[ \\t\\r\\n]+/", literal(self.markers.end)));
         }
         rules.insert(0, format!("start: {start}"));
         rules.join("\n")
@@ -167,6 +215,7 @@ impl GuideSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::reasoning::THINK_TAGS;
 
     fn quoted(s: &str) -> String {
         serde_json::to_string(s).unwrap()
@@ -174,7 +223,7 @@ mod tests {
 
     #[test]
     fn json_output_is_one_nested_json_rule_with_fixed_separators() {
-        let spec = GuideSpec { output: Output::Json(json!({"type": "object"})), thinking: None };
+        let spec = GuideSpec { output: Output::Json(json!({"type": "object"})), thinking: None, markers: THINK_TAGS };
         let g = spec.lark(quoted);
         assert!(g.starts_with("start: %json {\"type\":\"object\",\"x-guidance\":{"), "{g}");
         assert!(g.contains("\"key_separator\":\": \""), "{g}");
@@ -183,11 +232,11 @@ mod tests {
     #[test]
     fn calls_follow_the_format_and_thinking_comes_first() {
         let f = vec![CallSchema { name: "get".into(), parameters: json!({"type": "object"}) }];
-        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions: f.clone(), parallel: true }, thinking: Some(false) };
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Hermes, functions: f.clone(), parallel: true }, thinking: Some(false), markers: THINK_TAGS };
         let g = spec.lark(quoted);
         assert!(g.starts_with("start: (\"<think>\" think)? call (\"\\n\" call)*\ncall: \"<tool_call>\" \"\\n\" %json "), "{g}");
         assert!(g.contains("think_text[suffix=\"</think>\"]"), "{g}");
-        let one = GuideSpec { output: Output::Calls { format: ToolCallFormat::Mistral, functions: f, parallel: false }, thinking: None };
+        let one = GuideSpec { output: Output::Calls { format: ToolCallFormat::Mistral, functions: f, parallel: false }, thinking: None, markers: THINK_TAGS };
         let g = one.lark(|s| if s == MISTRAL_CALLS { "<[5]>".into() } else { quoted(s) });
         assert!(g.starts_with("start: call\ncall: <[5]> %json {\"type\":\"array\""), "{g}");
         assert!(g.contains("\"maxItems\":1"), "{g}");

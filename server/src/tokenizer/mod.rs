@@ -9,6 +9,7 @@
 mod byte_bound;
 mod chat_template;
 mod detokenizer;
+pub mod gemma4;
 pub mod harmony;
 pub mod qwen_xml;
 pub mod reasoning;
@@ -150,6 +151,22 @@ impl Tokenizer {
 
     pub fn eos_ids(&self) -> &BTreeSet<u32> {
         &self.eos_ids
+    }
+
+    /// How this model marks reasoning: Gemma 4's thought channel where the
+    /// vocabulary has its tokens (as mlx-lm decides), else `<think>` tags.
+    pub fn think_markers(&self) -> reasoning::ThinkMarkers {
+        match (self.inner.token_to_id("<|channel>"), self.inner.token_to_id("<channel|>")) {
+            (Some(_), Some(_)) => reasoning::GEMMA4_THOUGHT,
+            _ => reasoning::THINK_TAGS,
+        }
+    }
+
+    /// Whether the model writes reasoning blocks: its chat template handles
+    /// their end, or its vocabulary has Gemma 4's thought channel.
+    pub fn thinks(&self) -> bool {
+        let markers = self.think_markers();
+        markers == reasoning::GEMMA4_THOUGHT || self.chat_template_source().is_some_and(|t| reasoning::template_thinks(t, markers))
     }
 
     pub fn chat_template_source(&self) -> Option<&str> {

@@ -10,6 +10,8 @@
 //!   before v11) or `name[ARGS]{..}` per call, each after its own `[TOOL_CALLS]` (v11+).
 //! - `QwenXml` (Qwen3-Coder, Qwen3.5): `<tool_call>` blocks as Hermes, each holding
 //!   `<function=NAME>` with `<parameter=P>value</parameter>` lines (see `qwen_xml`).
+//! - `Gemma4`: `<|tool_call>call:NAME{..}<tool_call|>` blocks, the arguments in Gemma's
+//!   literal syntax (see `gemma4`).
 //!
 //! Whole-text parsing is the streaming parser fed in one piece, so a streamed response
 //! and a non-streamed one of the same text can never disagree. Text that looks like a
@@ -22,6 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{Deserializer, Value};
 
+use super::gemma4;
 use super::qwen_xml::{self, ParamTypes};
 
 pub(crate) const HERMES_START: &str = "<tool_call>";
@@ -37,19 +40,22 @@ pub enum ToolCallFormat {
     Llama3Json,
     Mistral,
     QwenXml,
+    Gemma4,
 }
 
 impl ToolCallFormat {
     /// The names `from_name` accepts, in the order `--help` should list them.
-    pub const NAMES: [&'static str; 4] = ["hermes", "llama3_json", "mistral", "qwen3_coder"];
+    pub const NAMES: [&'static str; 5] = ["hermes", "llama3_json", "mistral", "qwen3_coder", "gemma4"];
 
     /// Picks the format from the chat template source text; None when the template
     /// shows no tool support. A template renders earlier assistant tool calls the way
     /// the model was trained to write them, so its markers name the output format.
     pub fn detect(chat_template: &str) -> Option<ToolCallFormat> {
         let t = chat_template;
+        if t.contains(gemma4::CALL_START) && t.contains(gemma4::CALL_END) {
+            Some(ToolCallFormat::Gemma4)
         // Qwen3-Coder's template also writes `<tool_call>`: the function tag tells.
-        if t.contains(HERMES_START) && t.contains(qwen_xml::FUNCTION_START) {
+        } else if t.contains(HERMES_START) && t.contains(qwen_xml::FUNCTION_START) {
             Some(ToolCallFormat::QwenXml)
         } else if t.contains(HERMES_START) {
             Some(ToolCallFormat::Hermes)
@@ -73,6 +79,7 @@ impl ToolCallFormat {
             "llama3_json" => Ok(ToolCallFormat::Llama3Json),
             "mistral" => Ok(ToolCallFormat::Mistral),
             "qwen3_coder" => Ok(ToolCallFormat::QwenXml),
+            "gemma4" => Ok(ToolCallFormat::Gemma4),
             other => {
                 Err(format!("unknown tool-call parser {other:?}; valid names: {}", Self::NAMES.join(", ")))
             }
@@ -85,6 +92,7 @@ impl ToolCallFormat {
             ToolCallFormat::Llama3Json => "llama3_json",
             ToolCallFormat::Mistral => "mistral",
             ToolCallFormat::QwenXml => "qwen3_coder",
+            ToolCallFormat::Gemma4 => "gemma4",
         }
     }
 }
@@ -144,7 +152,8 @@ pub enum StreamItem {
 enum State {
     /// Ordinary text, watched for the format's start marker (Llama: none, all content).
     Text,
-    /// Hermes and Qwen XML, after `<tool_call>`: the call body until `</tool_call>`.
+    /// Block formats (Hermes, Qwen XML, Gemma 4), after the block's start marker: the
+    /// call body until its end marker.
     InCall,
     /// Everything from here on is call text, parsed at finish(): Mistral after
     /// `[TOOL_CALLS]` (calls follow one another with nothing to close them), Llama output
@@ -177,10 +186,11 @@ impl ToolCallStream {
         ToolCallStream { format, state: initial_state(format), buf: String::new(), types }
     }
 
-    /// The call in a `<tool_call>` block body, in this stream's format.
+    /// The call in a block body, in this stream's format.
     fn block_call(&self, body: &str) -> Option<ToolCall> {
         match self.format {
             ToolCallFormat::QwenXml => qwen_xml::call(body, self.types.as_deref()).or_else(|| hermes_call(body)),
+            ToolCallFormat::Gemma4 => gemma4::call(body),
             _ => hermes_call(body),
         }
     }
@@ -210,9 +220,9 @@ impl ToolCallStream {
                     if let Some(i) = self.buf.find(marker) {
                         push_content(&mut out, take_front(&mut self.buf, i));
                         take_front(&mut self.buf, marker.len());
-                        self.state = match self.format {
-                            ToolCallFormat::Hermes | ToolCallFormat::QwenXml => State::InCall,
-                            _ => State::Tail,
+                        self.state = match block_markers(self.format) {
+                            Some(_) => State::InCall,
+                            None => State::Tail,
                         };
                     } else {
                         let keep = held_len(&self.buf, marker);
@@ -222,12 +232,13 @@ impl ToolCallStream {
                     }
                 }
                 State::InCall => {
-                    let Some(j) = self.buf.find(HERMES_END) else { break };
+                    let (start, end) = block_markers(self.format).unwrap_or((HERMES_START, HERMES_END));
+                    let Some(j) = self.buf.find(end) else { break };
                     let body = take_front(&mut self.buf, j);
-                    take_front(&mut self.buf, HERMES_END.len());
+                    take_front(&mut self.buf, end.len());
                     match self.block_call(&body) {
                         Some(call) => out.push(StreamItem::Call(call)),
-                        None => push_content(&mut out, format!("{HERMES_START}{body}{HERMES_END}")),
+                        None => push_content(&mut out, format!("{start}{body}{end}")),
                     }
                     self.state = State::Text;
                 }
@@ -246,9 +257,9 @@ impl ToolCallStream {
         match (state, self.format) {
             // An unclosed block is still a call when its body is one whole call object, as
             // vLLM reads it (a model that ends on the object, a stop string eating the tag).
-            (State::InCall, _) => match self.block_call(&text) {
+            (State::InCall, format) => match self.block_call(&text) {
                 Some(call) => out.push(StreamItem::Call(call)),
-                None => push_content(&mut out, format!("{HERMES_START}{text}")),
+                None => push_content(&mut out, format!("{}{text}", block_markers(format).map_or(HERMES_START, |m| m.0))),
             },
             (State::Tail, ToolCallFormat::Mistral) => mistral_tail(&text, &mut out),
             (State::Tail, ToolCallFormat::Llama3Json) => match llama_calls(&text) {
@@ -270,9 +281,18 @@ fn initial_state(format: ToolCallFormat) -> State {
 
 fn start_marker(format: ToolCallFormat) -> Option<&'static str> {
     match format {
-        ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some(HERMES_START),
         ToolCallFormat::Mistral => Some(MISTRAL_CALLS),
         ToolCallFormat::Llama3Json => None,
+        block => block_markers(block).map(|m| m.0),
+    }
+}
+
+/// The start and end markers of a format whose calls come in closed blocks.
+pub(crate) fn block_markers(format: ToolCallFormat) -> Option<(&'static str, &'static str)> {
+    match format {
+        ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some((HERMES_START, HERMES_END)),
+        ToolCallFormat::Gemma4 => Some((gemma4::CALL_START, gemma4::CALL_END)),
+        ToolCallFormat::Mistral | ToolCallFormat::Llama3Json => None,
     }
 }
 
@@ -459,7 +479,7 @@ fn push_base62(out: &mut String, mut word: u64, digits: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::ToolCallFormat::{Hermes, Llama3Json, Mistral, QwenXml};
+    use super::ToolCallFormat::{Gemma4, Hermes, Llama3Json, Mistral, QwenXml};
     use super::*;
 
     /// (name, arguments) of each call: ids differ between runs by design.
@@ -860,8 +880,24 @@ mod tests {
     }
 
     #[test]
+    fn gemma4_calls_stream_as_they_parse_whole_and_broken_ones_stay_text() {
+        let text = "Checking.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|><|tool_call>call:ping{}<tool_call|>";
+        let whole = parse(Gemma4, text);
+        assert_eq!(whole.content, "Checking.");
+        let want = [("get_weather", r#"{"city":"Paris","days":2}"#), ("ping", "{}")];
+        assert_eq!(calls(&whole), want);
+        let want_owned: Vec<(String, String)> = want.iter().map(|(n, a)| (n.to_string(), a.to_string())).collect();
+        for cut in 1..text.len() {
+            assert_eq!(run_stream(Gemma4, &[&text[..cut], &text[cut..]]), ("Checking.".to_string(), want_owned.clone()), "cut at {cut}");
+        }
+        let broken = "<|tool_call>call:f{a:<tool_call|> then text";
+        assert_eq!(parse(Gemma4, broken), ParsedOutput { content: broken.into(), tool_calls: vec![] });
+        assert_eq!(ToolCallFormat::detect("{{ '<|tool_call>call:' + name }}...<tool_call|>"), Some(Gemma4));
+    }
+
+    #[test]
     fn from_name_round_trips_and_lists_valid_names_on_error() {
-        for format in [Hermes, Llama3Json, Mistral, QwenXml] {
+        for format in [Hermes, Llama3Json, Mistral, QwenXml, Gemma4] {
             assert_eq!(ToolCallFormat::from_name(format.name()), Ok(format));
         }
         let err = ToolCallFormat::from_name("qwen").unwrap_err();
