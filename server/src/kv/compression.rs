@@ -185,7 +185,7 @@ impl KvCompression {
 pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32) -> f64 {
     let layers = kinds.len();
     let per_layer = |layer: usize, kind: &KvKind| {
-        if *kind == KvKind::Recurrent {
+        if let KvKind::Recurrent { .. } = kind {
             // A fixed-size state per sequence, not per token.
             return 0.0;
         }

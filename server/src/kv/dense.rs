@@ -75,7 +75,7 @@ impl KvStore for DenseStore {
                 Ok(Some(Box::new(AffineStore::over(self.rows.with_buffers(columns, 0), group_size, bits))))
             }
             KvKind::Turbo(format) => Ok(Some(Box::new(TurboStore::from_dense(&self.rows, format)?))),
-            KvKind::Dense | KvKind::Rotating { .. } | KvKind::Recurrent => Ok(None),
+            KvKind::Dense | KvKind::Rotating { .. } | KvKind::Recurrent { .. } => Ok(None),
         }
     }
 

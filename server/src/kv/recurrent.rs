@@ -19,17 +19,19 @@ pub struct RecurrentStore {
     ssm: Option<Array>,
     /// Tokens each row has seen.
     offsets: Vec<i32>,
+    /// The kind's nominal bytes per row.
+    state_bytes: u32,
 }
 
 impl RecurrentStore {
-    pub fn empty(rows: usize) -> RecurrentStore {
-        RecurrentStore { conv: None, ssm: None, offsets: vec![0; rows] }
+    pub fn empty(rows: usize, state_bytes: u32) -> RecurrentStore {
+        RecurrentStore { conv: None, ssm: None, offsets: vec![0; rows], state_bytes }
     }
 
     /// These rows stacked; a row without tokens yet starts from zeros (as
     /// mlx-lm's `ArraysCache.merge` fills a missing state).
-    pub fn from_rows(rows: &[KvRow]) -> Result<RecurrentStore> {
-        let mut store = RecurrentStore::empty(rows.len());
+    pub fn from_rows(rows: &[KvRow], state_bytes: u32) -> Result<RecurrentStore> {
+        let mut store = RecurrentStore::empty(rows.len(), state_bytes);
         store.offsets = rows.iter().map(|r| r.offset).collect();
         let Some(like) = rows.iter().find(|r| r.columns.len() == 2) else { return Ok(store) };
         let mut stacked = Vec::with_capacity(2);
@@ -60,7 +62,7 @@ impl RecurrentStore {
 
 impl KvStore for RecurrentStore {
     fn kind(&self) -> KvKind {
-        KvKind::Recurrent
+        KvKind::Recurrent { state_bytes: self.state_bytes }
     }
 
     fn rows(&self) -> usize {
@@ -82,7 +84,7 @@ impl KvStore for RecurrentStore {
             (Some(c), Some(s)) => vec![ops::slice_axis(c, 0, b, b + 1)?, ops::slice_axis(s, 0, b, b + 1)?],
             _ => Vec::new(),
         };
-        Ok(KvRow { kind: KvKind::Recurrent, offset, columns })
+        Ok(KvRow { kind: self.kind(), offset, columns })
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
@@ -122,7 +124,7 @@ pub fn servable(row: &KvRow, n: i32) -> i32 {
 /// The first `n` tokens of a recurrent row: `n` must be all or none.
 pub fn prefix(row: &KvRow, n: i32) -> Result<KvRow> {
     match n {
-        0 => Ok(KvRow { kind: KvKind::Recurrent, offset: 0, columns: Vec::new() }),
+        0 => Ok(KvRow { kind: row.kind, offset: 0, columns: Vec::new() }),
         n if n == row.offset => Ok(row.clone()),
         _ => Err(Error::Internal("a recurrent state restored at a length other than its own")),
     }

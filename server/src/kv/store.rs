@@ -30,8 +30,10 @@ pub enum KvKind {
     /// TurboQuant: rotated, codebook- or affine-coded keys and values (`--turbo-kv`).
     Turbo(TurboFormat),
     /// A linear-attention layer's convolution and recurrent state (Qwen3.5's
-    /// Gated DeltaNet; mlx-lm's ArraysCache): no keys or values.
-    Recurrent,
+    /// Gated DeltaNet; mlx-lm's ArraysCache): no keys or values, `state_bytes`
+    /// per sequence whatever its length (the window at 16 bits, the float32
+    /// matrix), for the memory plan.
+    Recurrent { state_bytes: u32 },
 }
 
 /// One sequence's keys and values in one layer, in its kind's format: what a
@@ -104,7 +106,7 @@ impl KvKind {
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::from_rows(rows, group_size, bits)?),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::from_rows(rows, max_size)?),
             KvKind::Turbo(format) => Box::new(TurboStore::from_rows(rows, format)?),
-            KvKind::Recurrent => Box::new(RecurrentStore::from_rows(rows)?),
+            KvKind::Recurrent { state_bytes } => Box::new(RecurrentStore::from_rows(rows, state_bytes)?),
         })
     }
 
@@ -115,7 +117,7 @@ impl KvKind {
             KvKind::Dense => Box::new(DenseStore::empty(rows)),
             KvKind::Affine { group_size, bits } => Box::new(AffineStore::empty(rows, group_size, bits)),
             KvKind::Rotating { max_size } => Box::new(RotatingStore::empty(rows, max_size)),
-            KvKind::Recurrent => Box::new(RecurrentStore::empty(rows)),
+            KvKind::Recurrent { state_bytes } => Box::new(RecurrentStore::empty(rows, state_bytes)),
             KvKind::Turbo(_) => return Err(Error::Internal("a TurboQuant cache starts from a compressed prompt")),
         })
     }
@@ -129,7 +131,7 @@ impl KvRow {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::servable(self, n, max_size),
             KvKind::Turbo(_) => turbo::servable(self, n),
-            KvKind::Recurrent => super::recurrent::servable(self, n),
+            KvKind::Recurrent { .. } => super::recurrent::servable(self, n),
             KvKind::Dense | KvKind::Affine { .. } => n.min(self.offset),
         }
     }
@@ -139,7 +141,7 @@ impl KvRow {
         match self.kind {
             KvKind::Rotating { max_size } => super::rotating::prefix(self, n, max_size),
             KvKind::Turbo(_) => turbo::prefix(self, n),
-            KvKind::Recurrent => super::recurrent::prefix(self, n),
+            KvKind::Recurrent { .. } => super::recurrent::prefix(self, n),
             // Positions are tokens: the first n of every column (quantization
             // groups run along the last axis, so a prefix of codes is the
             // quantized prefix).

@@ -15,7 +15,7 @@ pub use machine::Machine;
 
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
-use crate::kv::{bytes_per_token, KvCompression};
+use crate::kv::{bytes_per_token, KvCompression, KvKind};
 use crate::models::ModelShape;
 
 /// Memory kept free of plans for MLX's working buffers (a prefill chunk's
@@ -55,6 +55,9 @@ pub struct Wants {
     pub context: Option<usize>,
     /// `--prompt-cache-bytes`.
     pub prompt_cache_bytes: Option<u64>,
+    /// `--max-concurrency`: sequences that may hold a recurrent state at once
+    /// (0: one).
+    pub max_sequences: usize,
 }
 
 /// The plan: printed at start-up, shown by /health and `--plan`.
@@ -85,6 +88,9 @@ pub struct MemoryPlan {
     /// Longest sequence (prompt + generated tokens).
     pub context: u64,
     pub prompt_cache_bytes: u64,
+    /// The recurrent states of the running sequences (linear-attention
+    /// layers: a fixed size per sequence, whatever its length).
+    pub recurrent_state_bytes: u64,
     /// The settings the flags fixed.
     pub from_flags: Vec<&'static str>,
     /// Of the reserve, the GPU runtime's.
@@ -103,7 +109,13 @@ impl MemoryPlan {
     /// Everything the plan lets the server hold on the device at once.
     pub fn device_total(&self) -> u64 {
         let kv_on_device = self.kv_bytes_per_token * self.kv_tokens as f64 * self.device_share();
-        self.device_weight_bytes + self.expert_cache_bytes.unwrap_or(0) + kv_on_device.ceil() as u64 + self.prompt_cache_bytes + self.reserve_bytes
+        let states_on_device = self.recurrent_state_bytes as f64 * self.device_share();
+        self.device_weight_bytes
+            + self.expert_cache_bytes.unwrap_or(0)
+            + kv_on_device.ceil() as u64
+            + states_on_device.ceil() as u64
+            + self.prompt_cache_bytes
+            + self.reserve_bytes
     }
 
     /// The share of each token's KV held on the device (its layers' share).
@@ -131,6 +143,9 @@ impl MemoryPlan {
             "  KV cache: {} at {:.0} bytes per token; {} tokens shared by the running sequences; context {}",
             self.kv_format, self.kv_bytes_per_token, self.kv_tokens, self.context
         ));
+        if self.recurrent_state_bytes > 0 {
+            lines.push(format!("  recurrent states: {} for the running sequences", gib(self.recurrent_state_bytes)));
+        }
         lines.push(format!("  prompt cache: {}", gib(self.prompt_cache_bytes)));
         lines.push(format!(
             "  planned use: {} of {}{}",
@@ -251,11 +266,20 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     };
     left = left.saturating_sub(prompt_cache_bytes);
 
+    // The running sequences' recurrent states (hybrid models): fixed per sequence.
+    let per_sequence: u64 = layout.kinds.iter().map(|k| if let KvKind::Recurrent { state_bytes } = k { *state_bytes as u64 } else { 0 }).sum();
+    let recurrent_state_bytes = per_sequence * wants.max_sequences.max(1) as u64;
+    let states_on_device = (recurrent_state_bytes as f64 * on_gpu as f64 / layers.max(1) as f64) as u64;
+    if states_on_device > left {
+        return Err(too_small(format!("the recurrent states of {} sequences take {}", wants.max_sequences.max(1), gib(recurrent_state_bytes))));
+    }
+    left -= states_on_device;
+
     // The KV format: as told, else the least compressed one that holds one
     // whole context; the pool is what is left (on the device for the GPU
     // layers' share of each token, in host memory for the rest).
     let device_share = on_gpu as f64 / layers.max(1) as f64;
-    let host_left = machine.host_bytes.map(|h| h.saturating_sub(host_weights + reserve));
+    let host_left = machine.host_bytes.map(|h| h.saturating_sub(host_weights + reserve + (recurrent_state_bytes - states_on_device)));
     let pool_tokens = |bpt: f64, transient: f64| -> u64 {
         let on_device = (left as f64 - transient * device_share).max(0.0) / (bpt * device_share).max(f64::MIN_POSITIVE);
         let on_host = match host_left {
@@ -316,6 +340,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         kv_tokens,
         context,
         prompt_cache_bytes,
+        recurrent_state_bytes,
         from_flags,
         runtime_bytes: machine.runtime_bytes,
         kv_compression,

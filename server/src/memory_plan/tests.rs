@@ -131,3 +131,35 @@ fn flags_win_over_the_plan() {
     let p = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &late).unwrap();
     assert_eq!((p.kv_format.as_str(), p.kv_bytes_per_token), ("kv4", 131_072.0));
 }
+
+/// A Qwen3.5-35B-A3B-like hybrid: 30 linear-attention layers with a state of
+/// ~2 MiB per sequence each, 10 full-attention layers with KV.
+fn hybrid() -> ModelShape {
+    let state = KvKind::Recurrent { state_bytes: 3 * 8192 * 2 + 32 * 128 * 128 * 4 };
+    let kinds = (0..40).map(|i| if (i + 1) % 4 == 0 { KvKind::Dense } else { state }).collect();
+    ModelShape {
+        weights: WeightFootprint { layers: vec![480 << 20; 40], routed: vec![450 << 20; 40], other: GIB / 2 },
+        kv_layout: KvLayout { kinds, kv_heads: 2, head_dim: 256, attention_sinks: false, fixed_kv: None },
+    }
+}
+
+#[test]
+fn recurrent_states_are_planned_per_running_sequence() {
+    let per_sequence = 30 * (3 * 8192 * 2 + 32 * 128 * 128 * 4) as u64;
+    for sequences in [1, 8, 64] {
+        let wants = Wants { max_sequences: sequences, ..Wants::default() };
+        let p = plan(&cpu(32 * GIB), &hybrid(), Some(262_144), &wants).unwrap();
+        assert_eq!(p.recurrent_state_bytes, per_sequence * sequences as u64);
+        check_within_budget(&p);
+        assert!(p.describe().contains("recurrent states"), "{}", p.describe());
+        // Only the 10 attention layers' KV counts per token.
+        assert_eq!(p.kv_bytes_per_token, 10.0 * 2.0 * 256.0 * 2.0 * 2.0);
+    }
+    // More sequences, fewer tokens of KV left for them.
+    let few = plan(&cpu(32 * GIB), &hybrid(), Some(262_144), &Wants { max_sequences: 1, ..Wants::default() }).unwrap();
+    let many = plan(&cpu(32 * GIB), &hybrid(), Some(262_144), &Wants { max_sequences: 64, ..Wants::default() }).unwrap();
+    assert!(many.kv_tokens < few.kv_tokens);
+    // States that cannot fit are refused, saying why.
+    let e = plan(&cpu(24 * GIB), &hybrid(), None, &Wants { max_sequences: 20_000, ..Wants::default() }).unwrap_err().to_string();
+    assert!(e.contains("recurrent states of 20000 sequences"), "{e}");
+}

@@ -72,7 +72,7 @@ impl KvLayout {
     /// models keep prompt-cache checkpoints (a chat's system prompt, each
     /// prompt's end) as their prefill passes them.
     pub fn restores_any_prefix(&self) -> bool {
-        self.kinds.iter().all(|k| !matches!(k, KvKind::Rotating { .. } | KvKind::Recurrent))
+        self.kinds.iter().all(|k| !matches!(k, KvKind::Rotating { .. } | KvKind::Recurrent { .. }))
     }
 }
 

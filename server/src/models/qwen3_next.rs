@@ -4,7 +4,7 @@
 //! — with a gated full-attention layer every `full_attention_interval`
 //! (sigmoid output gate, q/k norms, partial rope), and a dense MLP or a MoE
 //! with a sigmoid-gated shared expert — mlx-lm's qwen3_next and qwen3_5, op
-//! for op. Linear layers keep a [`KvKind::Recurrent`] cache; full layers a
+//! for op. Linear layers keep a [`KvKind::Recurrent`] state; full layers a
 //! plain KV cache. `qwen3_5`/`qwen3_5_moe` checkpoints go through their text
 //! model (`text_config`, `language_model` tensors).
 
@@ -133,12 +133,21 @@ impl Qwen3NextConfig {
     pub fn kv_layout(&self) -> Result<KvLayout> {
         self.check()?;
         Ok(KvLayout {
-            kinds: (0..self.num_hidden_layers as usize).map(|i| if self.is_linear(i) { KvKind::Recurrent } else { KvKind::Dense }).collect(),
+            kinds: (0..self.num_hidden_layers as usize).map(|i| if self.is_linear(i) { self.recurrent_kind() } else { KvKind::Dense }).collect(),
             kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim(),
             attention_sinks: false,
             fixed_kv: None,
         })
+    }
+
+    /// A linear layer's cache kind: its state's bytes per sequence (the
+    /// convolution window at 16 bits, the float32 recurrent matrix).
+    fn recurrent_kind(&self) -> KvKind {
+        let (nk, nv, dk, dv) = (self.linear_num_key_heads as u64, self.linear_num_value_heads as u64, self.linear_key_head_dim as u64, self.linear_value_head_dim as u64);
+        let window = (self.linear_conv_kernel_dim as u64 - 1) * (2 * nk * dk + nv * dv) * 2;
+        let matrix = nv * dv * dk * 4;
+        KvKind::Recurrent { state_bytes: u32::try_from(window + matrix).unwrap_or(u32::MAX) }
     }
 
     fn moe_spec(&self, family: Family) -> MoeSpec {
