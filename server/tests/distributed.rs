@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::configs::{gpt_oss, llama, qwen3_moe, spec};
+use common::configs::{gpt_oss, llama, qwen3_5_moe, qwen3_moe, spec};
 use common::fixture;
 use common::server::{binary, TestServer};
 use mlx_serve::metrics;
@@ -264,6 +264,16 @@ fn gpt_oss_over_2_ranks_gives_mlx_lms_tokens_in_both_modes() {
     check_group("gpt_oss fp32", &model, 2, "tensor", &[], false);
 }
 
+// Qwen3.5-MoE: recurrent states beside attention, split by layers (its
+// repeated prompt hits the state kept at the prompt's end); tensor mode is
+// refused, naming pipeline.
+#[test]
+fn qwen3_5_moe_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
+    let model = fixture("qwen3_5_moe_q4", &spec(qwen3_5_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
+    check_group("qwen3_5_moe 4-bit", &model, 2, "pipeline", &[], true);
+    every_rank_refuses(&model, 2, "tensor", &["linear-attention", "--distributed pipeline"]);
+}
+
 /// A streamed request whose client goes away is cancelled on every rank in
 /// the same turn: the group stays in step and answers the next requests.
 #[test]
@@ -344,28 +354,33 @@ fn killing_a_rank_answers_503_and_stops_the_others() {
 /// Flags that cannot work together are refused before any rank loads.
 #[test]
 fn tensor_mode_refuses_heads_that_do_not_split() {
-    let model = dense_model();
+    every_rank_refuses(&dense_model(), 3, "tensor", &["3 ranks", "heads"]);
+}
+
+/// Starts `ranks` ranks of `model` in `mode`: each must exit with an error
+/// that names `words`.
+fn every_rank_refuses(model: &Path, ranks: usize, mode: &str, words: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let hostfile = dir.path().join("hosts.json");
-    let hosts: Vec<Value> = (0..3).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
+    let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
     std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
-    let ranks: Vec<Child> = (0..3)
+    let children: Vec<Child> = (0..ranks)
         .map(|rank| {
             Command::new(binary())
                 .env("MLX_RANK", rank.to_string())
                 .env("MLX_HOSTFILE", &hostfile)
-                .args(["--model", model.to_str().unwrap(), "--port", "0", "--distributed", "tensor"])
+                .args(["--model", model.to_str().unwrap(), "--port", "0", "--distributed", mode])
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
                 .unwrap()
         })
         .collect();
-    for (rank, child) in ranks.into_iter().enumerate() {
+    for (rank, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "rank {rank} started");
-        assert!(stderr.contains("3 ranks") && stderr.contains("heads"), "rank {rank}: {stderr}");
+        assert!(words.iter().all(|w| stderr.contains(w)), "rank {rank}: {stderr}");
     }
 }
 

@@ -18,6 +18,7 @@ use super::gated_delta;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
 use super::moe::{split_fused_experts, MoeParts, MoeSpec, Router, SparseMoe, HF_GLU_NAMES};
+use super::pipeline::PipelineStage;
 use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
@@ -398,10 +399,12 @@ struct Block {
 
 pub struct Qwen3Next {
     embed: Embedding,
+    /// This rank's layers (all of them without pipeline parallelism).
     layers: Vec<Block>,
     norm: RmsNorm,
     lm_head: Option<Linear>,
     placement: Placement,
+    stage: PipelineStage,
     layout: KvLayout,
 }
 
@@ -409,9 +412,12 @@ impl Qwen3Next {
     pub fn load(config: &ConfigFile, family: Family, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Qwen3Next> {
         let cfg: Qwen3NextConfig = config.parse()?;
         cfg.check()?;
-        if w.sharding().group().is_some_and(|g| g.size() > 1) {
-            return Err(Error::Config("--distributed does not run the Qwen3.5 / Qwen3-Next families yet (their linear-attention layers are not split)".into()));
+        if w.tensor_parallel().is_some() {
+            return Err(Error::Config(
+                "--distributed tensor does not split the Qwen3.5 / Qwen3-Next families' linear-attention layers yet; use --distributed pipeline".into(),
+            ));
         }
+        let stage = PipelineStage::of(w.sharding(), cfg.num_hidden_layers as usize)?;
         // As mlx-lm's sanitize: the multi-token-prediction head and a tied head go.
         w.discard(|k| k.starts_with("mtp.") || k.contains(".mtp."));
         if cfg.tie_word_embeddings {
@@ -420,6 +426,9 @@ impl Qwen3Next {
         let first_linear = (0..cfg.num_hidden_layers as usize).find(|&i| cfg.is_linear(i));
         let hf_layout = first_linear.is_some_and(|i| hf_conv_layout(&w, &format!("model.layers.{i}.linear_attn.conv1d.weight")));
         let norm: NormLoad = if hf_layout { RmsNorm::load_plus_one } else { RmsNorm::load };
+        // Told apart on the whole model's first linear layer, before a pipeline
+        // stage drops the other ranks' layers.
+        w.discard(|k| stage.foreign(k));
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         let hd = cfg.head_dim();
         let (Some(theta), Some(partial)) = (cfg.rope_theta, cfg.partial_rotary_factor) else {
@@ -428,8 +437,8 @@ impl Qwen3Next {
         let rope_dims = (hd as f32 * partial) as i32;
         let scaling = RopeScaling::read(config, "rope_scaling", (rope_dims / 2) as usize, None)?;
         let rope_spec = RopeSpec { theta, traditional: false, scaling, dims: rope_dims };
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers as usize);
-        for i in 0..cfg.num_hidden_layers as usize {
+        let mut layers = Vec::with_capacity(stage.layers.len());
+        for i in stage.layers.clone() {
             let p = format!("model.layers.{i}");
             let block = placement.run(i, || {
                 let mixer = match cfg.is_linear(i) {
@@ -454,11 +463,13 @@ impl Qwen3Next {
             layers.push(block);
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", cfg.vocab_size, h, quant)?;
-        let (norm, lm_head) = placement.run_head(layers.len(), || {
+        let (norm, lm_head) = placement.run_head(stage.layers.end, || {
             let head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?) };
             Ok((norm(&mut w, "model.norm", h, eps)?, head))
         })?;
-        let model = Qwen3Next { embed, layers, norm, lm_head, placement, layout: cfg.kv_layout()? };
+        let mut layout = cfg.kv_layout()?;
+        layout.kinds = layout.kinds[stage.layers.clone()].to_vec();
+        let model = Qwen3Next { embed, layers, norm, lm_head, placement, stage, layout };
         w.finish()?;
         Ok(model)
     }
@@ -466,21 +477,27 @@ impl Qwen3Next {
 
 impl LanguageModel for Qwen3Next {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
-        let mut h = self.embed.forward(tokens)?;
         let (caches, masks) = cache.for_forward();
-        for (i, (layer, cache)) in self.layers.iter().zip(caches.iter_mut()).enumerate() {
-            h = self.placement.run(i, || {
-                let x = layer.input_norm.forward(&h)?;
-                let r = match &layer.mixer {
-                    Mixer::Linear(net) => net.forward(&x, cache.recurrent()?)?,
-                    Mixer::Full(attn) => attn.forward(&x, cache, masks)?,
-                };
-                let hh = ops::add(&h, &r)?;
-                let x = layer.post_attn_norm.forward(&hh)?;
-                Ok(ops::add(&hh, &layer.mlp.forward(&x)?)?)
-            })?;
+        let (h, pending) = self.stage.run(self.embed.forward(tokens)?, |mut h| {
+            let layers = self.layers.iter().zip(caches.iter_mut());
+            for (i, (layer, cache)) in self.stage.layers.clone().zip(layers) {
+                h = self.placement.run(i, || {
+                    let x = layer.input_norm.forward(&h)?;
+                    let r = match &layer.mixer {
+                        Mixer::Linear(net) => net.forward(&x, cache.recurrent()?)?,
+                        Mixer::Full(attn) => attn.forward(&x, cache, masks)?,
+                    };
+                    let hh = ops::add(&h, &r)?;
+                    let x = layer.post_attn_norm.forward(&hh)?;
+                    Ok(ops::add(&hh, &layer.mlp.forward(&x)?)?)
+                })?;
+            }
+            Ok(h)
+        })?;
+        if let Some(p) = pending {
+            cache.keep_pending(p);
         }
-        self.placement.run_head(self.layers.len(), || self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?))
+        self.placement.run_head(self.stage.layers.end, || self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?))
     }
 
     fn kv_layout(&self) -> KvLayout {
