@@ -123,7 +123,27 @@ def small(rng, shape):
     return bf16(0.01 * rng.standard_normal(shape, dtype=np.float32))
 
 
-def gpt_oss_layer(s, rng, p, c, overrides):
+def qwen3_moe_layer(s, rng, i, c, overrides):
+    p = f"model.layers.{i}"
+    h, hd, e, moe = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
+    q_heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    ones = lambda n: np.full(n, 0x3F80, np.uint16)
+    for n in ["input_layernorm", "post_attention_layernorm"]:
+        s.add(f"{p}.{n}.weight", ones(h), "BF16")
+    s.add(f"{p}.self_attn.q_norm.weight", ones(hd), "BF16")
+    s.add(f"{p}.self_attn.k_norm.weight", ones(hd), "BF16")
+    quantized(s, rng, f"{p}.self_attn.q_proj", (q_heads * hd, h))
+    quantized(s, rng, f"{p}.self_attn.k_proj", (kv_heads * hd, h))
+    quantized(s, rng, f"{p}.self_attn.v_proj", (kv_heads * hd, h))
+    quantized(s, rng, f"{p}.self_attn.o_proj", (h, q_heads * hd))
+    quantized(s, rng, f"{p}.mlp.gate", (e, h))
+    quantized(s, rng, f"{p}.mlp.switch_mlp.gate_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.mlp.switch_mlp.up_proj", (e, moe, h))
+    quantized(s, rng, f"{p}.mlp.switch_mlp.down_proj", (e, h, moe))
+
+
+def gpt_oss_layer(s, rng, i, c, overrides):
+    p = f"model.layers.{i}"
     h, hd, e, inter = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
     q_heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
     ones = np.full(h, 0x3F80, np.uint16)
@@ -266,47 +286,17 @@ def main():
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(a.seed)
-    h, hd, e, moe = c["hidden_size"], c["head_dim"], c["num_experts"], c["moe_intermediate_size"]
-    q_heads, kv_heads, layers, vocab = c["num_attention_heads"], c["num_key_value_heads"], c["num_hidden_layers"], c["vocab_size"]
+    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
     ones = lambda n: np.full(n, 0x3F80, np.uint16)  # bf16 1.0
     weight_map, overrides = {}, {}
     shards = layers + 1
     gpt_oss = c.get("model_type") == "gpt_oss"
     qwen3_5 = c.get("model_type") == "qwen3_5_moe"
     gemma4 = c.get("model_type") == "gemma4_text"
+    write_layer = qwen3_5_layer if qwen3_5 else gemma4_layer if gemma4 else gpt_oss_layer if gpt_oss else qwen3_moe_layer
     for i in range(layers):
         s = Shard()
-        p = f"model.layers.{i}"
-        if gemma4:
-            gemma4_layer(s, rng, i, c, overrides)
-            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            s.write(out / name)
-            weight_map.update({t[0]: name for t in s.tensors})
-            continue
-        if qwen3_5:
-            qwen3_5_layer(s, rng, i, c, overrides)
-            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            s.write(out / name)
-            weight_map.update({t[0]: name for t in s.tensors})
-            continue
-        if gpt_oss:
-            gpt_oss_layer(s, rng, p, c, overrides)
-            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-            s.write(out / name)
-            weight_map.update({t[0]: name for t in s.tensors})
-            continue
-        for n in ["input_layernorm", "post_attention_layernorm"]:
-            s.add(f"{p}.{n}.weight", ones(h), "BF16")
-        s.add(f"{p}.self_attn.q_norm.weight", ones(hd), "BF16")
-        s.add(f"{p}.self_attn.k_norm.weight", ones(hd), "BF16")
-        quantized(s, rng, f"{p}.self_attn.q_proj", (q_heads * hd, h))
-        quantized(s, rng, f"{p}.self_attn.k_proj", (kv_heads * hd, h))
-        quantized(s, rng, f"{p}.self_attn.v_proj", (kv_heads * hd, h))
-        quantized(s, rng, f"{p}.self_attn.o_proj", (h, q_heads * hd))
-        quantized(s, rng, f"{p}.mlp.gate", (e, h))
-        quantized(s, rng, f"{p}.mlp.switch_mlp.gate_proj", (e, moe, h))
-        quantized(s, rng, f"{p}.mlp.switch_mlp.up_proj", (e, moe, h))
-        quantized(s, rng, f"{p}.mlp.switch_mlp.down_proj", (e, h, moe))
+        write_layer(s, rng, i, c, overrides)
         name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         s.write(out / name)
         weight_map.update({t[0]: name for t in s.tensors})

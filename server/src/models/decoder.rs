@@ -177,22 +177,16 @@ impl Decoder {
 
 impl LanguageModel for Decoder {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
-        let (caches, masks) = cache.for_forward();
-        let (h, pending) = self.stage.run(self.embed.forward(tokens)?, |mut h| {
-            let layers = self.layers.iter().zip(&self.windows).zip(caches.iter_mut());
-            for (i, ((layer, window), cache)) in self.stage.layers.clone().zip(layers) {
-                h = self.placement.run(i, || {
-                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, *window)?;
-                    let hh = ops::add(&h, &r)?;
-                    let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
-                    Ok(ops::add(&hh, &r)?)
-                })?;
-            }
-            Ok(h)
+        let start = self.stage.layers.start;
+        let h = self.stage.forward(self.embed.forward(tokens)?, cache, |i, h, cache, masks| {
+            let (layer, window) = (&self.layers[i - start], self.windows[i - start]);
+            self.placement.run(i, || {
+                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, window)?;
+                let hh = ops::add(&h, &r)?;
+                let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
+                Ok(ops::add(&hh, &r)?)
+            })
         })?;
-        if let Some(p) = pending {
-            cache.keep_pending(p);
-        }
         self.placement.run_head(self.stage.layers.end, || {
             self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)
         })

@@ -12,6 +12,7 @@ use mlx_rs_safe::{ops, Array};
 
 use super::weights::Sharding;
 use crate::error::{Error, Result};
+use crate::kv::{LayerCache, ModelCache, StepMemo};
 
 /// How a stage hands its output to the next stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +125,31 @@ impl PipelineStage {
         // Rank 0's output, to every rank.
         let all = g.all_gather(&out)?;
         Ok((rows_of(&all, 0, rows)?, pending))
+    }
+}
+
+impl PipelineStage {
+    /// A forward pass over this rank's layers (see [`Self::run`]): `layer(i,
+    /// h, cache, masks)` applies layer `i` (its index in the model) with its
+    /// cache. The transfer that must run is kept in `cache`'s pending work.
+    /// Returns the model's last hidden state.
+    pub fn forward(
+        &self,
+        h: Array,
+        cache: &mut ModelCache,
+        mut layer: impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+    ) -> Result<Array> {
+        let (caches, masks) = cache.for_forward();
+        let (h, pending) = self.run(h, |mut h| {
+            for (i, c) in self.layers.clone().zip(caches.iter_mut()) {
+                h = layer(i, h, c, masks)?;
+            }
+            Ok(h)
+        })?;
+        if let Some(p) = pending {
+            cache.keep_pending(p);
+        }
+        Ok(h)
     }
 }
 

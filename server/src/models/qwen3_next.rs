@@ -477,26 +477,20 @@ impl Qwen3Next {
 
 impl LanguageModel for Qwen3Next {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
-        let (caches, masks) = cache.for_forward();
-        let (h, pending) = self.stage.run(self.embed.forward(tokens)?, |mut h| {
-            let layers = self.layers.iter().zip(caches.iter_mut());
-            for (i, (layer, cache)) in self.stage.layers.clone().zip(layers) {
-                h = self.placement.run(i, || {
-                    let x = layer.input_norm.forward(&h)?;
-                    let r = match &layer.mixer {
-                        Mixer::Linear(net) => net.forward(&x, cache.recurrent()?)?,
-                        Mixer::Full(attn) => attn.forward(&x, cache, masks)?,
-                    };
-                    let hh = ops::add(&h, &r)?;
-                    let x = layer.post_attn_norm.forward(&hh)?;
-                    Ok(ops::add(&hh, &layer.mlp.forward(&x)?)?)
-                })?;
-            }
-            Ok(h)
+        let start = self.stage.layers.start;
+        let h = self.stage.forward(self.embed.forward(tokens)?, cache, |i, h, cache, masks| {
+            let layer = &self.layers[i - start];
+            self.placement.run(i, || {
+                let x = layer.input_norm.forward(&h)?;
+                let r = match &layer.mixer {
+                    Mixer::Linear(net) => net.forward(&x, cache.recurrent()?)?,
+                    Mixer::Full(attn) => attn.forward(&x, cache, masks)?,
+                };
+                let hh = ops::add(&h, &r)?;
+                let x = layer.post_attn_norm.forward(&hh)?;
+                Ok(ops::add(&hh, &layer.mlp.forward(&x)?)?)
+            })
         })?;
-        if let Some(p) = pending {
-            cache.keep_pending(p);
-        }
         self.placement.run_head(self.stage.layers.end, || self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?))
     }
 
