@@ -1,45 +1,49 @@
-"""Renders the chat templates Gemma 4 (plain and thinking) and gpt-oss checkpoints publish with
+"""Renders the chat templates Qwen3.5, Qwen3-Coder, Gemma 4 and gpt-oss checkpoints publish with
 transformers' own renderer, for conversations that use what those templates handle: a system
 prompt, tools, assistant tool calls with their results, reasoning, template keyword arguments.
 The chat-template test renders the same with mlx-serve and compares.
 
-The templates come from the `unsloth` wheel on PyPI (this machine reaches no model hub), whose
-chat_templates.py keeps them as string literals: they are read from its syntax tree; nothing of
-the wheel is imported or run. The wheel is downloaded once into CACHE_DIR.
+The templates come from llama.cpp's copies of the published ones (`models/templates/`, named by
+model), as the `llama-cpp-python` source package on PyPI vendors them (this machine reaches no
+model hub): read from the archive, nothing of it built or run. The archive (~75 MB) is
+downloaded once into CACHE_DIR.
 
 usage: python render_templates.py CACHE_DIR OUT_JSON
 """
 
-import ast
 import json
 import subprocess
 import sys
-import zipfile
+import tarfile
 from pathlib import Path
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
-UNSLOTH = "2026.10.9"
-# Our name -> the variable holding the template in unsloth/chat_templates.py.
-TEMPLATES = {"gemma4": "gemma4_template", "gemma4_thinking": "gemma4_thinking_template", "gpt_oss": "gptoss_template"}
-SPECIALS = {"gemma4": ("<bos>", "<turn|>"), "gemma4_thinking": ("<bos>", "<turn|>"), "gpt_oss": ("<|startoftext|>", "<|return|>")}
+LLAMA_CPP_PYTHON = "0.3.36"
+# Our name -> (llama.cpp's file, the checkpoint's bos and eos tokens).
+TEMPLATES = {
+    "qwen3_5": ("Qwen3.5-4B.jinja", None, "<|im_end|>"),
+    "qwen3_coder": ("Qwen3-Coder.jinja", None, "<|im_end|>"),
+    "gemma4": ("google-gemma-4-31B-it.jinja", "<bos>", "<turn|>"),
+    "gpt_oss": ("openai-gpt-oss-120b.jinja", "<|startoftext|>", "<|return|>"),
+}
 
 
 def read_templates(cache: Path) -> dict:
     cache.mkdir(parents=True, exist_ok=True)
-    pattern = f"unsloth-{UNSLOTH}-*.whl"
-    if not any(cache.glob(pattern)):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), f"unsloth=={UNSLOTH}"], check=True)
-    wheel = next(cache.glob(pattern))
-    source = zipfile.ZipFile(wheel).read("unsloth/chat_templates.py").decode()
+    archive = cache / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not archive.exists():
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(cache),
+                        f"llama-cpp-python=={LLAMA_CPP_PYTHON}"], check=True)
+    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/templates/"
+    wanted = {prefix + file: ours for ours, (file, _, _) in TEMPLATES.items()}
     found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            for ours, var in TEMPLATES.items():
-                if node.targets[0].id == var:
-                    found[ours] = ast.literal_eval(node.value)
+    with tarfile.open(archive) as tar:
+        for member in tar:
+            if member.name in wanted:
+                found[wanted[member.name]] = tar.extractfile(member).read().decode()
     missing = set(TEMPLATES) - set(found)
-    assert not missing, f"templates not found in {wheel.name}: {missing}"
+    assert not missing, f"templates not found in {archive.name}: {missing}"
     return found
 
 
@@ -70,13 +74,14 @@ def main():
     cache, out = Path(sys.argv[1]), Path(sys.argv[2])
     cases = []
     for name, template in read_templates(cache).items():
-        bos, eos = SPECIALS[name]
+        _, bos, eos = TEMPLATES[name]
         for case, messages, tools, kwargs in CONVERSATIONS:
+            specials = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
             rendered, _ = render_jinja_template(conversations=[messages], tools=tools, chat_template=template,
-                                                add_generation_prompt=True, bos_token=bos, eos_token=eos, **kwargs)
+                                                add_generation_prompt=True, **specials, **kwargs)
             cases.append({"template_name": name, "case": case, "template": template, "bos_token": bos, "eos_token": eos,
                           "messages": messages, "tools": tools, "kwargs": kwargs, "rendered": rendered[0]})
-    out.write_text(json.dumps({"unsloth": UNSLOTH, "cases": cases}))
+    out.write_text(json.dumps({"llama_cpp_python": LLAMA_CPP_PYTHON, "cases": cases}))
     print(f"{len(cases)} renderings")
 
 

@@ -150,13 +150,13 @@ fn without_date(text: &str) -> String {
     }
 }
 
-// The chat templates Gemma 4 (plain and thinking) and gpt-oss checkpoints
+// The chat templates Qwen3.5, Qwen3-Coder, Gemma 4 and gpt-oss checkpoints
 // publish render exactly as transformers renders them: a plain chat, tools
 // with a call and its result, reasoning with template arguments
-// (`enable_thinking`, `reasoning_effort`). The templates are copies a PyPI
-// wheel keeps (parity/render_templates.py reads them; no model hub here).
+// (`enable_thinking`, `reasoning_effort`). The templates are llama.cpp's
+// copies, from a PyPI source package (parity/render_templates.py; no model hub here).
 #[test]
-fn published_gemma4_and_gpt_oss_templates_render_as_transformers_renders_them() {
+fn published_templates_of_the_new_families_render_as_transformers_renders_them() {
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-templates");
     let out = root.join("rendered.json");
     let run = Command::new(common::python())
@@ -169,7 +169,7 @@ fn published_gemma4_and_gpt_oss_templates_render_as_transformers_renders_them() 
     assert!(run.status.success(), "render_templates.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
     let rendered: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let cases = rendered["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 9);
+    assert_eq!(cases.len(), 12);
     for case in cases {
         let d = tempfile::tempdir().unwrap();
         write_tokenizer(d.path());

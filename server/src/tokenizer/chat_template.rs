@@ -40,6 +40,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.add_test("iterable", is_iterable);
         env.add_template_owned(TEMPLATE_NAME.to_string(), source.to_string())
             .map_err(|e| Error::Template(format!("does not compile: {e:#}")))?;
         Ok(ChatTemplate { env })
@@ -89,6 +90,13 @@ impl ChatTemplate {
 }
 
 const RAISED: &str = "raised: ";
+
+/// `x is iterable`, as Python's Jinja decides: `none` is not (templates test
+/// `tools is iterable and tools | length > 0` with `tools=None`); an undefined
+/// value is (Jinja's Undefined iterates as empty).
+fn is_iterable(v: minijinja::Value) -> bool {
+    !v.is_none() && (v.is_undefined() || v.try_iter().is_ok())
+}
 
 /// `raise_exception(msg)`: the template rejects its input (e.g. roles out of order).
 fn raise_exception(msg: String) -> std::result::Result<Value, minijinja::Error> {
@@ -192,6 +200,14 @@ mod tests {
         .unwrap();
         let msgs = json!([{"role":"system","content":"x"},{"role":"user","content":"a"},{"role":"user","content":"b"},{"role":"user","content":"c"}]);
         assert_eq!(t.render(&msgs, None, false, &tokens()).unwrap(), "<s>AB!</s>");
+    }
+
+    #[test]
+    fn iterable_is_pythons_test_none_is_not_iterable() {
+        // Qwen3-Coder's template: without tools, `tools` is none and the length is never taken.
+        let t = ChatTemplate::new("{% if tools is iterable and tools | length > 0 %}T{% endif %}{% if nothing is iterable %}U{% endif %}[{{ messages | length }}]").unwrap();
+        assert_eq!(t.render(&json!([]), None, false, &tokens()).unwrap(), "U[0]");
+        assert_eq!(t.render(&json!([]), Some(&json!([{"type": "function"}])), false, &tokens()).unwrap(), "TU[0]");
     }
 
     #[test]
