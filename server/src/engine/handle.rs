@@ -92,7 +92,17 @@ impl EngineHandle {
             .name("mlx-engine".into())
             .spawn(move || {
                 match load().and_then(|(model, config)| Engine::with_queue_counter(model, tokenizer, config, metrics, w)) {
-                    Ok(engine) => {
+                    Ok(mut engine) => {
+                        // One process on a GPU compiles its kernels now, not in a
+                        // request (a distributed group's ranks would each need the
+                        // same forward passes in step: not there).
+                        let on_gpu = mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && mlx_rs_safe::kernels::gpu_backend().is_some();
+                        if on_gpu && group.as_ref().is_none_or(|g| g.size() <= 1) {
+                            match engine.warm_up() {
+                                Ok(took) => log::info!("engine: warmed up the GPU kernels in {:.1} s", took.as_secs_f64()),
+                                Err(e) => log::warn!("engine: warming up failed ({e}); kernels compile on first use"),
+                            }
+                        }
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         match group {
                             Some(g) if g.size() > 1 => super::lockstep::lead(engine, &s, &engine_metrics, rx, &g, Arc::new(failed)),
