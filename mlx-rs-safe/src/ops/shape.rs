@@ -38,6 +38,12 @@ pub fn astype(a: &Array, dtype: Dtype) -> Result<Array> {
     })
 }
 
+/// `v` as a scalar of `dtype`: what MLX makes of a Python float beside an
+/// array of that dtype (rounded through float32, as Python's does).
+pub fn scalar_as(v: f32, dtype: Dtype) -> Result<Array> {
+    astype(&Array::scalar(v), dtype)
+}
+
 /// The same bytes read as `dtype`; the last axis is rescaled by the size ratio.
 pub fn view(a: &Array, dtype: Dtype) -> Result<Array> {
     Array::build_s(|res, s| {

@@ -146,7 +146,7 @@ pub fn apply(rows: &Array, logits: &Array) -> Result<Array> {
     let whole = if padded == vocab {
         logits.clone()
     } else {
-        let minus_inf = ops::astype(&Array::scalar(f32::NEG_INFINITY), logits.dtype())?;
+        let minus_inf = ops::scalar_as(f32::NEG_INFINITY, logits.dtype())?;
         ops::pad(logits, &[1], &[0], &[padded - vocab], &minus_inf)?
     };
     let inputs = [
@@ -163,7 +163,7 @@ pub fn apply(rows: &Array, logits: &Array) -> Result<Array> {
 /// bit positions [32] and logits [B, W, 32].
 fn mask_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
     let bit = ops::bitwise_and(&ops::right_shift(&a[0], &a[1])?, &Array::scalar(1u32))?;
-    let minus_inf = ops::astype(&Array::scalar(f32::NEG_INFINITY), a[2].dtype())?;
+    let minus_inf = ops::scalar_as(f32::NEG_INFINITY, a[2].dtype())?;
     Ok(vec![ops::where_(&ops::astype(&bit, Dtype::Bool)?, &a[2], &minus_inf)?])
 }
 

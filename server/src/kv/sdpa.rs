@@ -71,11 +71,6 @@ fn finfo_min(dtype: Dtype) -> f32 {
     }
 }
 
-/// A scalar of `dtype`, as MLX treats a Python scalar next to an array.
-fn scalar_like(v: f32, dtype: Dtype) -> Result<Array> {
-    Ok(ops::astype(&Array::scalar(v), dtype)?)
-}
-
 /// Attention over an affine-quantized cache: mlx-lm's
 /// `quantized_scaled_dot_product_attention`, op for op (scaled queries, grouped
 /// heads folded into a repeat axis, quantized matmuls, precise softmax).
@@ -96,7 +91,7 @@ pub fn quantized(
     let (b, n_q, l, d) = (qs[0], qs[1], qs[2], qs[3]);
     let n_kv = keys[0].dim(-3)?;
     let repeats = n_q / n_kv;
-    let mut q = ops::multiply(q, &scalar_like(scale, q.dtype())?)?;
+    let mut q = ops::multiply(q, &ops::scalar_as(scale, q.dtype())?)?;
     let expand = |parts: &[Array]| -> Result<Vec<Array>> {
         parts
             .iter()
@@ -123,7 +118,7 @@ pub fn quantized(
         AttentionMask::Array(m) => Some(m.clone()),
     };
     if let Some(keep) = keep {
-        scores = ops::where_(&keep, &scores, &scalar_like(finfo_min(scores.dtype()), scores.dtype())?)?;
+        scores = ops::where_(&keep, &scores, &ops::scalar_as(finfo_min(scores.dtype()), scores.dtype())?)?;
     }
     let scores = match sinks {
         None => ops::softmax(&scores, &[-1], true)?,

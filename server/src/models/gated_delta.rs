@@ -17,11 +17,6 @@ use mlx_rs_safe::{fast, ops, Array, Dtype};
 use super::compiled::call_compiled;
 use crate::error::{Error, Result};
 
-/// `v` as a scalar of `like`'s dtype (a Python float beside an array).
-fn scalar(v: f64, like: &Array) -> mlx_rs_safe::Result<Array> {
-    ops::astype(&Array::scalar(v as f32), like.dtype())
-}
-
 /// mlx.nn.silu: x · sigmoid(x).
 fn silu_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
     Ok(vec![ops::multiply(&a[0], &ops::sigmoid(&a[0])?)?])
@@ -39,7 +34,7 @@ fn precise_swiglu_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
 fn decay_graph(x: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
     let a_log = ops::astype(&x[0], Dtype::Float32)?;
     let shifted = ops::add(&x[1], &x[2])?;
-    let softplus = ops::logaddexp(&shifted, &scalar(0.0, &shifted)?)?;
+    let softplus = ops::logaddexp(&shifted, &ops::scalar_as(0.0, shifted.dtype())?)?;
     Ok(vec![ops::exp(&ops::multiply(&ops::negative(&ops::exp(&a_log)?)?, &softplus)?)?])
 }
 
@@ -84,8 +79,8 @@ pub fn normalize_qk(q: &Array, k: &Array) -> Result<(Array, Array)> {
     let dk = q.dim(-1)? as f64;
     let inv_scale = dk.powf(-0.5);
     let eps = (1e-6 * inv_scale * inv_scale) as f32;
-    let q = ops::multiply(&scalar(inv_scale * inv_scale, q)?, &fast::rms_norm(q, None, eps)?)?;
-    let k = ops::multiply(&scalar(inv_scale, k)?, &fast::rms_norm(k, None, eps)?)?;
+    let q = ops::multiply(&ops::scalar_as((inv_scale * inv_scale) as f32, q.dtype())?, &fast::rms_norm(q, None, eps)?)?;
+    let k = ops::multiply(&ops::scalar_as(inv_scale as f32, k.dtype())?, &fast::rms_norm(k, None, eps)?)?;
     Ok((q, k))
 }
 

@@ -280,7 +280,7 @@ pub struct Gemma4Text {
 
 /// `x * v`, v a Python float next to an array: a scalar of x's dtype.
 fn times(x: &Array, v: f64) -> Result<Array> {
-    Ok(ops::multiply(x, &ops::astype(&Array::scalar(v as f32), x.dtype())?)?)
+    Ok(ops::multiply(x, &ops::scalar_as(v as f32, x.dtype())?)?)
 }
 
 impl Gemma4Text {
@@ -561,7 +561,7 @@ impl LanguageModel for Gemma4Text {
             match self.cfg.final_logit_softcapping {
                 // tanh(x / cap) * cap
                 Some(cap) => {
-                    let c = ops::astype(&Array::scalar(cap), logits.dtype())?;
+                    let c = ops::scalar_as(cap, logits.dtype())?;
                     Ok(ops::multiply(&ops::tanh(&ops::divide(&logits, &c)?)?, &c)?)
                 }
                 None => Ok(logits),

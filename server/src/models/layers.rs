@@ -187,7 +187,7 @@ impl RmsNorm {
         if w.norms_hold_one() {
             return Ok(RmsNorm { weight, eps });
         }
-        let one = ops::astype(&Array::scalar(1.0f32), weight.dtype())?;
+        let one = ops::scalar_as(1.0f32, weight.dtype())?;
         Ok(RmsNorm { weight: ops::add(&one, &weight)?, eps })
     }
 

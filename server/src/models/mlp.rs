@@ -32,7 +32,7 @@ pub enum Activation {
 
 /// A scalar of `x`'s dtype, as MLX treats a Python scalar next to an array.
 fn s(v: f32, x: &Array) -> Result<Array> {
-    Ok(ops::astype(&Array::scalar(v), x.dtype())?)
+    Ok(ops::scalar_as(v, x.dtype())?)
 }
 
 /// mlx.nn.gelu_approx: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))), in

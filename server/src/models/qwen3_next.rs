@@ -411,7 +411,8 @@ pub struct Qwen3Next {
 impl Qwen3Next {
     pub fn load(config: &ConfigFile, family: Family, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Qwen3Next> {
         let cfg: Qwen3NextConfig = config.parse()?;
-        cfg.check()?;
+        // The layout checks the config: before any weight is taken.
+        let mut layout = cfg.kv_layout()?;
         if w.tensor_parallel().is_some() {
             return Err(Error::Config(
                 "--distributed tensor does not split the Qwen3.5 / Qwen3-Next families' linear-attention layers yet; use --distributed pipeline".into(),
@@ -467,7 +468,6 @@ impl Qwen3Next {
             let head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?) };
             Ok((norm(&mut w, "model.norm", h, eps)?, head))
         })?;
-        let mut layout = cfg.kv_layout()?;
         layout.kinds = layout.kinds[stage.layers.clone()].to_vec();
         let model = Qwen3Next { embed, layers, norm, lm_head, placement, stage, layout };
         w.finish()?;

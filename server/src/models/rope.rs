@@ -74,7 +74,7 @@ impl Rope {
             RopeKind::Scaled { freqs, input_scale } if *input_scale == 1.0 => rope(x, self.traditional, None, 1.0, Some(freqs))?,
             RopeKind::Scaled { freqs, input_scale } => {
                 // x.at[..., :dims].multiply(scale)
-                let scale = ops::astype(&Array::scalar(*input_scale), x.dtype())?;
+                let scale = ops::scalar_as(*input_scale, x.dtype())?;
                 let shape = x.shape();
                 let n = shape.len();
                 let scaled = if shape[n - 1] == self.dims {

@@ -30,7 +30,7 @@ fn swiglu_oai_graph(a: &[Array]) -> mlx_rs_safe::Result<Vec<Array>> {
     let (gate, x, alpha, limit) = (&a[0], &a[1], &a[2], &a[3]);
     let gate = ops::minimum(gate, limit)?;
     let x = ops::clip(x, Some(&ops::negative(limit)?), Some(limit))?;
-    let one = ops::astype(&Array::scalar(1.0f32), x.dtype())?;
+    let one = ops::scalar_as(1.0f32, x.dtype())?;
     let glu = ops::multiply(&gate, &ops::sigmoid(&ops::multiply(alpha, &gate)?)?)?;
     Ok(vec![ops::multiply(&ops::add(&x, &one)?, &glu)?])
 }
@@ -47,8 +47,8 @@ impl GluActivation {
             GluActivation::GeluApprox => super::mlp::geglu(gate, up),
             GluActivation::SwigluOai { alpha, limit } => {
                 // Python floats beside an array: scalars of its dtype.
-                let alpha = ops::astype(&Array::scalar(alpha), gate.dtype())?;
-                let limit = ops::astype(&Array::scalar(limit), gate.dtype())?;
+                let alpha = ops::scalar_as(alpha, gate.dtype())?;
+                let limit = ops::scalar_as(limit, gate.dtype())?;
                 call_compiled(&SWIGLU_OAI, swiglu_oai_graph, &[gate, up, &alpha, &limit])
             }
         }
