@@ -35,6 +35,8 @@ def wrap(name, header, body, inputs, outputs, template):
         params.append(f"    const {CTYPE[t]}* {n}")
         if f"{n}_shape" in body:
             params.append(f"    const __grid_constant__ Shape {n}_shape")
+        if f"{n}_ndim" in body:
+            params.append(f"    const __grid_constant__ int {n}_ndim")
     for n, t in outputs:
         params.append(f"    {CTYPE[t]}* {n}")
     src += ",\n".join(params) + ") {\n"
@@ -76,9 +78,18 @@ def main():
     for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
-    for name, inputs, outputs, template in cases:
+    qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
+    for t, bits, gs, rt, mt, wk, gather in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1]):
+        if gather and mt > 1:
+            continue
+        inputs = [("x", t[1:]), ("w", "u32"), ("scales", t[1:]), ("biases", t[1:])] + ([("idx", "u32")] if gather else [])
+        template = {"T": t, "BITS": bits, "GS": gs, "RT": rt, "MT": mt, "WK": wk}
+        if gather:
+            template["DIV"] = 8
+        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, f"#define QMM_GATHER {gather}\n" + qmm_header))
+    for name, inputs, outputs, template, *own in cases:
         body = (KERNELS / f"{name}.cu").read_text()
-        own_header = header if name.startswith("turbo_") else ""
+        own_header = own[0] if own else header if name.startswith("turbo_") else ""
         res, log = compile_one(lib, includes, name, wrap(name, own_header, body, inputs, outputs, template))
         if res != 0 or "warning" in log:
             failures += res != 0

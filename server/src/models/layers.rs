@@ -6,6 +6,7 @@ use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{fast, ops, quantized, Array};
 
 use super::quant::{scales_stored, QuantConfig, QuantSpec};
+use super::quant_kernel;
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
@@ -54,9 +55,23 @@ impl QuantizedWeight {
         }))
     }
 
-    /// x @ W.T with W dequantized on the fly.
+    /// x @ W.T with W dequantized on the fly: by the decode kernel where it
+    /// applies (CUDA, few rows, wide products), else by MLX.
     fn matmul_t(&self, x: &Array) -> Result<Array> {
+        if let Some(y) = quant_kernel::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
+            return Ok(y);
+        }
         Ok(quantized::quantized_matmul_with(x, &self.weight, &self.scales, self.biases.as_ref(), true, self.params)?)
+    }
+
+    /// x [..., 1, in] through the stacked experts `indices` picks → [..., 1, out]
+    /// (MLX's gather_qmm), by the decode kernel where it applies.
+    pub fn gather_t(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        if let Some(y) = quant_kernel::gather(x, &self.weight, &self.scales, self.biases.as_ref(), indices, self.params)? {
+            return Ok(y);
+        }
+        let (w, s, b) = (&self.weight, &self.scales, self.biases.as_ref());
+        Ok(quantized::gather_qmm_with(x, w, s, b, None, Some(indices), true, self.params, sorted)?)
     }
 }
 

@@ -19,6 +19,7 @@ mod olmoe;
 mod pipeline;
 mod placement;
 pub mod quant;
+pub mod quant_kernel;
 mod qwen2;
 mod qwen2_moe;
 mod qwen3;

@@ -94,9 +94,7 @@ impl SwitchLinear {
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
         let y = match &self.weight {
             SwitchWeight::Dense(w) => quantized::gather_mm(x, &ops::swapaxes(w, -1, -2)?, None, Some(indices), sorted)?,
-            SwitchWeight::Quantized(q) => {
-                quantized::gather_qmm_with(x, &q.weight, &q.scales, q.biases.as_ref(), None, Some(indices), true, q.params, sorted)?
-            }
+            SwitchWeight::Quantized(q) => q.gather_t(x, indices, sorted)?,
         };
         Ok(match &self.bias {
             // mlx-lm: x + expand_dims(bias[indices], -2)

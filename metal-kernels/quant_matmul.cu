@@ -1,0 +1,202 @@
+// y = x @ Wᵀ with W affine-quantized (MLX's layout: BITS-bit values packed
+// little-endian in uint32 words along a row, one scale and bias per GS values),
+// for the few rows of a decode step, on tensor cores.
+//
+// Dense (QMM_GATHER 0): x [..., K] (M rows), w [N, K*BITS/32], scales/biases
+// [N, K/GS], y [..., N], M <= 8 * MT. Gather (QMM_GATHER 1, MoE): w, scales,
+// biases stacked [E, ...]; pair p multiplies row p / DIV of x by expert
+// idx[p]'s matrix into row p of y (M = 1 per pair, pairs on the grid's y
+// axis). Inputs and outputs are row-contiguous; their leading axes are read
+// flat, so no reshape is needed around the call.
+//
+// A warp owns RT tiles of 16 output features; the WK warps of a block split
+// the k-blocks between them and sum in shared memory at the end. In a k-block
+// (4 * SEG columns) the lane with quad index t reads one 16-byte run of each
+// of its two rows (features g and g + 8): SEG = 128 / BITS values, all in one
+// scale group since GS >= 32 >= SEG. Each mma.m16n8k16 takes A = 16 features x
+// 16 columns of dequantized weights (T, exactly as MLX's dequantize rounds
+// them) and B = 16 columns x 8 rows of x, accumulating in float. Which 4 of a
+// lane's columns feed which mma step is free to choose, as long as A and B
+// agree: the order used is the one the packed bits unpack into cheaply.
+constexpr int SEG = 128 / BITS;
+constexpr int KB = 4 * SEG;
+constexpr int STEPS = SEG / 4;
+constexpr int XW = SEG / 2;  // 32-bit words of x in a lane's run (2 values each)
+
+const int K = x_shape[x_ndim - 1];
+#if QMM_GATHER
+const int N = w_shape[1];
+const int M = 1;
+#else
+const int N = w_shape[0];
+int M = 1;
+for (int i = 0; i + 1 < x_ndim; ++i) {
+  M *= x_shape[i];
+}
+#endif
+const int KW = K / (32 / BITS);
+const int G = K / GS;
+const int lane = threadIdx.x % 32;
+const int warp = threadIdx.x / 32;
+const int g = lane / 4;
+const int t = lane % 4;
+const int row0 = blockIdx.x * (16 * RT);
+
+const uint32_t* wp = w;
+const T* sp = scales;
+const T* bp = biases;
+const T* xp = x;
+T* yp = y;
+#if QMM_GATHER
+{
+  const size_t pair = blockIdx.y;
+  const size_t e = idx[pair];
+  wp += e * N * KW;
+  sp += e * N * G;
+  bp += e * N * G;
+  xp += (pair / DIV) * K;
+  yp += pair * N;
+}
+#endif
+
+// Rows of this lane's A fragments (clamped for loads; stores check N).
+int rows[RT][2];
+#pragma unroll
+for (int r = 0; r < RT; ++r) {
+  rows[r][0] = min(row0 + r * 16 + g, N - 1);
+  rows[r][1] = min(row0 + r * 16 + g + 8, N - 1);
+}
+
+float acc[RT][MT][4];
+#pragma unroll
+for (int r = 0; r < RT; ++r) {
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[r][mt][i] = 0.0f;
+    }
+  }
+}
+
+const int nkb = (K + KB - 1) / KB;
+for (int kb = warp; kb < nkb; kb += WK) {
+  const int k0 = kb * KB + t * SEG;
+  const bool live = k0 < K;
+  uint4 wv[RT][2];
+  T sc[RT][2], bi[RT][2];
+  #pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    #pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const size_t row = rows[r][h];
+      if (live) {
+        wv[r][h] = *reinterpret_cast<const uint4*>(wp + row * KW + k0 / (32 / BITS));
+        sc[r][h] = sp[row * G + k0 / GS];
+        bi[r][h] = bp[row * G + k0 / GS];
+      } else {
+        wv[r][h] = make_uint4(0, 0, 0, 0);
+        sc[r][h] = static_cast<T>(0.0f);
+        bi[r][h] = static_cast<T>(0.0f);
+      }
+    }
+  }
+  uint32_t xv[MT][XW];
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int m = mt * 8 + g;
+    #pragma unroll
+    for (int i = 0; i < XW / 4; ++i) {
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (live && m < M) {
+        v = reinterpret_cast<const uint4*>(xp + (size_t)m * K + k0)[i];
+      }
+      xv[mt][4 * i] = v.x;
+      xv[mt][4 * i + 1] = v.y;
+      xv[mt][4 * i + 2] = v.z;
+      xv[mt][4 * i + 3] = v.w;
+    }
+  }
+  #pragma unroll
+  for (int s = 0; s < STEPS; ++s) {
+    // Words of x holding this step's 4 columns, and where the two pairs sit.
+    const int xa = BITS == 4 ? 4 * (s / 2) + s % 2 : 2 * s;
+    const int xb = BITS == 4 ? xa + 2 : xa + 1;
+    uint32_t a[RT][4];
+    #pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[r][h]);
+        if (BITS == 4) {
+          const uint32_t word = words[s / 2];
+          a[r][h] = qmm_dequant4<T>(word >> (8 * (s % 2)), sc[r][h], bi[r][h]);
+          a[r][h + 2] = qmm_dequant4<T>(word >> (8 * (s % 2) + 4), sc[r][h], bi[r][h]);
+        } else {
+          const uint32_t word = words[s];
+          a[r][h] = qmm_dequant8<T>(word, 0, 2, sc[r][h], bi[r][h]);
+          a[r][h + 2] = qmm_dequant8<T>(word, 1, 3, sc[r][h], bi[r][h]);
+        }
+      }
+    }
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint32_t b0 = __byte_perm(xv[mt][xa], xv[mt][xb], 0x5410);
+      const uint32_t b1 = __byte_perm(xv[mt][xa], xv[mt][xb], 0x7632);
+      #pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        qmm_mma<T>(acc[r][mt], a[r], b0, b1);
+      }
+    }
+  }
+}
+
+// Split-K: warps 1.. hand their sums to warp 0 through shared memory.
+if (WK > 1) {
+  __shared__ float part[WK > 1 ? WK - 1 : 1][RT * MT * 4][32];
+  if (warp > 0) {
+    #pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          part[warp - 1][(r * MT + mt) * 4 + i][lane] = acc[r][mt][i];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (warp > 0) {
+    return;
+  }
+  #pragma unroll
+  for (int o = 0; o < WK - 1; ++o) {
+    #pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      #pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          acc[r][mt][i] += part[o][(r * MT + mt) * 4 + i][lane];
+        }
+      }
+    }
+  }
+}
+
+// D fragment: c0, c1 at feature g, rows 2t, 2t + 1; c2, c3 at feature g + 8.
+#pragma unroll
+for (int r = 0; r < RT; ++r) {
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = row0 + r * 16 + g + (i / 2) * 8;
+      const int m = mt * 8 + 2 * t + i % 2;
+      if (n < N && m < M) {
+        yp[(size_t)m * N + n] = static_cast<T>(acc[r][mt][i]);
+      }
+    }
+  }
+}

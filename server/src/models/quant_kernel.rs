@@ -1,0 +1,356 @@
+//! Affine-quantized matmul for decode-sized batches on NVIDIA GPUs: a
+//! tensor-core CUDA kernel (`metal-kernels/quant_matmul.cu`) for x @ Wᵀ with
+//! up to 32 rows of x, dense or gathered per MoE expert. MLX 0.32's own CUDA
+//! kernels for these shapes read the weights at about an eighth of the card's
+//! bandwidth; decoding is nothing but reading the weights, so this is where a
+//! decode step's time goes.
+//!
+//! The kernel runs where it fits (CUDA, the current device the GPU, 4- or
+//! 8-bit affine weights with group size 32, 64 or 128 and biases, bfloat16 or
+//! float16 activations in the scales' dtype, at most 32 rows) once its
+//! start-up check against MLX's dequantize-then-matmul passed; every other
+//! case returns None and the caller runs MLX's op. `MLX_SERVE_QMM_KERNEL=0`
+//! turns it off (to compare with MLX's kernels). Metal keeps MLX's kernels,
+//! which are tuned for Apple GPUs.
+
+use std::sync::OnceLock;
+
+use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelSource, TemplateArg};
+use mlx_rs_safe::{ops, quantized, Array, Dtype};
+
+use super::quant::{QuantMode, QuantSpec};
+use crate::error::{Error, Result};
+
+const SOURCE: &str = include_str!("../../../metal-kernels/quant_matmul.cu");
+const HEADER: &str = include_str!("../../../metal-kernels/quant_matmul.cuh");
+
+/// The most rows of x the kernel takes (8 per tensor-core tile, 4 tiles).
+pub const MAX_ROWS: i32 = 32;
+/// The most (row, expert) pairs of a gathered call: a decode batch of 64
+/// sequences routing to 8 experts each.
+pub const MAX_PAIRS: i32 = 512;
+/// The fewest output features of a dense product the kernel takes. Measured
+/// on an H100 (BENCHMARKS.md, issue 15): alone, one row through MLX's matvec
+/// is as fast or faster for the attention projections (4096 x 4096 and
+/// smaller), and in Llama-3.1-8B's decode the kernel on every projection
+/// decoded slower (113-146 tok/s) than on the MLP's gate/up and the output
+/// head only (234 tok/s; MLX alone 163-172), for reasons not yet understood.
+/// So the kernel takes the wide products: gate/up (14336), output heads.
+pub const MIN_FEATURES: i32 = 8192;
+/// Warps the grid aims for (an H100 holds 64 per SM, 132 SMs): enough loads
+/// in flight to cover the memory latency.
+const TARGET_WARPS: i32 = 4096;
+
+/// How a call is cut up: RT tiles of 16 output features per warp, MT tiles
+/// of 8 rows of x, WK warps of a block splitting the reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tiles {
+    pub rt: i32,
+    pub mt: i32,
+    pub wk: i32,
+}
+
+impl Tiles {
+    /// The tiling for `rows` of x (per pair when gathered), `n` output
+    /// features, `k` inputs, `pairs` gathered pairs (1 when dense).
+    pub fn choose(rows: i32, n: i32, k: i32, bits: i32, pairs: i32) -> Tiles {
+        let mt = match (rows + 7) / 8 {
+            0 | 1 => 1,
+            2 => 2,
+            _ => 4,
+        };
+        // Two feature tiles per warp share each load of x when there are many rows.
+        let rt = if mt > 1 { 2 } else { 1 };
+        let blocks = (n + 16 * rt - 1) / (16 * rt) * pairs;
+        let k_blocks = (k + 4 * (128 / bits) - 1) / (4 * (128 / bits));
+        let mut wk = 1;
+        while wk < Tiles::max_wk(rt, mt) && wk * 2 <= k_blocks && blocks * wk < TARGET_WARPS {
+            wk *= 2;
+        }
+        Tiles { rt, mt, wk }
+    }
+
+    /// The most warps a block of this tiling may have: the split-K sums
+    /// (WK - 1 warps' accumulators) must fit 48 KB of shared memory, and the
+    /// block's registers (~140 a thread at RT 2, MT 4) the SM's 64K.
+    fn max_wk(rt: i32, mt: i32) -> i32 {
+        if rt * mt >= 8 {
+            8
+        } else {
+            16
+        }
+    }
+
+    fn check(self) -> Result<Tiles> {
+        let ok = matches!(self.rt, 1 | 2)
+            && matches!(self.mt, 1 | 2 | 4)
+            && matches!(self.wk, 1 | 2 | 4 | 8 | 16)
+            && self.wk <= Tiles::max_wk(self.rt, self.mt);
+        ok.then_some(self)
+            .ok_or_else(|| Error::Config(format!("no quantized-matmul kernel tiling {self:?}")))
+    }
+}
+
+/// Why the kernel cannot take these weights, or None when it can.
+fn unsupported(x: &Array, k: i32, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Option<&'static str> {
+    if spec.mode != QuantMode::Affine || biases.is_none() {
+        Some("not affine")
+    } else if !matches!(spec.bits, 4 | 8) || !matches!(spec.group_size, 32 | 64 | 128) {
+        Some("bits or group size")
+    } else if !matches!(x.dtype(), Dtype::Bfloat16 | Dtype::Float16) || scales.dtype() != x.dtype() || biases.is_some_and(|b| b.dtype() != x.dtype())
+    {
+        Some("dtype")
+    } else if k == 0 || k % (128 / spec.bits) != 0 || k % spec.group_size != 0 {
+        Some("input width")
+    } else {
+        None
+    }
+}
+
+/// x [..., K] @ Wᵀ for W [N, K] quantized by `spec`, or None where the kernel
+/// does not apply (the caller runs MLX's quantized_matmul).
+pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Option<Array>> {
+    let shape = x.shape();
+    let k = shape.last().copied().unwrap_or(0);
+    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
+    if shape.is_empty() || rows == 0 || rows > MAX_ROWS as i64 || w.ndim() != 2 || unsupported(x, k, scales, biases, spec).is_some() || !in_use() {
+        return Ok(None);
+    }
+    let n = w.dim(0)?;
+    if n < MIN_FEATURES {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose(rows as i32, n, k, spec.bits, 1);
+    Ok(Some(launch_dense(x, shape, n, w, scales, biases, spec, tiles)?))
+}
+
+/// [`matmul`] with a chosen tiling, the kernel only (no fallback): for the
+/// tests and the kernel benchmark.
+pub fn matmul_tiled(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    launch_dense(x, x.shape(), w.dim(0)?, w, scales, biases, spec, tiles.check()?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_dense(
+    x: &Array,
+    mut shape: Vec<i32>,
+    n: i32,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    spec: QuantSpec,
+    tiles: Tiles,
+) -> Result<Array> {
+    let biases = biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+    *shape.last_mut().ok_or(Error::Internal("x has no axis"))? = n;
+    launch(&[x, w, scales, biases], shape, n, 1, spec, tiles, None)
+}
+
+/// MLX's gather_qmm(x, W, rhs_indices = indices, transpose) for W stacked
+/// [E, N, K]: x [..., 1, K] whose leading axes equal the indices' shape or
+/// that shape with its last axis 1 (each row through each of its experts);
+/// the result is [..indices' shape, 1, N]. None where the kernel does not
+/// apply.
+pub fn gather(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    let (xs, is) = (x.shape(), indices.shape());
+    let pairs = indices.size() as i32;
+    if xs.len() < 2 || xs[xs.len() - 2] != 1 || w.ndim() != 3 || pairs == 0 || pairs > MAX_PAIRS {
+        return Ok(None);
+    }
+    let lead = &xs[..xs.len() - 2];
+    let per_row = match is.split_last() {
+        _ if lead == is.as_slice() => 1,
+        Some((&last, rest)) if lead.len() == is.len() && &lead[..rest.len()] == rest && lead[rest.len()] == 1 => last,
+        _ => return Ok(None),
+    };
+    let k = xs[xs.len() - 1];
+    if unsupported(x, k, scales, biases, spec).is_some() || !in_use() {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose(1, w.dim(1)?, k, spec.bits, pairs);
+    Ok(Some(gather_tiled(x, w, scales, biases, indices, per_row, spec, tiles)?))
+}
+
+/// [`gather`] with the rows per x row (`per_row`: 1, or the indices' last
+/// axis) and the tiling given, the kernel only.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_tiled(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    indices: &Array,
+    per_row: i32,
+    spec: QuantSpec,
+    tiles: Tiles,
+) -> Result<Array> {
+    let n = w.dim(1)?;
+    let biases = biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+    let cast;
+    let idx = if indices.dtype() == Dtype::Uint32 {
+        indices
+    } else {
+        cast = ops::astype(indices, Dtype::Uint32)?;
+        &cast
+    };
+    let shape = [indices.shape(), vec![1, n]].concat();
+    launch(
+        &[x, w, scales, biases, idx],
+        shape,
+        n,
+        indices.size() as i32,
+        spec,
+        tiles.check()?,
+        Some(per_row),
+    )
+}
+
+/// One launch: a block per RT×16 output features (per pair when gathered),
+/// the output `shape` row-major.
+fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpec, tiles: Tiles, per_row: Option<i32>) -> Result<Array> {
+    let dtype = inputs[0].dtype();
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
+    let ints = [
+        ("BITS", spec.bits),
+        ("GS", spec.group_size),
+        ("RT", tiles.rt),
+        ("MT", tiles.mt),
+        ("WK", tiles.wk),
+    ];
+    template.extend(ints.iter().map(|(k, v)| (k.to_string(), TemplateArg::Int(*v))));
+    if let Some(div) = per_row {
+        template.push(("DIV".to_string(), TemplateArg::Int(div)));
+    }
+    let blocks = (n + 16 * tiles.rt - 1) / (16 * tiles.rt);
+    let call = KernelCall {
+        outputs: vec![(shape, dtype)],
+        grid: (blocks * 32 * tiles.wk, pairs, 1),
+        thread_group: (32 * tiles.wk, 1, 1),
+        template,
+        ..Default::default()
+    };
+    let gathered = per_row.is_some();
+    let out = KERNELS.with(|k| match &k[gathered as usize] {
+        Some(kernel) => Ok(kernel.apply(inputs, &call)?),
+        None => Err(Error::Internal("the quantized-matmul kernel did not compile")),
+    })?;
+    out.into_iter()
+        .next()
+        .ok_or(Error::Internal("the quantized-matmul kernel returned no array"))
+}
+
+thread_local! {
+    /// The dense and the gathered kernel (None off CUDA).
+    static KERNELS: [Option<CustomKernel>; 2] = [make_kernel(false), make_kernel(true)];
+}
+
+fn make_kernel(gathered: bool) -> Option<CustomKernel> {
+    if gpu_backend() != Some("cuda") {
+        return None;
+    }
+    let header = format!("#define QMM_GATHER {}\n{HEADER}", gathered as i32);
+    let inputs: &[&str] = if gathered {
+        &["x", "w", "scales", "biases", "idx"]
+    } else {
+        &["x", "w", "scales", "biases"]
+    };
+    let name = if gathered { "quant_matmul_gather" } else { "quant_matmul" };
+    let src = KernelSource {
+        header: &header,
+        ..KernelSource::new(name, inputs, &["y"], SOURCE)
+    };
+    CustomKernel::cuda(&src).map_err(|e| log::warn!("quantized-matmul kernel: {e}")).ok()
+}
+
+/// Whether the kernel serves calls on this thread's device: CUDA, the GPU
+/// current, not turned off, and its start-up check passed (once a process).
+pub fn in_use() -> bool {
+    mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && usable()
+}
+
+fn usable() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    *USABLE.get_or_init(|| {
+        if gpu_backend() != Some("cuda") {
+            return false;
+        }
+        if std::env::var("MLX_SERVE_QMM_KERNEL").is_ok_and(|v| v == "0") {
+            log::info!("quantized matmul: MLX_SERVE_QMM_KERNEL=0, using MLX's kernels");
+            return false;
+        }
+        match self_check() {
+            Ok(None) => {
+                log::info!("quantized matmul: the CUDA kernel serves decode-sized batches");
+                true
+            }
+            Ok(Some(why)) => {
+                log::warn!("quantized matmul: the CUDA kernel disagrees with MLX ({why}); using MLX's kernels");
+                false
+            }
+            Err(e) => {
+                log::warn!("quantized matmul: the CUDA kernel does not run here ({e}); using MLX's kernels");
+                false
+            }
+        }
+    })
+}
+
+/// The float32 reference: x @ dequantize(W)ᵀ, both in float32.
+pub fn reference(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Array> {
+    let wf = quantized::dequantize_with(w, scales, biases, spec, Some(Dtype::Float32))?;
+    Ok(ops::matmul(&ops::astype(x, Dtype::Float32)?, &ops::swapaxes(&wf, -1, -2)?)?)
+}
+
+/// A few products of each kind (4 and 8 bits, dense and gathered) against
+/// the float32 reference; None when they agree within bfloat16 rounding.
+pub fn self_check() -> Result<Option<String>> {
+    use mlx_rs_safe::random;
+    let (n, k) = (64, 256);
+    let normal = |shape: &[i32], seed: u64| random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?);
+    for bits in [4, 8] {
+        let spec = QuantSpec::affine(64, bits);
+        let wf = normal(&[2, n, k], 1)?;
+        let (w, scales, biases) = quantized::quantize(&ops::astype(&wf, Dtype::Bfloat16)?, spec.group_size, bits)?;
+        let x = ops::astype(&normal(&[3, 1, k], 2)?, Dtype::Bfloat16)?;
+        let first = |a: &Array| ops::take(a, &Array::scalar(0i32), 0);
+        let (w0, s0, b0) = (first(&w)?, first(&scales)?, first(&biases)?);
+        let dense = matmul_tiled(&x, &w0, &s0, Some(&b0), spec, Tiles::choose(3, n, k, bits, 1))?;
+        let want = reference(&x, &w0, &s0, Some(&b0), spec)?;
+        if let Some(why) = disagreement(&dense, &want)? {
+            return Ok(Some(format!("{bits}-bit: {why}")));
+        }
+        let idx = Array::from_slice(&[1u32, 0, 1], &[3])?;
+        let got = gather_tiled(
+            &ops::reshape(&x, &[3, 1, 1, k])?,
+            &w,
+            &scales,
+            Some(&biases),
+            &idx,
+            1,
+            spec,
+            Tiles::choose(1, n, k, bits, 3),
+        )?;
+        for (row, e) in [(0, 1), (1, 0), (2, 1)] {
+            let pick = |a: &Array, i: i32| ops::take(a, &Array::scalar(i), 0);
+            let want = reference(&pick(&x, row)?, &pick(&w, e)?, &pick(&scales, e)?, Some(&pick(&biases, e)?), spec)?;
+            if let Some(why) = disagreement(&ops::reshape(&pick(&got, row)?, &[1, n])?, &want)? {
+                return Ok(Some(format!("{bits}-bit gathered: {why}")));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Why `got` (bfloat16 or float16) is farther from `want` than 16-bit
+/// rounding allows, or None. The kernel rounds each dequantized weight to 16
+/// bits (as MLX's dequantize does) and the result: together a few units in
+/// the last place of the largest output; a wrong layout is off by the
+/// outputs' own size.
+pub fn disagreement(got: &Array, want: &Array) -> Result<Option<String>> {
+    let want = ops::astype(want, Dtype::Float32)?;
+    let diff = ops::abs(&ops::subtract(&ops::astype(got, Dtype::Float32)?, &want)?)?;
+    let scale = ops::max_all(&ops::abs(&want)?, false)?.item::<f32>()?;
+    let worst = ops::max_all(&diff, false)?.item::<f32>()?;
+    let allowed = scale / 64.0;
+    Ok((!worst.is_finite() || worst > allowed).then(|| format!("max difference {worst}, {allowed} allowed (largest output {scale})")))
+}

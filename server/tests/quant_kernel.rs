@@ -1,0 +1,200 @@
+//! The decode kernel for affine-quantized matmul (`metal-kernels/quant_matmul.cu`)
+//! against MLX's quantized_matmul and gather_qmm: every bit width, group size
+//! and dtype it takes, 1 to 32 rows, feature counts that are and are not
+//! multiples of its tiles, dense and gathered (both broadcast forms and the
+//! sorted one). On a machine without CUDA the kernel must decline every call,
+//! so the callers run MLX's op; that part runs everywhere.
+
+use mlx_rs_safe::kernels::gpu_backend;
+use mlx_rs_safe::quantized::{self, QuantMode, QuantSpec};
+use mlx_rs_safe::{ops, random, Array, Dtype};
+use mlx_serve::models::quant_kernel::{self, disagreement, Tiles, MAX_ROWS, MIN_FEATURES};
+
+fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let a = random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap();
+    ops::astype(&a, dtype).unwrap()
+}
+
+/// Quantized weights [lead..., n, k] of random normal values.
+fn weights(lead: &[i32], n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
+    let w = normal(&[lead, &[n, k]].concat(), seed, dtype);
+    quantized::quantize(&w, spec.group_size, spec.bits).unwrap()
+}
+
+/// Whether this machine runs the kernel; on CUDA it must (unless turned off).
+fn on_cuda() -> bool {
+    if gpu_backend() != Some("cuda") {
+        eprintln!("skipped: the quantized-matmul kernel runs on CUDA only");
+        return false;
+    }
+    if std::env::var("MLX_SERVE_QMM_KERNEL").is_ok_and(|v| v == "0") {
+        eprintln!("skipped: MLX_SERVE_QMM_KERNEL=0");
+        return false;
+    }
+    assert!(
+        quant_kernel::in_use(),
+        "the kernel is not in use on CUDA: {:?}",
+        quant_kernel::self_check()
+    );
+    true
+}
+
+fn check(what: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    if let Some(why) = disagreement(got, want).unwrap() {
+        panic!("{what}: {why}");
+    }
+    eprintln!("{what}: agrees");
+}
+
+#[test]
+fn dense_matches_mlx() {
+    if !on_cuda() {
+        return;
+    }
+    let mut cases = 0;
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            for gs in [32, 64, 128] {
+                let spec = QuantSpec::affine(gs, bits);
+                let big = dtype == Dtype::Bfloat16 && gs == 64;
+                let shapes: &[(i32, i32, &[i32])] = if big {
+                    &[(1000, 768, &[1, 17]), (4096, 4096, &[1, 32]), (48, 1024, &[2])]
+                } else {
+                    &[(1000, 768, &[1, 17])]
+                };
+                for &(n, k, rows) in shapes {
+                    let (w, s, b) = weights(&[], n, k, spec, dtype, (bits * gs) as u64);
+                    for &m in rows {
+                        let x = normal(&[m, 1, k], m as u64, dtype);
+                        let want = quantized::quantized_matmul(&x, &w, &s, Some(&b), true, gs, bits).unwrap();
+                        let tiles = Tiles::choose(m, n, k, bits, 1);
+                        let got = quant_kernel::matmul_tiled(&x, &w, &s, Some(&b), spec, tiles).unwrap();
+                        check(&format!("{dtype:?} {bits}-bit group {gs}, {m}x{k} @ {n}x{k}"), &got, &want);
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{cases} products agree");
+}
+
+/// The dense products the kernel takes by itself: the wide ones.
+#[test]
+fn wide_products_take_the_kernel() {
+    if !on_cuda() {
+        return;
+    }
+    let spec = QuantSpec::affine(64, 4);
+    let x = normal(&[2, 1, 512], 1, Dtype::Bfloat16);
+    for (n, takes) in [(MIN_FEATURES, true), (MIN_FEATURES - 16, false)] {
+        let (w, s, b) = weights(&[], n, 512, spec, Dtype::Bfloat16, 2);
+        let got = quant_kernel::matmul(&x, &w, &s, Some(&b), spec).unwrap();
+        assert_eq!(got.is_some(), takes, "{n} features");
+        if let Some(got) = got {
+            check(
+                &format!("{n} features"),
+                &got,
+                &quantized::quantized_matmul(&x, &w, &s, Some(&b), true, 64, 4).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn every_tiling_matches_mlx() {
+    if !on_cuda() {
+        return;
+    }
+    let spec = QuantSpec::affine(64, 4);
+    let (n, k) = (520, 2048);
+    let (w, s, b) = weights(&[], n, k, spec, Dtype::Bfloat16, 7);
+    for (rows, mt) in [(5, 1), (13, 2), (30, 4)] {
+        let x = normal(&[rows, k], 3, Dtype::Bfloat16);
+        let want = quantized::quantized_matmul(&x, &w, &s, Some(&b), true, 64, 4).unwrap();
+        for rt in [1, 2] {
+            for wk in [1, 2, 4, 8, 16] {
+                let what = format!("{rows} rows, rt {rt} mt {mt} wk {wk}");
+                match quant_kernel::matmul_tiled(&x, &w, &s, Some(&b), spec, Tiles { rt, mt, wk }) {
+                    Ok(got) => check(&what, &got, &want),
+                    // Too many registers or too much shared memory for a block.
+                    Err(_) => assert!(rt * mt >= 8 && wk == 16, "{what} refused"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gathered_matches_mlx() {
+    if !on_cuda() {
+        return;
+    }
+    let (experts, n, k, top) = (16, 768, 2048, 4);
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            let spec = QuantSpec::affine(64, bits);
+            let (w, s, b) = weights(&[experts], n, k, spec, dtype, bits as u64);
+            let (wd, sd, bd) = weights(&[experts], k, n, spec, dtype, 10 + bits as u64);
+            for batch in [1, 8] {
+                let key = random::key(batch as u64).unwrap();
+                let idx = random::randint(&Array::scalar(0i32), &Array::scalar(experts), &[batch, 1, top], Dtype::Uint32, &key).unwrap();
+                // Gate/up form: each row through each of its experts.
+                let x = normal(&[batch, 1, 1, 1, k], 20 + batch as u64, dtype);
+                let want = quantized::gather_qmm(&x, &w, &s, Some(&b), None, Some(&idx), true, 64, bits, false).unwrap();
+                let got = quant_kernel::gather(&x, &w, &s, Some(&b), &idx, spec)
+                    .unwrap()
+                    .expect("the kernel applies");
+                check(&format!("{dtype:?} {bits}-bit, batch {batch}, broadcast rows"), &got, &want);
+                // Down form: a row per (row, expert).
+                let h = normal(&[batch, 1, top, 1, n], 30 + batch as u64, dtype);
+                let want = quantized::gather_qmm(&h, &wd, &sd, Some(&bd), None, Some(&idx), true, 64, bits, false).unwrap();
+                let got = quant_kernel::gather(&h, &wd, &sd, Some(&bd), &idx, spec)
+                    .unwrap()
+                    .expect("the kernel applies");
+                check(&format!("{dtype:?} {bits}-bit, batch {batch}, a row per pair"), &got, &want);
+                // Sorted form: rows reordered by expert, flat indices.
+                let flat = ops::flatten(&idx, 0, -1).unwrap();
+                let order = ops::argsort(&flat, 0).unwrap();
+                let sorted = ops::take(&flat, &order, 0).unwrap();
+                let xs = ops::take(&ops::reshape(&h, &[-1, 1, n]).unwrap(), &order, 0).unwrap();
+                let want = quantized::gather_qmm(&xs, &wd, &sd, Some(&bd), None, Some(&sorted), true, 64, bits, true).unwrap();
+                let got = quant_kernel::gather(&xs, &wd, &sd, Some(&bd), &sorted, spec)
+                    .unwrap()
+                    .expect("the kernel applies");
+                check(&format!("{dtype:?} {bits}-bit, batch {batch}, sorted"), &got, &want);
+            }
+        }
+    }
+}
+
+/// What the kernel does not take goes back to the caller (None), on every
+/// machine: on one without CUDA, everything.
+#[test]
+fn unsupported_calls_fall_back() {
+    let cuda = quant_kernel::in_use();
+    let spec = QuantSpec::affine(64, 4);
+    let (w, s, b) = weights(&[], MIN_FEATURES, 256, spec, Dtype::Bfloat16, 1);
+    let x = normal(&[2, 256], 2, Dtype::Bfloat16);
+    let applies = |x: &Array, w: &Array, s: &Array, b: Option<&Array>, spec: QuantSpec| quant_kernel::matmul(x, w, s, b, spec).unwrap().is_some();
+    assert_eq!(applies(&x, &w, &s, Some(&b), spec), cuda, "a supported call");
+    // Too many rows (prefill), float32 activations, no biases, 3 bits, mxfp4.
+    assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec));
+    let x32 = ops::astype(&x, Dtype::Float32).unwrap();
+    let (w32, s32, b32) = weights(&[], MIN_FEATURES, 256, spec, Dtype::Float32, 1);
+    assert!(!applies(&x32, &w32, &s32, Some(&b32), spec));
+    assert!(!applies(&x, &w, &s, None, spec));
+    let (w3, s3, b3) = weights(&[], MIN_FEATURES, 256, QuantSpec::affine(64, 3), Dtype::Bfloat16, 1);
+    assert!(!applies(&x, &w3, &s3, Some(&b3), QuantSpec::affine(64, 3)));
+    let mx = QuantSpec::default_for(QuantMode::Mxfp4);
+    let (wm, sm, _) = quantized::quantize_with(&normal(&[64, 256], 4, Dtype::Bfloat16), mx).unwrap();
+    assert!(!applies(&x, &wm, &sm, None, mx));
+    // Gathered: indices that do not match x's leading axes.
+    let (ws, ss, bs) = weights(&[4], 64, 256, spec, Dtype::Bfloat16, 5);
+    let idx = Array::from_slice(&[0u32, 1, 2, 3, 0, 1], &[2, 3]).unwrap();
+    let gathered = |x: &Array| quant_kernel::gather(x, &ws, &ss, Some(&bs), &idx, spec).unwrap().is_some();
+    assert_eq!(gathered(&normal(&[2, 1, 1, 256], 6, Dtype::Bfloat16)), cuda, "broadcast rows");
+    assert!(!gathered(&normal(&[3, 1, 1, 256], 6, Dtype::Bfloat16)), "3 rows for 2 index rows");
+    assert!(!gathered(&normal(&[2, 3, 2, 256], 6, Dtype::Bfloat16)), "x rows of 2");
+}
