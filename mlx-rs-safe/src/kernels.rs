@@ -185,14 +185,45 @@ impl Drop for Names {
     }
 }
 
+/// `code` without its `//` comments, indentation and blank lines. MLX
+/// rebuilds a custom kernel's full source text on every call (header,
+/// signature, body) and hashes it at every evaluation to find the compiled
+/// module, so each byte costs host time per launch; comments are most of
+/// our kernels' bytes. Preprocessor lines keep their own lines.
+pub fn compact(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    for line in code.lines() {
+        let mut in_string = false;
+        let mut prev = ' ';
+        let mut end = line.len();
+        for (i, c) in line.char_indices() {
+            match c {
+                '"' if prev != '\\' => in_string = !in_string,
+                '/' if !in_string && prev == '/' => {
+                    end = i - 1;
+                    break;
+                }
+                _ => {}
+            }
+            prev = c;
+        }
+        let kept = line[..end].trim();
+        if !kept.is_empty() {
+            out.push_str(kept);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 impl CustomKernel {
     /// Creates a kernel in `language` from `src`. Nothing is compiled yet: MLX
     /// compiles on first apply, per set of template arguments.
     pub fn new(language: KernelLanguage, src: &KernelSource<'_>) -> Result<CustomKernel> {
         init();
         let name = cstring(src.name, "the kernel name")?;
-        let source = cstring(src.source, "the kernel source")?;
-        let header = cstring(src.header, "the kernel header")?;
+        let source = cstring(&compact(src.source), "the kernel source")?;
+        let header = cstring(&compact(src.header), "the kernel header")?;
         let inputs = Names::new(src.input_names)?;
         let outputs = Names::new(src.output_names)?;
         // SAFETY: all strings are NUL-terminated and outlive the call; the name

@@ -121,3 +121,40 @@ fn names_with_nul_bytes_are_rejected_before_mlx() {
     );
     assert!(bad.is_err());
 }
+
+#[test]
+fn compact_drops_comments_indentation_and_blank_lines() {
+    let code = "// leading comment\n#define N 4  // tail\n\n  int a = 1; // why\n  const char* s = \"a // b\"; // c\n  return x / y;\n";
+    assert_eq!(
+        mlx_rs_safe::kernels::compact(code),
+        "#define N 4\nint a = 1;\nconst char* s = \"a // b\";\nreturn x / y;\n"
+    );
+}
+
+#[test]
+fn compact_keeps_the_code_of_every_kernel() {
+    // Every kernel and header in metal-kernels/: the same code, token for token
+    // and line for line, only lighter (MLX gets the compact text).
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../metal-kernels");
+    let code_lines = |s: &str| -> Vec<Vec<String>> {
+        s.lines()
+            .map(|l| l.split("//").next().unwrap_or("").split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|words| !words.is_empty())
+            .collect()
+    };
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !matches!(path.extension().and_then(|e| e.to_str()), Some("cu" | "cuh" | "metal")) {
+            continue;
+        }
+        let src = std::fs::read_to_string(&path).unwrap();
+        let small = mlx_rs_safe::kernels::compact(&src);
+        assert_eq!(code_lines(&small), code_lines(&src), "{}", path.display());
+        assert!(small.len() < src.len(), "{}", path.display());
+        files += 1;
+    }
+    assert!(files >= 10, "{files} kernel files in {}", dir.display());
+    let largest = include_str!("../../metal-kernels/quant_matmul.cu");
+    assert!(mlx_rs_safe::kernels::compact(largest).len() * 3 < largest.len() * 2);
+}

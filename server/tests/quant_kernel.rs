@@ -8,7 +8,7 @@
 use mlx_rs_safe::kernels::gpu_backend;
 use mlx_rs_safe::quantized::{self, QuantMode, QuantSpec};
 use mlx_rs_safe::{ops, random, Array, Dtype};
-use mlx_serve::models::quant_kernel::{self, disagreement, Tiles, MAX_ROWS, MIN_FEATURES};
+use mlx_serve::models::quant_kernel::{self, disagreement, Tiles, MAX_ROWS, MIN_ROWS};
 
 fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
     let a = random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap();
@@ -80,21 +80,26 @@ fn dense_matches_mlx() {
     eprintln!("{cases} products agree");
 }
 
-/// The dense products the kernel takes by itself: the wide ones.
+/// The dense products the kernel takes by itself: those of 2 to 32 rows.
 #[test]
-fn wide_products_take_the_kernel() {
+fn decode_batches_take_the_kernel() {
     if !on_cuda() {
         return;
     }
     let spec = QuantSpec::affine(64, 4);
-    let x = normal(&[2, 1, 512], 1, Dtype::Bfloat16);
-    for (n, takes) in [(MIN_FEATURES, true), (MIN_FEATURES - 16, false)] {
-        let (w, s, b) = weights(&[], n, 512, spec, Dtype::Bfloat16, 2);
+    let (w, s, b) = weights(&[], 1024, 512, spec, Dtype::Bfloat16, 2);
+    for (rows, takes) in [
+        (MIN_ROWS as i32 - 1, false),
+        (MIN_ROWS as i32, true),
+        (MAX_ROWS, true),
+        (MAX_ROWS + 1, false),
+    ] {
+        let x = normal(&[rows, 1, 512], 1, Dtype::Bfloat16);
         let got = quant_kernel::matmul(&x, &w, &s, Some(&b), spec).unwrap();
-        assert_eq!(got.is_some(), takes, "{n} features");
+        assert_eq!(got.is_some(), takes, "{rows} rows");
         if let Some(got) = got {
             check(
-                &format!("{n} features"),
+                &format!("{rows} rows"),
                 &got,
                 &quantized::quantized_matmul(&x, &w, &s, Some(&b), true, 64, 4).unwrap(),
             );
@@ -175,17 +180,18 @@ fn gathered_matches_mlx() {
 fn unsupported_calls_fall_back() {
     let cuda = quant_kernel::in_use();
     let spec = QuantSpec::affine(64, 4);
-    let (w, s, b) = weights(&[], MIN_FEATURES, 256, spec, Dtype::Bfloat16, 1);
+    let (w, s, b) = weights(&[], 64, 256, spec, Dtype::Bfloat16, 1);
     let x = normal(&[2, 256], 2, Dtype::Bfloat16);
     let applies = |x: &Array, w: &Array, s: &Array, b: Option<&Array>, spec: QuantSpec| quant_kernel::matmul(x, w, s, b, spec).unwrap().is_some();
     assert_eq!(applies(&x, &w, &s, Some(&b), spec), cuda, "a supported call");
-    // Too many rows (prefill), float32 activations, no biases, 3 bits, mxfp4.
+    // One row (MLX's matvec), too many rows (prefill), float32 activations, no biases, 3 bits, mxfp4.
+    assert!(!applies(&normal(&[1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec));
     assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec));
     let x32 = ops::astype(&x, Dtype::Float32).unwrap();
-    let (w32, s32, b32) = weights(&[], MIN_FEATURES, 256, spec, Dtype::Float32, 1);
+    let (w32, s32, b32) = weights(&[], 64, 256, spec, Dtype::Float32, 1);
     assert!(!applies(&x32, &w32, &s32, Some(&b32), spec));
     assert!(!applies(&x, &w, &s, None, spec));
-    let (w3, s3, b3) = weights(&[], MIN_FEATURES, 256, QuantSpec::affine(64, 3), Dtype::Bfloat16, 1);
+    let (w3, s3, b3) = weights(&[], 64, 256, QuantSpec::affine(64, 3), Dtype::Bfloat16, 1);
     assert!(!applies(&x, &w3, &s3, Some(&b3), QuantSpec::affine(64, 3)));
     let mx = QuantSpec::default_for(QuantMode::Mxfp4);
     let (wm, sm, _) = quantized::quantize_with(&normal(&[64, 256], 4, Dtype::Bfloat16), mx).unwrap();

@@ -5,13 +5,14 @@
 //! bandwidth; decoding is nothing but reading the weights, so this is where a
 //! decode step's time goes.
 //!
-//! The kernel runs where it fits (CUDA, the current device the GPU, 4- or
-//! 8-bit affine weights with group size 32, 64 or 128 and biases, bfloat16 or
-//! float16 activations in the scales' dtype, at most 32 rows) once its
-//! start-up check against MLX's dequantize-then-matmul passed; every other
-//! case returns None and the caller runs MLX's op. `MLX_SERVE_QMM_KERNEL=0`
-//! turns it off (to compare with MLX's kernels). Metal keeps MLX's kernels,
-//! which are tuned for Apple GPUs.
+//! The kernel runs where it fits and pays (CUDA, the current device the GPU,
+//! 4- or 8-bit affine weights with group size 32, 64 or 128 and biases,
+//! bfloat16 or float16 activations in the scales' dtype; dense products of
+//! [`MIN_ROWS`] to [`MAX_ROWS`] rows, gathered ones of up to [`MAX_PAIRS`]
+//! pairs) once its start-up check against MLX's dequantize-then-matmul
+//! passed; every other case returns None and the caller runs MLX's op.
+//! `MLX_SERVE_QMM_KERNEL=0` turns it off (to compare with MLX's kernels).
+//! Metal keeps MLX's kernels, which are tuned for Apple GPUs.
 
 use std::sync::OnceLock;
 
@@ -29,14 +30,19 @@ pub const MAX_ROWS: i32 = 32;
 /// The most (row, expert) pairs of a gathered call: a decode batch of 64
 /// sequences routing to 8 experts each.
 pub const MAX_PAIRS: i32 = 512;
-/// The fewest output features of a dense product the kernel takes. Measured
-/// on an H100 (BENCHMARKS.md, issue 15): alone, one row through MLX's matvec
-/// is as fast or faster for the attention projections (4096 x 4096 and
-/// smaller), and in Llama-3.1-8B's decode the kernel on every projection
-/// decoded slower (113-146 tok/s) than on the MLP's gate/up and the output
-/// head only (234 tok/s; MLX alone 163-172), for reasons not yet understood.
-/// So the kernel takes the wide products: gate/up (14336), output heads.
-pub const MIN_FEATURES: i32 = 8192;
+/// The fewest rows of x a dense product takes the kernel from. Decoding on
+/// MLX's CUDA backend is bound by the host (building and encoding a step's
+/// graph, ~10 us a kernel), and a call of our kernel costs more host time than
+/// MLX's matvec (MLX builds the custom kernel's source text at each call).
+/// Measured on an H100 with Llama-3.1-8B 4-bit (`benches/decode_step.rs`,
+/// BENCHMARKS.md): at one row the kernel's faster reads do not pay for that
+/// (8.5 ms a step with MLX's kernels, 9.1 with ours on the wide products,
+/// 13.4 on all); at eight rows, where MLX's cost grows with the rows and
+/// ours does not, ours on every product is fastest (10.6 ms, MLX 33.0).
+/// Gathered (MoE) products take it at every row count: MLX's gather_qmm is
+/// slower than ours there even counting the launch (the kernel table).
+pub const MIN_ROWS: i64 = 2;
+
 /// Warps the grid aims for (an H100 holds 64 per SM, 132 SMs): enough loads
 /// in flight to cover the memory latency.
 const TARGET_WARPS: i32 = 4096;
@@ -108,18 +114,22 @@ fn unsupported(x: &Array, k: i32, scales: &Array, biases: Option<&Array>, spec: 
 }
 
 /// x [..., K] @ Wᵀ for W [N, K] quantized by `spec`, or None where the kernel
-/// does not apply (the caller runs MLX's quantized_matmul).
+/// does not apply (the caller runs MLX's quantized_matmul): x of
+/// [`MIN_ROWS`] to [`MAX_ROWS`] rows.
 pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Option<Array>> {
     let shape = x.shape();
     let k = shape.last().copied().unwrap_or(0);
     let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
-    if shape.is_empty() || rows == 0 || rows > MAX_ROWS as i64 || w.ndim() != 2 || unsupported(x, k, scales, biases, spec).is_some() || !in_use() {
+    if shape.is_empty()
+        || rows < MIN_ROWS
+        || rows > MAX_ROWS as i64
+        || w.ndim() != 2
+        || unsupported(x, k, scales, biases, spec).is_some()
+        || !in_use()
+    {
         return Ok(None);
     }
     let n = w.dim(0)?;
-    if n < MIN_FEATURES {
-        return Ok(None);
-    }
     let tiles = Tiles::choose(rows as i32, n, k, spec.bits, 1);
     Ok(Some(launch_dense(x, shape, n, w, scales, biases, spec, tiles)?))
 }

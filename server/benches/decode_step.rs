@@ -1,0 +1,118 @@
+//! Where a decode step's time goes, for a real model: the host time to build
+//! a step's graph (`forward` + greedy pick), the host time `async_eval` takes
+//! to encode and launch it, and the wall time per step with steps pipelined
+//! as the engine runs them (step i+1 built and queued before step i's token
+//! is read) and one at a time (the GPU's time plus the host's). A step is
+//! host-bound when build + launch reaches the pipelined time.
+//!
+//!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
+//!
+//! Run it once with `MLX_SERVE_QMM_KERNEL=0` and once without to compare
+//! MLX's quantized kernels with ours (the switch is read once a process).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use mlx_rs_safe::{async_eval, eval, memory, ops, Array};
+use mlx_serve::kv::ModelCache;
+use mlx_serve::models::{self, LanguageModel};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn arg(args: &[String], name: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn median_ms(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2] * 1e3
+}
+
+/// A step's graph: the model over `tokens` ([rows, 1]) and the greedy pick,
+/// [rows, 1] int32, ready to feed the next step.
+fn step(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache) -> Res<Array> {
+    let logits = model.forward(tokens, cache)?;
+    let picked = ops::argmax(&logits, -1, false)?;
+    Ok(ops::astype(&picked, mlx_rs_safe::Dtype::Int32)?)
+}
+
+/// Timings of `steps` decode steps of `rows` sequences after a `prompt`-token prefill.
+fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, report: bool) -> Res<()> {
+    let kinds = model.kv_layout().kinds;
+    let mut cache = ModelCache::new(&kinds)?;
+    let ids: Vec<i32> = (0..rows * prompt).map(|i| 1 + (i * 7919) % 1000).collect();
+    let mut tokens = step(model, &Array::from_slice(&ids, &[rows, prompt])?, &mut cache)?;
+    eval(&[&tokens])?;
+    tokens = ops::slice(&tokens, &[0, prompt - 1], &[rows, prompt], &[1, 1])?;
+    // One at a time: build, launch, wait.
+    let (mut single, mut build, mut launch) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..steps + 4 {
+        let t = Instant::now();
+        let next = step(model, &tokens, &mut cache)?;
+        let b = t.elapsed().as_secs_f64();
+        async_eval(&[&next])?;
+        let l = t.elapsed().as_secs_f64() - b;
+        next.to_vec::<i32>()?;
+        if i >= 4 {
+            single.push(t.elapsed().as_secs_f64());
+            build.push(b);
+            launch.push(l);
+        }
+        tokens = next;
+    }
+    // Pipelined, as the engine decodes: queue step i+1, then read step i.
+    let t = Instant::now();
+    let mut pending = step(model, &tokens, &mut cache)?;
+    async_eval(&[&pending])?;
+    for _ in 0..steps {
+        let next = step(model, &pending, &mut cache)?;
+        async_eval(&[&next])?;
+        pending.to_vec::<i32>()?;
+        pending = next;
+    }
+    pending.to_vec::<i32>()?;
+    let piped = t.elapsed().as_secs_f64() / (steps + 1) as f64;
+    if !report {
+        return Ok(memory::clear_cache()?);
+    }
+    println!(
+        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
+        median_ms(build),
+        median_ms(launch),
+        median_ms(single),
+        piped * 1e3,
+        rows as f64 / piped
+    );
+    memory::clear_cache()?;
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let dir = args
+        .iter()
+        .find(|a| !a.starts_with("--") && !a.chars().all(|c| c.is_ascii_digit() || c == ','))
+        .map(PathBuf::from)
+        .ok_or("usage: decode_step MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]")?;
+    let rows: Vec<i32> = arg(&args, "--rows", "1,8").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
+    let prompt: i32 = arg(&args, "--prompt", "128").parse()?;
+    let steps: usize = arg(&args, "--steps", "64").parse()?;
+    let model = models::load(&dir)?.model;
+    println!(
+        "{} (quantized matmul kernel: {})",
+        dir.display(),
+        if models::quant_kernel::in_use() { "ours" } else { "MLX's" }
+    );
+    println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | tok/s pipelined |");
+    println!("|---|---|---|---|---|---|");
+    for &r in &rows {
+        // The first pass compiles the GPU kernels this row count uses.
+        run(model.as_ref(), r, prompt, 8, false)?;
+        run(model.as_ref(), r, prompt, steps, true)?;
+    }
+    Ok(())
+}
