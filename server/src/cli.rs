@@ -326,6 +326,14 @@ pub struct LoadArgs {
     /// when routing changes between prompts).
     #[arg(long, env = "MLX_SERVE_NO_EXPERT_READ_AHEAD", requires = "stream_experts")]
     pub no_expert_read_ahead: bool,
+    /// With --stream-experts: in decode steps, each MoE layer also runs the
+    /// next MoE layer's router on its own input and starts reading up to this
+    /// many of the experts it predicts that the next layer lacks (0: off).
+    /// They wait outside the cache until that layer's router runs: what it
+    /// uses is installed, the rest dropped; nothing is evicted for a guess. A
+    /// layer whose guesses are mostly wrong stops guessing.
+    #[arg(long, env = "MLX_SERVE_EXPERT_PREFETCH", default_value_t = 0, requires = "stream_experts")]
+    pub expert_prefetch: usize,
     /// Decoder layers run on the GPU; the rest, and the output head, run on
     /// the CPU with their weights and KV in host memory (a model larger than
     /// the GPU's memory still runs). Default: all, or what the memory plan fits.
@@ -341,6 +349,7 @@ impl LoadArgs {
                 io: crate::experts::IoMode::parse(&self.expert_io)?,
                 readers: self.expert_readers,
                 read_ahead: !self.no_expert_read_ahead,
+                prefetch: self.expert_prefetch,
                 counters: crate::experts::ExpertCounters::default(),
             }),
             false => None,

@@ -15,11 +15,11 @@ use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
 use mlx_serve::models::LoadOptions;
 use serde_json::json;
 
-fn streaming(budget: &str, io: IoMode, read_ahead: bool) -> (LoadOptions, ExpertCounters) {
+fn streaming(budget: &str, io: IoMode, read_ahead: bool, prefetch: usize) -> (LoadOptions, ExpertCounters) {
     let counters = ExpertCounters::default();
     let budget = Some(CacheBudget::parse(budget).unwrap());
     let opts = LoadOptions {
-        experts: Some(ExpertOptions { budget, io, readers: 8, read_ahead, counters: counters.clone() }),
+        experts: Some(ExpertOptions { budget, io, readers: 8, read_ahead, prefetch, counters: counters.clone() }),
         ..Default::default()
     };
     (opts, counters)
@@ -27,17 +27,27 @@ fn streaming(budget: &str, io: IoMode, read_ahead: bool) -> (LoadOptions, Expert
 
 /// Greedy tokens equal mlx-lm's (alone and in a batch of four) with the
 /// experts streamed at `budgets`, and at 25% without read-ahead (then no
-/// expert is read but the misses).
+/// expert is read but the misses), and so again with decode steps guessing
+/// the next layer's experts (`--expert-prefetch 4`: every guess read is one
+/// of those).
 fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str]) {
     let dir = fixture(name, &spec);
-    let runs = budgets.iter().map(|&b| (b, true)).chain([("25%", false)]);
-    for (budget, read_ahead) in runs {
-        let (opts, counters) = streaming(budget, IoMode::Direct, read_ahead);
-        let what = format!("{name} streamed at {budget}{}", if read_ahead { "" } else { " without read-ahead" });
+    let runs = budgets.iter().map(|&b| (b, true, 0)).chain([("25%", false, 0), ("25%", false, 4)]);
+    for (budget, read_ahead, prefetch) in runs {
+        let (opts, counters) = streaming(budget, IoMode::Direct, read_ahead, prefetch);
+        let what = format!(
+            "{name} streamed at {budget}{}{}",
+            if read_ahead { "" } else { " without read-ahead" },
+            if prefetch > 0 { ", guessing" } else { "" }
+        );
         check_parity_of(&what, &dir, &dir, &spec, &opts, 1e-3);
         assert!(counters.misses() > 0 && counters.bytes_read() > 0, "{what}: nothing was read from disk");
-        if !read_ahead {
+        if prefetch == 0 && !read_ahead {
             assert_eq!(counters.prefetch_issued(), 0, "{what}: {}", counters.summary());
+        }
+        if prefetch > 0 {
+            assert!(counters.prefetch_issued() > 0, "{what}: decode steps guessed nothing: {}", counters.summary());
+            assert!(counters.prefetch_used() <= counters.prefetch_issued());
         }
         eprintln!("{what}: {}", counters.summary());
     }
@@ -162,6 +172,41 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
         let v = mlx_serve::metrics::counter_value(&m, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"));
         assert!(v > 0.0, "{name} is {v}");
     }
+}
+
+/// `--expert-prefetch`: decode steps read the next layer's guessed experts;
+/// the reads are counted like any other (bytes = (misses read on demand +
+/// guesses) x expert size, what the kernel counts too), the guesses the next
+/// layer used are counted apart, and the text is the one without guessing.
+#[test]
+fn decode_steps_read_the_next_layers_guessed_experts_and_count_them() {
+    let dir = q4_fixture();
+    let prompt = prompt_of(&dir);
+    let run = |extra: &[&str]| {
+        let mut flags = vec!["--stream-experts", "--expert-cache-bytes", "25%", "--no-expert-read-ahead", "--prefill-size", "64"];
+        flags.extend_from_slice(extra);
+        let server = TestServer::start(&dir, &flags);
+        assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
+        let before = experts(&server);
+        let r = complete(&server, &prompt[..120], 48);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let after = experts(&server);
+        let d = |f: &str| n(&after, f) - n(&before, f);
+        let deltas: Vec<u64> = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes"].iter().map(|f| d(f)).collect();
+        (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
+    };
+    let (plain_text, plain, _) = run(&[]);
+    assert_eq!(plain[1], 0, "nothing is read ahead without guessing");
+    let (text, g, metrics) = run(&["--expert-prefetch", "4"]);
+    let [misses, issued, used, bytes, disk, os] = g[..] else { unreachable!() };
+    eprintln!("guessing: {misses} misses, {issued} guessed reads, {used} used, {bytes} bytes ({disk} disk, {os} by /proc/self/io)");
+    assert_eq!(text, plain_text, "guessing changed the output");
+    assert!(issued > 0, "48 decode steps guessed no expert of layer 1");
+    assert!(used <= issued && used <= misses);
+    assert_eq!(bytes, (misses - used + issued) * Q4_EXPERT_BYTES, "bytes read must be (misses read on demand + guesses) x expert size");
+    assert!((os as f64 - disk as f64).abs() <= 0.05 * disk as f64, "the kernel read {os} bytes for {disk} bytes of expert reads");
+    let v = mlx_serve::metrics::counter_value(&metrics, "mlx_serve_expert_prefetch_issued_total").unwrap();
+    assert!(v >= issued as f64, "/metrics: {v} guessed reads");
 }
 
 #[test]

@@ -16,7 +16,9 @@ pub mod slots;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
+
+use mlx_rs_safe::Array;
 
 pub use budget::CacheBudget;
 pub use counters::ExpertCounters;
@@ -33,6 +35,9 @@ pub struct ExpertOptions {
     pub readers: usize,
     /// Wide prefill chunks start the next layer's reads early (see `models::streamed_switch`).
     pub read_ahead: bool,
+    /// Decode steps read up to this many of the next layer's predicted experts
+    /// early (`--expert-prefetch`; 0: off).
+    pub prefetch: usize,
     pub counters: ExpertCounters,
 }
 
@@ -42,6 +47,15 @@ pub trait ReadAhead: Send + Sync {
     /// Starts reading every expert the layer does not hold (a no-op when such
     /// reads are already under way or the layer holds them all).
     fn read_ahead(&self) -> Result<()>;
+
+    /// The experts this layer's router would pick for `x` (an earlier layer's
+    /// MoE input, [..., D]), flat uint32, queued not evaluated; None when the
+    /// layer takes no guesses (it holds every expert, has reads under way or
+    /// stopped guessing).
+    fn predict(&self, x: &Array) -> Result<Option<Array>>;
+
+    /// Starts reading up to `cap` of `experts` (predicted) that the layer lacks.
+    fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()>;
 }
 
 /// What a model's MoE layers share while streaming: the readers, how many
@@ -54,6 +68,8 @@ pub struct ExpertStream {
     total_bytes: u64,
     layers: Mutex<BTreeMap<u32, Weak<dyn ReadAhead>>>,
     read_ahead: bool,
+    /// `--expert-prefetch`: experts read ahead per layer and decode step.
+    pub prefetch: usize,
 }
 
 impl ExpertStream {
@@ -78,7 +94,14 @@ impl ExpertStream {
             reader.mode().name(),
             opts.readers.max(1)
         );
-        Ok(ExpertStream { reader, budget, total_bytes, layers: Mutex::new(BTreeMap::new()), read_ahead: opts.read_ahead })
+        Ok(ExpertStream {
+            reader,
+            budget,
+            total_bytes,
+            layers: Mutex::new(BTreeMap::new()),
+            read_ahead: opts.read_ahead,
+            prefetch: opts.prefetch,
+        })
     }
 
     /// Slots of a layer of `experts` experts routing `top_k` per token; a
@@ -101,15 +124,17 @@ impl ExpertStream {
         self.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(layer, target);
     }
 
+    /// The first streamed layer after `layer`, if any.
+    pub fn next_layer(&self, layer: u32) -> Option<Arc<dyn ReadAhead>> {
+        let layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+        layers.range(layer + 1..).next().and_then(|(_, l)| l.upgrade())
+    }
+
     /// Starts the reads of the first streamed layer after `layer`, if any.
     pub fn read_ahead_after(&self, layer: u32) -> Result<()> {
         if !self.read_ahead {
             return Ok(());
         }
-        let next = {
-            let layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
-            layers.range(layer + 1..).next().and_then(|(_, l)| l.upgrade())
-        };
-        next.map_or(Ok(()), |l| l.read_ahead())
+        self.next_layer(layer).map_or(Ok(()), |l| l.read_ahead())
     }
 }

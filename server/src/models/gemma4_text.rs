@@ -22,6 +22,7 @@ use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::moe::{split_fused_experts, Experts, MoeParts, MoeSpec, Router, HF_GLU_NAMES};
+use super::streamed_switch::Guesser;
 use super::switch::GluActivation;
 use super::weights::Weights;
 use super::{KvLayout, LanguageModel};
@@ -443,14 +444,18 @@ fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k,
         parts: MoeParts { router_name: "router.proj", router_bias: false, switch: "experts.switch_glu", expert_bias: false, activation: GluActivation::GeluApprox },
     };
     let scale = w.take_shaped(&format!("{p}.router.scale"), &[h])?;
+    let router_proj = Linear::load(w, &format!("{p}.router.proj"), h, e, false, quant)?;
+    // scale * hidden^-0.5, once (mlx-lm computes the same product at every call).
+    let router_norm = times(&scale, (h as f64).powf(-0.5))?;
+    let experts = Experts::load(w, p, layer, h, &spec, quant)?;
+    experts.guess_with(Guesser { proj: router_proj.clone(), norm: Some((router_norm.clone(), eps)), top_k: k });
     Ok(Moe {
-        router_proj: Linear::load(w, &format!("{p}.router.proj"), h, e, false, quant)?,
-        // scale * hidden^-0.5, once (mlx-lm computes the same product at every call).
-        router_norm: times(&scale, (h as f64).powf(-0.5))?,
+        router_proj,
+        router_norm,
         per_expert_scale: w.take_shaped(&format!("{p}.router.per_expert_scale"), &[e])?,
         top_k: k,
         eps,
-        experts: Experts::load(w, p, layer, h, &spec, quant)?,
+        experts,
         pre_norm: RmsNorm::load(w, &format!("{p}.pre_feedforward_layernorm_2"), h, eps)?,
         post_norm_1: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_1"), h, eps)?,
         post_norm_2: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_2"), h, eps)?,

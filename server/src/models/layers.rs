@@ -12,6 +12,7 @@ use crate::error::Result;
 
 /// A quantized weight: packed values, per-group scales, and per-group biases
 /// in the affine mode (the float modes have none).
+#[derive(Clone)]
 pub struct QuantizedWeight {
     pub weight: Array,
     pub scales: Array,
@@ -75,11 +76,13 @@ impl QuantizedWeight {
     }
 }
 
+#[derive(Clone)]
 enum LinearWeight {
     Dense(Array),
     Quantized(QuantizedWeight),
 }
 
+#[derive(Clone)]
 pub struct Linear {
     weight: LinearWeight,
     bias: Option<Array>,

@@ -8,7 +8,7 @@ use mlx_rs_safe::{ops, Array};
 
 use super::layers::Linear;
 use super::quant::QuantConfig;
-use super::streamed_switch::StreamedSwitchGlu;
+use super::streamed_switch::{Guesser, StreamedSwitchGlu};
 use super::switch::{GluActivation, SwitchGlu};
 use super::weights::Weights;
 use crate::error::Result;
@@ -111,6 +111,14 @@ impl Experts {
             Experts::Streamed(s) => s.forward(x, indices),
         }
     }
+
+    /// Streamed experts: how the layer before guesses which this layer's
+    /// router picks (`--expert-prefetch`). Resident experts need no guess.
+    pub fn guess_with(&self, guesser: Guesser) {
+        if let Experts::Streamed(s) = self {
+            s.guess_with(guesser);
+        }
+    }
 }
 
 pub struct SparseMoe {
@@ -136,8 +144,10 @@ impl SparseMoe {
             }),
             None => None,
         };
+        let gate = Linear::load(w, &format!("{prefix}.{}", spec.parts.router_name), dim, spec.num_experts, spec.parts.router_bias, quant)?;
+        experts.guess_with(Guesser { proj: gate.clone(), norm: None, top_k: spec.top_k });
         Ok(SparseMoe {
-            gate: Linear::load(w, &format!("{prefix}.{}", spec.parts.router_name), dim, spec.num_experts, spec.parts.router_bias, quant)?,
+            gate,
             experts,
             shared,
             spec,

@@ -22,12 +22,22 @@
 //! a prompt reaches varies from a third to all of them): chunks of one prompt,
 //! and prompts of one kind, route alike, so little is read in vain. The next
 //! layer takes what it uses from those reads.
+//!
+//! A narrow step (decoding) guesses instead, with `--expert-prefetch N`: the
+//! next streamed layer's router runs on this layer's input (the residual
+//! stream changes little from one layer to the next), read back in the same
+//! sync as this layer's own ids, and up to N of the experts it picks that the
+//! next layer lacks are read while this layer computes. The guesses wait
+//! outside the pool; the next layer installs those its router chose and drops
+//! the rest, so a wrong guess costs its read and evicts nothing. A layer
+//! whose guesses are mostly wrong stops taking them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use mlx_rs_safe::{ops, Array, Dtype};
+use mlx_rs_safe::{fast, ops, Array, Dtype};
 
+use super::layers::Linear;
 use super::moe::MoeSpec;
 use super::quant::{scales_stored, QuantConfig};
 use super::switch::{GluActivation, StackLayout, SwitchGlu};
@@ -51,11 +61,56 @@ struct State {
     pools: Vec<Array>,
     /// Expert → slot on the device, once every expert is resident.
     slot_map: Option<Array>,
-    /// Reads started before this layer's router ran (by the layer before, in
-    /// a wide step), for these experts.
-    ahead: Option<(Vec<u32>, PendingReads)>,
+    /// Reads started before this layer's router ran, by the layer before.
+    ahead: Option<Ahead>,
     /// The experts the layer's last wide step used: what the next one reads ahead.
     wide_used: Option<Vec<u32>>,
+    guesses: GuessRecord,
+    /// How the layer before guesses this layer's experts (set after load).
+    guesser: Option<Guesser>,
+}
+
+/// Reads of experts begun before the layer's router ran.
+struct Ahead {
+    experts: Vec<u32>,
+    reads: PendingReads,
+    /// Guessed by the layer before in a narrow step (else read ahead in a wide one).
+    guessed: bool,
+}
+
+/// How a layer guesses its experts from an earlier layer's MoE input: its own
+/// router's projection, after the router's own norm where the family has
+/// one (Gemma 4), and the k largest logits (every router we load keeps
+/// those, whatever it computes from them after).
+pub struct Guesser {
+    /// A copy of the router's projection (its arrays shared, not duplicated).
+    pub proj: Linear,
+    /// rms_norm weight and epsilon applied before the projection.
+    pub norm: Option<(Array, f32)>,
+    pub top_k: i32,
+}
+
+/// Guessed experts read for a layer, and how many it used.
+#[derive(Default)]
+struct GuessRecord {
+    issued: u64,
+    used: u64,
+    stopped: bool,
+}
+
+/// Guessed experts a layer is judged on before it may stop guessing.
+const GUESS_TRIAL: u64 = 64;
+/// A layer stops taking guesses once fewer than this share were used.
+const GUESS_MIN_USED: f64 = 0.25;
+
+impl GuessRecord {
+    fn record_use(&mut self, layer: u32, used: usize) {
+        self.used += used as u64;
+        if !self.stopped && self.issued >= GUESS_TRIAL && (self.used as f64) < GUESS_MIN_USED * self.issued as f64 {
+            self.stopped = true;
+            log::info!("layer {layer}: expert prefetch stopped, {} of {} guessed experts were used", self.used, self.issued);
+        }
+    }
 }
 
 /// A step whose tokens pick at least this many times the layer's experts is
@@ -146,7 +201,15 @@ impl StreamedSwitchGlu {
             activation: spec.parts.activation,
             expert_bytes,
             stream,
-            state: Mutex::new(State { table: SlotTable::new(e as usize, slots), pools, slot_map: None, ahead: None, wide_used: None }),
+            state: Mutex::new(State {
+                table: SlotTable::new(e as usize, slots),
+                pools,
+                slot_map: None,
+                ahead: None,
+                wide_used: None,
+                guesses: GuessRecord::default(),
+                guesser: None,
+            }),
         };
         if slots == e as usize {
             layer.preload()?;
@@ -155,6 +218,12 @@ impl StreamedSwitchGlu {
         let weak: Weak<dyn ReadAhead> = Arc::downgrade(&layer) as Weak<dyn ReadAhead>;
         layer.stream.register(layer.layer, weak);
         Ok(layer)
+    }
+
+    /// Gives the layer its router, with which earlier layers guess its experts
+    /// (`--expert-prefetch`); the first one given stays.
+    pub fn guess_with(&self, guesser: Guesser) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).guesser.get_or_insert(guesser);
     }
 
     /// Reads every expert into the pool now: with a budget that holds them
@@ -186,21 +255,42 @@ impl StreamedSwitchGlu {
             return SwitchGlu::from_stacks(&st.pools, &self.layouts, self.activation)?.forward(x, &slots);
         }
         let counters = self.stream.reader.counters();
-        counters.record_host_sync();
-        let ids = ops::astype(indices, Dtype::Uint32)?.to_vec::<u32>()?;
         let experts = self.tensors[0].regions.len();
+        let wide = indices.size() >= WIDE_PICKS_PER_EXPERT * experts;
+        // A narrow step guesses the next layer's experts, read back with its own.
+        let next = if self.stream.prefetch > 0 && !wide { self.stream.next_layer(self.layer) } else { None };
+        let guess = match &next {
+            Some(next) => next.predict(x)?,
+            None => None,
+        };
+        counters.record_host_sync();
+        let own = ops::reshape(&ops::astype(indices, Dtype::Uint32)?, &[-1])?;
+        let read_back = match &guess {
+            Some(guess) => ops::concatenate(&[&own, guess], 0)?.to_vec::<u32>()?,
+            None => own.to_vec::<u32>()?,
+        };
+        let (ids, guessed) = read_back.split_at(indices.size());
         if let Some(bad) = ids.iter().find(|&&e| e as usize >= experts) {
             return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
         }
-        let plan = st.table.plan(&ids);
+        let plan = st.table.plan(ids);
         counters.record_lookup(self.layer, plan.hits() as u64, plan.misses.len() as u64);
         // A failed read leaves table and pools as they were.
-        let read = self.submit_misses(&plan.misses, st.ahead.take())?.wait()?;
-        if ids.len() >= WIDE_PICKS_PER_EXPERT * experts {
-            // Only once this layer's reads succeeded: a failed step leaves no
-            // reads running for a step that will not come.
+        let ahead = st.ahead.take();
+        let was_guessed = ahead.as_ref().is_some_and(|a| a.guessed);
+        let (reads, used_ahead) = self.submit_misses(&plan.misses, ahead)?;
+        if was_guessed {
+            st.guesses.record_use(self.layer, used_ahead);
+        }
+        let read = reads.wait()?;
+        // Only once this layer's reads succeeded: a failed step leaves no
+        // reads running for a step that will not come.
+        if wide {
             st.wide_used = Some(plan.used.clone());
             self.stream.read_ahead_after(self.layer)?;
+        }
+        if let (Some(next), Some(_)) = (&next, &guess) {
+            next.prefetch(guessed, self.stream.prefetch)?;
         }
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
@@ -244,11 +334,14 @@ impl StreamedSwitchGlu {
 
     /// Starts the reads of `misses` that `ahead` (reads begun before the
     /// router ran) does not cover; collecting the result waits for both.
-    fn submit_misses(&self, misses: &[u32], ahead: Option<(Vec<u32>, PendingReads)>) -> Result<MissReads> {
-        let begun = ahead.as_ref().map_or(&[][..], |(experts, _)| experts.as_slice());
+    /// Also returns how many misses the reads ahead cover.
+    fn submit_misses(&self, misses: &[u32], ahead: Option<Ahead>) -> Result<(MissReads, usize)> {
+        let begun = ahead.as_ref().map_or(&[][..], |a| a.experts.as_slice());
         let rest: Vec<u32> = misses.iter().copied().filter(|e| !begun.contains(e)).collect();
-        self.stream.reader.counters().record_prefetch_used((misses.len() - rest.len()) as u64);
-        Ok(MissReads { rest: self.stream.reader.submit(self.jobs(&rest))?, ahead, misses: misses.to_vec(), tensors: self.tensors.len() })
+        let used = misses.len() - rest.len();
+        self.stream.reader.counters().record_prefetch_used(used as u64);
+        let reads = MissReads { rest: self.stream.reader.submit(self.jobs(&rest))?, ahead, misses: misses.to_vec(), tensors: self.tensors.len() };
+        Ok((reads, used))
     }
 
     /// The pools with the plan's installs written into their slots.
@@ -311,7 +404,48 @@ impl ReadAhead for StreamedSwitchGlu {
         }
         let reads = self.stream.reader.submit(self.jobs(&lacking))?;
         self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
-        st.ahead = Some((lacking, reads));
+        st.ahead = Some(Ahead { experts: lacking, reads, guessed: false });
+        Ok(())
+    }
+
+    fn predict(&self, x: &Array) -> Result<Option<Array>> {
+        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(g) = &st.guesser else { return Ok(None) };
+        if st.slot_map.is_some() || st.ahead.is_some() || st.guesses.stopped {
+            return Ok(None);
+        }
+        let h = match &g.norm {
+            Some((weight, eps)) => fast::rms_norm(x, Some(weight), *eps)?,
+            None => x.clone(),
+        };
+        let logits = g.proj.forward(&h)?;
+        let e = logits.dim(-1)?;
+        let k = g.top_k.min(e);
+        let top = ops::argpartition(&logits, -k, -1)?;
+        let top = ops::slice_axis(&top, -1, e - k, e)?;
+        Ok(Some(ops::reshape(&ops::astype(&top, Dtype::Uint32)?, &[-1])?))
+    }
+
+    fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.ahead.is_some() || st.slot_map.is_some() || st.guesses.stopped {
+            return Ok(());
+        }
+        // The batch's most guessed experts first.
+        let mut count: HashMap<u32, usize> = HashMap::new();
+        for &e in experts.iter().filter(|&&e| (e as usize) < self.tensors[0].regions.len()) {
+            *count.entry(e).or_default() += 1;
+        }
+        let mut lacking: Vec<(u32, usize)> = count.into_iter().filter(|&(e, _)| st.table.slot(e).is_none()).collect();
+        lacking.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let lacking: Vec<u32> = lacking.into_iter().take(cap).map(|(e, _)| e).collect();
+        if lacking.is_empty() {
+            return Ok(());
+        }
+        let reads = self.stream.reader.submit(self.jobs(&lacking))?;
+        self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
+        st.guesses.issued += lacking.len() as u64;
+        st.ahead = Some(Ahead { experts: lacking, reads, guessed: true });
         Ok(())
     }
 }
@@ -319,7 +453,7 @@ impl ReadAhead for StreamedSwitchGlu {
 /// The reads of one step's misses: some begun ahead, the rest just queued.
 struct MissReads {
     rest: PendingReads,
-    ahead: Option<(Vec<u32>, PendingReads)>,
+    ahead: Option<Ahead>,
     misses: Vec<u32>,
     tensors: usize,
 }
@@ -328,7 +462,7 @@ impl MissReads {
     /// Every miss's arrays, laid out as [`StreamedSwitchGlu::read`] gives them.
     fn wait(self) -> Result<Vec<Array>> {
         let rest = self.rest.wait()?;
-        let Some((ahead_experts, ahead_reads)) = self.ahead else { return Ok(rest) };
+        let Some(Ahead { experts: ahead_experts, reads: ahead_reads, .. }) = self.ahead else { return Ok(rest) };
         let n = self.tensors;
         // Read ahead but not used: freed here (the bytes stay counted).
         let mut ahead = ahead_reads.wait()?.into_iter();
@@ -345,5 +479,25 @@ impl MissReads {
             return Err(Error::Internal("expert reads came back short"));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{GuessRecord, GUESS_MIN_USED, GUESS_TRIAL};
+
+    fn after(issued: u64, used: usize) -> GuessRecord {
+        let mut r = GuessRecord { issued, ..Default::default() };
+        r.record_use(1, used);
+        r
+    }
+
+    #[test]
+    fn a_layer_stops_guessing_only_when_judged_and_mostly_wrong() {
+        let share = |n: u64| (n as f64 * GUESS_MIN_USED) as usize;
+        assert!(!after(GUESS_TRIAL - 1, 0).stopped, "judged before its trial");
+        assert!(after(GUESS_TRIAL, share(GUESS_TRIAL) - 1).stopped);
+        assert!(!after(GUESS_TRIAL, share(GUESS_TRIAL)).stopped);
+        assert!(!after(10 * GUESS_TRIAL, share(10 * GUESS_TRIAL) + 1).stopped);
     }
 }
