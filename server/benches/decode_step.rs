@@ -10,6 +10,9 @@
 //! Run it once with `MLX_SERVE_QMM_KERNEL=0` and once without to compare
 //! MLX's quantized kernels with ours (the switch is read once a process).
 
+mod common;
+use common::{arg, list, Res};
+
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -17,15 +20,7 @@ use mlx_rs_safe::{async_eval, eval, memory, ops, Array};
 use mlx_serve::kv::ModelCache;
 use mlx_serve::models::{self, LanguageModel};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
 
 fn median_ms(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -98,9 +93,9 @@ fn main() -> Res<()> {
         .find(|a| !a.starts_with("--") && !a.chars().all(|c| c.is_ascii_digit() || c == ','))
         .map(PathBuf::from)
         .ok_or("usage: decode_step MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]")?;
-    let rows: Vec<i32> = arg(&args, "--rows", "1,8").split(',').map(|r| r.parse()).collect::<Result<_, _>>()?;
-    let prompt: i32 = arg(&args, "--prompt", "128").parse()?;
-    let steps: usize = arg(&args, "--steps", "64").parse()?;
+    let rows: Vec<i32> = list(&args, "--rows", "1,8")?;
+    let prompt: i32 = arg(&args, "--prompt", 128)?;
+    let steps: usize = arg(&args, "--steps", 64)?;
     let model = models::load(&dir)?.model;
     println!(
         "{} (quantized matmul kernel: {})",

@@ -13,13 +13,15 @@
 //! Prints a Markdown table. Meant for a GPU machine: on the CPU the
 //! TurboQuant rows take the MLX-ops path and the kernel columns are empty.
 
+mod common;
+use common::{arg, Res};
+
 use std::time::Instant;
 
 use mlx_rs_safe::{eval, ops, random, Array, Dtype};
 use mlx_serve::kv::turbo::{kernels, Codec, SINKS};
 use mlx_serve::kv::{AttendArgs, KvKind, KvRow, KvStore, StepMemo, TurboPreset};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 struct Shape {
     layers: usize,
@@ -29,12 +31,6 @@ struct Shape {
     rows: i32,
 }
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Res<T> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args.get(i + 1).and_then(|v| v.parse().ok()).ok_or_else(|| format!("{name} needs a value").into()),
-        None => Ok(default),
-    }
-}
 
 fn normal(shape: &[i32], seed: u64) -> Res<Array> {
     Ok(random::normal(shape, Dtype::Bfloat16, 0.0, 1.0, &random::key(seed)?)?)

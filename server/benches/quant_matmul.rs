@@ -12,21 +12,16 @@
 //! Prints a Markdown table. Meant for a CUDA machine: elsewhere the kernel
 //! columns are empty.
 
+mod common;
+use common::{arg, list, Res};
+
 use std::time::Instant;
 
 use mlx_rs_safe::quantized::{self, QuantSpec};
 use mlx_rs_safe::{async_eval, eval, fast, ops, random, Array, Dtype};
 use mlx_serve::models::quant_kernel;
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
 
 /// A weight shape: `experts` stacked matrices of n x k (1: a dense layer),
 /// `top_k` of them used per row.
@@ -170,10 +165,10 @@ fn dense_kernel(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Quan
 
 fn main() -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rows: Vec<i32> = arg(&args, "--rows", "1,2,4,8,16").split(',').map(str::parse).collect::<Result<_, _>>()?;
-    let bits: i32 = arg(&args, "--bits", "4").parse()?;
-    let group: i32 = arg(&args, "--group-size", "64").parse()?;
-    let graphs: usize = arg(&args, "--graphs", "9").parse()?;
+    let rows: Vec<i32> = list(&args, "--rows", "1,2,4,8,16")?;
+    let bits: i32 = arg(&args, "--bits", 4)?;
+    let group: i32 = arg(&args, "--group-size", 64)?;
+    let graphs: usize = arg(&args, "--graphs", 9)?;
     let spec = QuantSpec::affine(group, bits);
     let kernel = quant_kernel::in_use();
     if args.iter().any(|a| a == "--host-profile") {
