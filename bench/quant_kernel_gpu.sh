@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 15's measurements on the GPU machine, in one call: the quantized-matmul kernel's tests,
+# a real decode step with MLX's kernels and with ours, and the HTTP server against mlx_lm.server.
+# Run from the project root after `source .device/cuda-env.sh`, with the binaries of
+# `cargo build --release`, `cargo test --release --no-run --test quant_kernel` and
+# `cargo bench --no-run --bench decode_step` under $BIN_DIR named mlx-serve, quant_kernel and
+# decode_step (and libmlxc.so beside them).
+#
+# usage: bash bench/quant_kernel_gpu.sh STAGE...
+#   tests   server/tests/quant_kernel.rs against MLX (dense, every tiling, gathered, fallbacks)
+#   steps   benches/decode_step.rs on Llama-3.1-8B and Qwen3-30B-A3B 4-bit, rows 1,2,4,8,16,
+#           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel
+#   server  bench/server_bench.py, Llama-3.1-8B 4-bit, 1 and 8 streams, mlx-serve vs mlx_lm.server
+# env: BIN_DIR (default .device/bin), MODELS (default /tmp/bench-models), OUT (default /tmp/qmm-out)
+set -uo pipefail
+BIN_DIR=${BIN_DIR:-.device/bin}
+MODELS=${MODELS:-/tmp/bench-models}
+OUT=${OUT:-/tmp/qmm-out}
+mkdir -p "$MODELS" "$OUT" ~/.cache/huggingface/hub
+export LD_LIBRARY_PATH=$PWD/$BIN_DIR:${LD_LIBRARY_PATH:-}
+
+echo "== machine"
+date -u
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+grep -m1 'model name' /proc/cpuinfo; nproc
+
+# Models are built in child processes: MLX's buffer cache would otherwise keep their memory.
+model() {
+  local dir=$MODELS/$1
+  if [ ! -f "$dir/config.json" ]; then
+    case $1 in
+      llama-3.1-8b-4bit) python3 bench/make_model.py llama-3.1-8b "$dir" --dtype bfloat16 --bits 4 >/dev/null ;;
+      qwen3-30b-a3b-4bit) python3 bench/make_moe_model.py qwen3-30b-a3b "$dir" >/dev/null ;;
+    esac
+  fi
+  echo "$dir"
+}
+
+status=0
+for stage in "$@"; do
+  echo "== $stage"
+  case $stage in
+    tests)
+      timeout 900 "$BIN_DIR/quant_kernel" --test-threads 1 --nocapture 2>&1 | tail -20 || status=1 ;;
+    steps)
+      for m in llama-3.1-8b-4bit qwen3-30b-a3b-4bit; do
+        dir=$(model $m)
+        for kernel in 0 1; do
+          echo "-- $m, MLX_SERVE_QMM_KERNEL=$kernel"
+          MLX_SERVE_QMM_KERNEL=$kernel timeout 600 "$BIN_DIR/decode_step" "$dir" --rows 1,2,4,8,16 --prompt 128 --steps 64 2>&1 | tail -8 || status=1
+        done
+      done ;;
+    server)
+      dir=$(model llama-3.1-8b-4bit)
+      python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
+        --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/COMMIT" 2>/dev/null)" \
+        --out "$OUT/server-llama-3.1-8b-4bit.json" 2>&1 | tail -40 || status=1 ;;
+    *) echo "unknown stage $stage"; status=1 ;;
+  esac
+done
+exit $status
