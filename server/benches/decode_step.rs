@@ -3,7 +3,9 @@
 //! to encode and launch it, and the wall time per step with steps pipelined
 //! as the engine runs them (step i+1 built and queued before step i's token
 //! is read) and one at a time (the GPU's time plus the host's). A step is
-//! host-bound when build + launch reaches the pipelined time.
+//! host-bound when build + launch reaches the pipelined time; pipelined, the
+//! host's own split (build, launch, waiting for the previous token) shows
+//! whether queueing ahead makes building or launching slower.
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!
@@ -60,13 +62,21 @@ fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, report: 
         tokens = next;
     }
     // Pipelined, as the engine decodes: queue step i+1, then read step i.
+    // Where the host's time goes: building, launching, waiting for the token.
+    let (mut p_build, mut p_launch, mut p_wait) = (Vec::new(), Vec::new(), Vec::new());
     let t = Instant::now();
     let mut pending = step(model, &tokens, &mut cache)?;
     async_eval(&[&pending])?;
     for _ in 0..steps {
+        let s = Instant::now();
         let next = step(model, &pending, &mut cache)?;
+        p_build.push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
         async_eval(&[&next])?;
+        p_launch.push(s.elapsed().as_secs_f64());
+        let s = Instant::now();
         pending.to_vec::<i32>()?;
+        p_wait.push(s.elapsed().as_secs_f64());
         pending = next;
     }
     pending.to_vec::<i32>()?;
@@ -75,11 +85,14 @@ fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, report: 
         return Ok(memory::clear_cache()?);
     }
     println!(
-        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
+        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.0} |",
         median_ms(build),
         median_ms(launch),
         median_ms(single),
         piped * 1e3,
+        median_ms(p_build),
+        median_ms(p_launch),
+        median_ms(p_wait),
         rows as f64 / piped
     );
     memory::clear_cache()?;
@@ -102,8 +115,8 @@ fn main() -> Res<()> {
         dir.display(),
         if models::quant_kernel::in_use() { "ours" } else { "MLX's" }
     );
-    println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | tok/s pipelined |");
-    println!("|---|---|---|---|---|---|");
+    println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms | tok/s pipelined |");
+    println!("|---|---|---|---|---|---|---|");
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses.
         run(model.as_ref(), r, prompt, 8, false)?;
