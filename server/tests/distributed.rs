@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::configs::{gpt_oss, llama, qwen3_5_moe, qwen3_moe, spec};
+use common::configs::{gpt_oss, llama, qwen3_5_moe, qwen3_moe, qwen3_next, spec};
 use common::fixture;
 use common::server::{binary, TestServer};
 use mlx_serve::metrics;
@@ -265,13 +265,31 @@ fn gpt_oss_over_2_ranks_gives_mlx_lms_tokens_in_both_modes() {
 }
 
 // Qwen3.5-MoE: recurrent states beside attention, split by layers (its
-// repeated prompt hits the state kept at the prompt's end); tensor mode is
-// refused, naming pipeline.
+// repeated prompt hits the state kept at the prompt's end), or by heads in
+// tensor mode (as mlx-lm's Qwen3.5 `shard`: the fused q/k/v rows and the
+// convolution's channels segment by segment), in float32 activations, where
+// the ranks' partial sums cannot flip a near-tie (in bfloat16 they do, after
+// the first token): float weights, and 4-bit ones with experts wide enough
+// for their scale groups to split. Heads that do not divide are refused.
 #[test]
-fn qwen3_5_moe_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
+fn qwen3_5_moe_over_2_ranks_gives_mlx_lms_tokens_in_both_modes() {
     let model = fixture("qwen3_5_moe_q4", &spec(qwen3_5_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
     check_group("qwen3_5_moe 4-bit", &model, 2, "pipeline", &[], true);
-    every_rank_refuses(&model, 2, "tensor", &["linear-attention", "--distributed pipeline"]);
+    let model = fixture("qwen3_5_moe_fp32", &spec(qwen3_5_moe(), "float32", None));
+    check_group("qwen3_5_moe fp32", &model, 2, "tensor", &[], true);
+    every_rank_refuses(&model, 3, "tensor", &["3 ranks", "linear key heads", "--distributed pipeline"]);
+    let mut wide = qwen3_5_moe();
+    wide["text_config"]["moe_intermediate_size"] = json!(64);
+    wide["text_config"]["shared_expert_intermediate_size"] = json!(64);
+    let model = fixture("qwen3_5_moe_q4_fp32", &spec(wide, "float32", Some(json!({"bits": 4, "group_size": 32}))));
+    check_group("qwen3_5_moe 4-bit", &model, 2, "tensor", &[], true);
+}
+
+// Qwen3-Next's interleaved projections ([q k v z] per key head) split by key heads.
+#[test]
+fn qwen3_next_over_2_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
+    let model = fixture("qwen3_next_fp32", &spec(qwen3_next(), "float32", None));
+    check_group("qwen3_next fp32", &model, 2, "tensor", &[], true);
 }
 
 /// A streamed request whose client goes away is cancelled on every rank in
@@ -429,3 +447,4 @@ fn bad_distributed_flags_and_a_missing_hostfile_are_named() {
     let e = start(&[("MLX_RANK", "0"), ("MLX_HOSTFILE", "/nonexistent/hosts.json")], &[]);
     assert!(e.contains("cannot read MLX_HOSTFILE /nonexistent/hosts.json"), "{e}");
 }
+

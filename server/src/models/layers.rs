@@ -7,7 +7,7 @@ use mlx_rs_safe::{fast, ops, quantized, Array};
 
 use super::quant::{scales_stored, QuantConfig, QuantSpec};
 use super::quant_kernel;
-use super::weights::{Split, Weights};
+use super::weights::{row_segments_part, Split, Weights};
 use crate::error::Result;
 
 /// A quantized weight: packed values, per-group scales, and per-group biases
@@ -113,6 +113,23 @@ impl Linear {
             None => LinearWeight::Dense(w.take_split(&format!("{prefix}.weight"), &[out_dim, in_dim], split)?),
         };
         Ok(Linear { weight, bias: b, reduce })
+    }
+
+    /// This rank's output rows of a whole layer whose outputs are `segments`
+    /// end to end, each split over `group` (see [`row_segments_part`]): a
+    /// fused projection under tensor parallelism.
+    pub fn rows_by_segments(self, segments: &[i32], group: &Group) -> Result<Linear> {
+        let part = |a: &Array| row_segments_part(a, segments, group);
+        let weight = match self.weight {
+            LinearWeight::Dense(w) => LinearWeight::Dense(part(&w)?),
+            LinearWeight::Quantized(q) => LinearWeight::Quantized(QuantizedWeight {
+                weight: part(&q.weight)?,
+                scales: part(&q.scales)?,
+                biases: q.biases.as_ref().map(part).transpose()?,
+                params: q.params,
+            }),
+        };
+        Ok(Linear { weight, bias: self.bias.as_ref().map(part).transpose()?, reduce: self.reduce })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

@@ -22,7 +22,7 @@ use super::pipeline::PipelineStage;
 use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
-use super::weights::Weights;
+use super::weights::{row_segments_part, Split, Weights};
 use super::{KvLayout, LanguageModel};
 use crate::error::{Error, Result};
 use crate::kv::{AttendArgs, KvKind, LayerCache, ModelCache, Positions, RecurrentStore, StepMemo};
@@ -118,6 +118,26 @@ impl Qwen3NextConfig {
     /// Layer `i` is linear attention (all but every `full_attention_interval`-th).
     fn is_linear(&self, i: usize) -> bool {
         (i as i32 + 1) % self.full_attention_interval != 0
+    }
+
+    /// What one of `ranks` tensor-parallel ranks runs: its share of the
+    /// linear layers' key and value heads and of the attention heads (the
+    /// shapes of the files stay the whole config's).
+    fn sharded(&self, ranks: i32) -> Result<Qwen3NextConfig> {
+        let heads = [self.linear_num_key_heads, self.linear_num_value_heads, self.num_attention_heads, self.num_key_value_heads];
+        if heads.iter().any(|h| h % ranks != 0) {
+            return Err(Error::Config(format!(
+                "tensor parallelism over {ranks} ranks: {} linear key heads, {} linear value heads, {} query heads and {} KV heads do not all divide among the ranks; use --distributed pipeline",
+                heads[0], heads[1], heads[2], heads[3]
+            )));
+        }
+        Ok(Qwen3NextConfig {
+            linear_num_key_heads: self.linear_num_key_heads / ranks,
+            linear_num_value_heads: self.linear_num_value_heads / ranks,
+            num_attention_heads: self.num_attention_heads / ranks,
+            num_key_value_heads: self.num_key_value_heads / ranks,
+            ..self.clone()
+        })
     }
 
     fn is_moe(&self, i: usize, family: Family) -> bool {
@@ -232,23 +252,35 @@ struct DeltaNet {
 }
 
 impl DeltaNet {
-    fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, family: Family, quant: &QuantConfig) -> Result<DeltaNet> {
+    /// Loads the layer at `p`: the whole layer as `cfg` gives it, or under
+    /// tensor parallelism this rank's run of its heads (`local`: the rank's
+    /// config), split as mlx-lm's Qwen3.5 `shard` splits it: every input
+    /// projection by output rows (the fused q/k/v rows and the convolution's
+    /// channels segment by segment), the output projection by input columns.
+    fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, local: &Qwen3NextConfig, family: Family, quant: &QuantConfig) -> Result<DeltaNet> {
         let h = cfg.hidden_size;
         let (nk, nv, dk, dv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim);
         let (key_dim, value_dim) = (nk * dk, nv * dv);
         let channels = 2 * key_dim + value_dim;
+        let segments = [key_dim, key_dim, value_dim];
+        let group = w.tensor_parallel().cloned();
         let kernel = cfg.linear_conv_kernel_dim;
+        let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.{name}"), h, out, false, Split::Rows, quant);
         let proj = match family {
-            Family::Next => InProjections::Interleaved {
-                qkvz: Linear::load(w, &format!("{p}.in_proj_qkvz"), h, 2 * key_dim + 2 * value_dim, false, quant)?,
-                ba: Linear::load(w, &format!("{p}.in_proj_ba"), h, 2 * nv, false, quant)?,
-            },
-            Family::Qwen35 => InProjections::Separate {
-                qkv: Linear::load(w, &format!("{p}.in_proj_qkv"), h, channels, false, quant)?,
-                z: Linear::load(w, &format!("{p}.in_proj_z"), h, value_dim, false, quant)?,
-                b: Linear::load(w, &format!("{p}.in_proj_b"), h, nv, false, quant)?,
-                a: Linear::load(w, &format!("{p}.in_proj_a"), h, nv, false, quant)?,
-            },
+            // Rows grouped by key head ([q k v z] and [b a] per head): split by heads.
+            Family::Next => InProjections::Interleaved { qkvz: rows(w, "in_proj_qkvz", 2 * key_dim + 2 * value_dim)?, ba: rows(w, "in_proj_ba", 2 * nv)? },
+            Family::Qwen35 => {
+                let qkv = Linear::load(w, &format!("{p}.in_proj_qkv"), h, channels, false, quant)?;
+                InProjections::Separate {
+                    qkv: match &group {
+                        Some(g) => qkv.rows_by_segments(&segments, g)?,
+                        None => qkv,
+                    },
+                    z: rows(w, "in_proj_z", value_dim)?,
+                    b: rows(w, "in_proj_b", nv)?,
+                    a: rows(w, "in_proj_a", nv)?,
+                }
+            }
         };
         let conv_name = format!("{p}.conv1d.weight");
         if hf_conv_layout(w, &conv_name) {
@@ -256,16 +288,20 @@ impl DeltaNet {
             let raw = w.take_unchecked(&conv_name)?;
             w.insert(conv_name.clone(), ops::moveaxis(&raw, 2, 1)?);
         }
+        let conv = w.take_shaped(&conv_name, &[channels, kernel, 1])?;
         Ok(DeltaNet {
             proj,
-            conv: w.take_shaped(&conv_name, &[channels, kernel, 1])?,
-            dt_bias: w.take_shaped(&format!("{p}.dt_bias"), &[nv])?,
-            a_log: w.take_shaped(&format!("{p}.A_log"), &[nv])?,
+            conv: match &group {
+                Some(g) => row_segments_part(&conv, &segments, g)?,
+                None => conv,
+            },
+            dt_bias: w.take_split(&format!("{p}.dt_bias"), &[nv], Split::Rows)?,
+            a_log: w.take_split(&format!("{p}.A_log"), &[nv], Split::Rows)?,
             norm_weight: w.take_shaped(&format!("{p}.norm.weight"), &[dv])?,
-            out: Linear::load(w, &format!("{p}.out_proj"), value_dim, h, false, quant)?,
+            out: Linear::load_split(w, &format!("{p}.out_proj"), value_dim, h, false, Split::Cols, quant)?,
             eps: cfg.rms_norm_eps,
-            nk,
-            nv,
+            nk: local.linear_num_key_heads,
+            nv: local.linear_num_value_heads,
             dk,
             dv,
             kernel,
@@ -342,19 +378,24 @@ struct GatedAttention {
 }
 
 impl GatedAttention {
-    fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, norm: NormLoad, rope: Rope, quant: &QuantConfig) -> Result<GatedAttention> {
+    /// Loads the layer at `p`, under tensor parallelism this rank's run of
+    /// its heads (`local`: the rank's config): queries with their gates (one
+    /// run of rows per head), keys and values by output rows, the output
+    /// projection by input columns.
+    fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, local: &Qwen3NextConfig, norm: NormLoad, rope: Rope, quant: &QuantConfig) -> Result<GatedAttention> {
         let (h, hd, bias) = (cfg.hidden_size, cfg.head_dim(), cfg.attention_bias);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+        let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.{name}"), h, out, bias, Split::Rows, quant);
         Ok(GatedAttention {
-            q: Linear::load(w, &format!("{p}.q_proj"), h, nh * hd * 2, bias, quant)?,
-            k: Linear::load(w, &format!("{p}.k_proj"), h, nkv * hd, bias, quant)?,
-            v: Linear::load(w, &format!("{p}.v_proj"), h, nkv * hd, bias, quant)?,
-            o: Linear::load(w, &format!("{p}.o_proj"), nh * hd, h, bias, quant)?,
+            q: rows(w, "q_proj", nh * hd * 2)?,
+            k: rows(w, "k_proj", nkv * hd)?,
+            v: rows(w, "v_proj", nkv * hd)?,
+            o: Linear::load_split(w, &format!("{p}.o_proj"), nh * hd, h, bias, Split::Cols, quant)?,
             q_norm: norm(w, &format!("{p}.q_norm"), hd, cfg.rms_norm_eps)?,
             k_norm: norm(w, &format!("{p}.k_norm"), hd, cfg.rms_norm_eps)?,
             rope,
-            n_heads: nh,
-            n_kv_heads: nkv,
+            n_heads: local.num_attention_heads,
+            n_kv_heads: local.num_key_value_heads,
             head_dim: hd,
         })
     }
@@ -411,13 +452,11 @@ pub struct Qwen3Next {
 impl Qwen3Next {
     pub fn load(config: &ConfigFile, family: Family, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Qwen3Next> {
         let cfg: Qwen3NextConfig = config.parse()?;
-        // The layout checks the config: before any weight is taken.
-        let mut layout = cfg.kv_layout()?;
-        if w.tensor_parallel().is_some() {
-            return Err(Error::Config(
-                "--distributed tensor does not split the Qwen3.5 / Qwen3-Next families' linear-attention layers yet; use --distributed pipeline".into(),
-            ));
-        }
+        // The layout checks the config: before any weight is taken. Under
+        // tensor parallelism it is this rank's (its share of the heads).
+        cfg.kv_layout()?;
+        let local = cfg.sharded(w.tensor_parallel().map_or(1, |g| g.size() as i32))?;
+        let mut layout = local.kv_layout()?;
         let stage = PipelineStage::of(w.sharding(), cfg.num_hidden_layers as usize)?;
         // As mlx-lm's sanitize: the multi-token-prediction head and a tied head go.
         w.discard(|k| k.starts_with("mtp.") || k.contains(".mtp."));
@@ -443,8 +482,8 @@ impl Qwen3Next {
             let p = format!("model.layers.{i}");
             let block = placement.run(i, || {
                 let mixer = match cfg.is_linear(i) {
-                    true => Mixer::Linear(DeltaNet::load(&mut w, &format!("{p}.linear_attn"), &cfg, family, quant)?),
-                    false => Mixer::Full(GatedAttention::load(&mut w, &format!("{p}.self_attn"), &cfg, norm, Rope::new(&rope_spec)?, quant)?),
+                    true => Mixer::Linear(DeltaNet::load(&mut w, &format!("{p}.linear_attn"), &cfg, &local, family, quant)?),
+                    false => Mixer::Full(GatedAttention::load(&mut w, &format!("{p}.self_attn"), &cfg, &local, norm, Rope::new(&rope_spec)?, quant)?),
                 };
                 let mlp = match cfg.is_moe(i, family) {
                     true => {

@@ -128,6 +128,29 @@ impl WeightFootprint {
 
 /// The axis `split` cuts in a tensor of `shape`: rows are the second-to-last
 /// axis of a matrix (the only axis of a bias), columns the last.
+/// This rank's rows of `a` when its first axis is `segments` laid end to end
+/// (e.g. a fused projection's query, key and value rows) and each segment is
+/// split over the group's ranks: the rank's run of every segment, in order.
+pub fn row_segments_part(a: &Array, segments: &[i32], group: &Group) -> Result<Array> {
+    let (rank, size) = (group.rank() as i32, group.size() as i32);
+    if segments.iter().sum::<i32>() != a.dim(0)? {
+        return Err(Error::Internal("row segments that do not add up to the tensor's rows"));
+    }
+    let mut parts = Vec::with_capacity(segments.len());
+    let mut start = 0;
+    for &len in segments {
+        if len % size != 0 {
+            return Err(Error::Config(format!(
+                "tensor parallelism over {size} ranks: a segment of {len} rows does not divide among the ranks; use --distributed pipeline"
+            )));
+        }
+        let n = len / size;
+        parts.push(ops::slice_axis(a, 0, start + rank * n, start + (rank + 1) * n)?);
+        start += len;
+    }
+    Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?)
+}
+
 fn split_axis(shape: &[i32], split: Split) -> Option<usize> {
     match (split, shape.len()) {
         (Split::Whole, _) | (_, 0) => None,
