@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::configs::{gpt_oss, llama, qwen3_5_moe, qwen3_moe, qwen3_next, spec};
+use common::configs::{gemma4, gemma4_moe, gpt_oss, llama, qwen3_5_moe, qwen3_moe, qwen3_next, spec};
 use common::fixture;
 use common::server::{binary, TestServer};
 use mlx_serve::metrics;
@@ -290,6 +290,26 @@ fn qwen3_5_moe_over_2_ranks_gives_mlx_lms_tokens_in_both_modes() {
 fn qwen3_next_over_2_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
     let model = fixture("qwen3_next_fp32", &spec(qwen3_next(), "float32", None));
     check_group("qwen3_next fp32", &model, 2, "tensor", &[], true);
+}
+
+// Gemma 4 in pipeline mode: each rank its layers, the per-layer inputs
+// computed on every rank from the tokens (float32: the batched rows of this
+// fixture flip a near-tie in bfloat16, in one process too), the MoE block in
+// 4-bit. A KV-shared layer whose source layer another rank would run is
+// refused, as is tensor mode, naming pipeline.
+#[test]
+fn gemma4_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
+    let mut unshared = gemma4();
+    unshared["num_kv_shared_layers"] = json!(0);
+    let model = fixture("gemma4_unshared_fp32", &spec(unshared, "float32", None));
+    // The repeated prompt misses: its answer moved the 128-token windows past it.
+    check_group("gemma4 fp32", &model, 2, "pipeline", &[], false);
+    let model = fixture("gemma4_moe_q4", &spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
+    check_group("gemma4_moe 4-bit", &model, 2, "pipeline", &[], false);
+    every_rank_refuses(&model, 2, "tensor", &["Gemma 4", "--distributed pipeline"]);
+    // 6 layers, the last 2 sharing: layer 5 (full) reads layer 2's cache, on the other rank.
+    let shared = fixture("gemma4_fp32", &spec(gemma4(), "float32", None));
+    every_rank_refuses(&shared, 2, "pipeline", &["layer 5", "layer 2", "fewer ranks"]);
 }
 
 /// A streamed request whose client goes away is cancelled on every rank in

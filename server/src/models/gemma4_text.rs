@@ -18,6 +18,7 @@ use super::config::{ConfigFile, RopeScaling};
 use super::decoder::RopeSpec;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::mlp::{gelu_approx_compiled, Activation, Mlp};
+use super::pipeline::PipelineStage;
 use super::placement::Placement;
 use super::quant::QuantConfig;
 use super::rope::Rope;
@@ -276,6 +277,8 @@ pub struct Gemma4Text {
     norm: RmsNorm,
     lm_head: Option<Linear>,
     placement: Placement,
+    /// This rank's layers (all of them without pipeline parallelism).
+    stage: PipelineStage,
     layout: KvLayout,
 }
 
@@ -287,12 +290,25 @@ fn times(x: &Array, v: f64) -> Result<Array> {
 impl Gemma4Text {
     pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Gemma4Text> {
         let cfg: Gemma4TextConfig = config.parse()?;
-        if w.sharding().group().is_some_and(|g| g.size() > 1) {
-            return Err(Error::Config("--distributed does not run Gemma 4 yet (its KV-shared layers and two head sizes are not split)".into()));
+        if w.tensor_parallel().is_some() {
+            return Err(Error::Config(
+                "--distributed tensor does not split Gemma 4 yet (two head sizes, one global KV head on full layers); use --distributed pipeline".into(),
+            ));
         }
         let full = cfg.types()?;
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();
+        let stage = PipelineStage::of(w.sharding(), full.len())?;
+        // A KV-shared layer reads its source layer's cache: both on one rank.
+        // Every rank checks every stage, so all refuse alike.
+        for layers in PipelineStage::all_of(w.sharding(), full.len()) {
+            if let Some(i) = layers.clone().find(|&i| !layers.contains(&kv_sources[i])) {
+                return Err(Error::Config(format!(
+                    "pipeline parallelism: layer {i} attends to the keys and values of layer {}, which another rank would run (Gemma 4's KV sharing); use fewer ranks",
+                    kv_sources[i]
+                )));
+            }
+        }
         let moe = cfg.moe_shape()?;
         let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
         // As mlx-lm's sanitize: rotary tables and the KV-shared layers' unused projections go.
@@ -301,9 +317,11 @@ impl Gemma4Text {
                 || ["input_max", "input_min", "output_max", "output_min"].iter().any(|s| k.contains(s))
                 || layer_of(k).is_some_and(|l| l >= first_shared && [".self_attn.k_proj", ".self_attn.v_proj", ".self_attn.k_norm"].iter().any(|s| k.contains(s)))
         });
+        w.discard(|k| stage.foreign(k));
         let d_pl = cfg.hidden_size_per_layer_input;
-        let mut layers = Vec::with_capacity(full.len());
-        for (i, &is_full) in full.iter().enumerate() {
+        let mut layers = Vec::with_capacity(stage.layers.len());
+        for i in stage.layers.clone() {
+            let is_full = full[i];
             let p = format!("model.layers.{i}");
             let hd = if is_full && cfg.global_head_dim > 0 { cfg.global_head_dim } else { cfg.head_dim };
             let k_eq_v = cfg.attention_k_eq_v && is_full;
@@ -373,16 +391,19 @@ impl Gemma4Text {
             }
             false => None,
         };
-        let (norm, lm_head) = placement.run_head(layers.len(), || {
+        let (norm, lm_head) = placement.run_head(full.len(), || {
             let head = if cfg.tie_word_embeddings { None } else { Some(Linear::load(&mut w, "lm_head", h, cfg.vocab_size, false, quant)?) };
             Ok((RmsNorm::load(&mut w, "model.norm", h, eps)?, head))
         })?;
         if cfg.tie_word_embeddings {
             w.discard(|k| k.starts_with("lm_head."));
         }
-        let layout = cfg.kv_layout()?;
+        let mut layout = cfg.kv_layout()?;
+        // This rank's caches: its layers that keep keys and values of their own.
+        let own = |i: usize| i.min(first_shared);
+        layout.kinds = layout.kinds[own(stage.layers.start)..own(stage.layers.end)].to_vec();
         let shared = (0..kv_sources.len()).map(|i| kv_sources.iter().enumerate().any(|(j, &src)| src == i && j != i)).collect();
-        let model = Gemma4Text { embed, per_layer, layers, kv_sources, shared, norm, lm_head, placement, layout, cfg };
+        let model = Gemma4Text { embed, per_layer, layers, kv_sources, shared, norm, lm_head, placement, stage, layout, cfg };
         w.finish()?;
         Ok(model)
     }
@@ -522,7 +543,7 @@ enum Target<'a> {
 impl LanguageModel for Gemma4Text {
     fn forward(&self, tokens: &Array, cache: &mut ModelCache) -> Result<Array> {
         let x0 = self.embed.forward(tokens)?;
-        let mut h = times(&x0, (self.cfg.hidden_size as f64).sqrt())?;
+        let h = times(&x0, (self.cfg.hidden_size as f64).sqrt())?;
         let per_layer_inputs = match &self.per_layer {
             Some(pl) => {
                 let (n, d) = (self.cfg.num_hidden_layers, self.cfg.hidden_size_per_layer_input);
@@ -534,34 +555,43 @@ impl LanguageModel for Gemma4Text {
             }
             None => None,
         };
+        let start = self.stage.layers.start;
         let (caches, masks) = cache.for_forward();
-        // Rope positions of each layer with a cache, before this step appends.
+        // Rope positions of each of this rank's layers with a cache, before this step appends.
         let positions: Vec<crate::kv::Positions> = caches.iter().map(|c| c.positions()).collect::<Result<_>>()?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let src = self.kv_sources[i];
-            let window = (!layer.full).then_some(self.cfg.sliding_window);
-            h = self.placement.run(i, || {
-                let target = if src == i { Target::Own(&mut caches[i]) } else { Target::Shared(&caches[src]) };
-                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src], self.shared[i])?;
-                let hh = ops::add(&h, &layer.post_attn_norm.forward(&r)?)?;
-                let ff = match &layer.moe {
-                    Some(moe) => {
-                        let dense = moe.post_norm_1.forward(&layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?)?;
-                        let routed = moe.post_norm_2.forward(&moe.forward(&hh)?)?;
-                        ops::add(&dense, &routed)?
+        let (h, pending) = self.stage.run(h, |mut h| {
+            for i in self.stage.layers.clone() {
+                let layer = &self.layers[i - start];
+                // Caches are this rank's, from its first layer.
+                let src = self.kv_sources[i] - start;
+                let window = (!layer.full).then_some(self.cfg.sliding_window);
+                h = self.placement.run(i, || {
+                    let target = if src == i - start { Target::Own(&mut caches[src]) } else { Target::Shared(&caches[src]) };
+                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src], self.shared[i])?;
+                    let hh = ops::add(&h, &layer.post_attn_norm.forward(&r)?)?;
+                    let ff = match &layer.moe {
+                        Some(moe) => {
+                            let dense = moe.post_norm_1.forward(&layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?)?;
+                            let routed = moe.post_norm_2.forward(&moe.forward(&hh)?)?;
+                            ops::add(&dense, &routed)?
+                        }
+                        None => layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?,
+                    };
+                    let mut out = ops::add(&hh, &layer.post_ffn_norm.forward(&ff)?)?;
+                    if let (Some(g), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
+                        let this = ops::squeeze(&ops::slice_axis(inputs, 2, i as i32, i as i32 + 1)?, &[2])?;
+                        let gate = ops::multiply(&gelu_approx_compiled(&g.gate.forward(&out)?)?, &this)?;
+                        out = ops::add(&out, &g.norm.forward(&g.projection.forward(&gate)?)?)?;
                     }
-                    None => layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?,
-                };
-                let mut out = ops::add(&hh, &layer.post_ffn_norm.forward(&ff)?)?;
-                if let (Some(g), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
-                    let this = ops::squeeze(&ops::slice_axis(inputs, 2, i as i32, i as i32 + 1)?, &[2])?;
-                    let gate = ops::multiply(&gelu_approx_compiled(&g.gate.forward(&out)?)?, &this)?;
-                    out = ops::add(&out, &g.norm.forward(&g.projection.forward(&gate)?)?)?;
-                }
-                Ok(ops::multiply(&out, &layer.layer_scalar)?)
-            })?;
+                    Ok(ops::multiply(&out, &layer.layer_scalar)?)
+                })?;
+            }
+            Ok(h)
+        })?;
+        if let Some(p) = pending {
+            cache.keep_pending(p);
         }
-        self.placement.run_head(self.layers.len(), || {
+        self.placement.run_head(self.kv_sources.len(), || {
             let logits = self.embed.logits(self.lm_head.as_ref(), &self.norm.forward(&h)?)?;
             match self.cfg.final_logit_softcapping {
                 // tanh(x / cap) * cap

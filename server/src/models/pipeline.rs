@@ -46,12 +46,32 @@ impl PipelineStage {
                 "pipeline parallelism over {size} ranks needs at least one layer each; the model has {num_layers}"
             )));
         }
-        // Even split, the low ranks taking the extra layers; rank r runs the
-        // layers after those of ranks r+1 .. size-1.
+        let layers = Self::split(size, num_layers).swap_remove(rank);
+        Ok(PipelineStage { group: Some((group.clone(), transfer)), layers })
+    }
+
+    /// Every stage's layers, by rank, over `size` ranks (at least one layer
+    /// each): an even split, the low ranks taking the extra layers; rank r
+    /// runs the layers after those of ranks r+1 .. size-1.
+    fn split(size: usize, num_layers: usize) -> Vec<Range<usize>> {
         let (base, extra) = (num_layers / size, num_layers % size);
         let count = |r: usize| base + usize::from(r < extra);
-        let start: usize = (rank + 1..size).map(count).sum();
-        Ok(PipelineStage { group: Some((group.clone(), transfer)), layers: start..start + count(rank) })
+        (0..size)
+            .map(|rank| {
+                let start: usize = (rank + 1..size).map(count).sum();
+                start..start + count(rank)
+            })
+            .collect()
+    }
+
+    /// The layers of every rank's stage under `sharding` (one stage of all
+    /// layers without a pipeline), by rank: for checks every rank must make
+    /// alike, such as a model refusing a split.
+    pub fn all_of(sharding: &Sharding, num_layers: usize) -> Vec<Range<usize>> {
+        match sharding {
+            Sharding::Pipeline(g, _) if g.size() > 1 && num_layers >= g.size() => Self::split(g.size(), num_layers),
+            _ => vec![0..num_layers],
+        }
     }
 
     /// Whether tensor `name` belongs to a decoder layer another rank holds
