@@ -296,7 +296,7 @@ fn qwen3_next_over_2_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
 // computed on every rank from the tokens (float32: the batched rows of this
 // fixture flip a near-tie in bfloat16, in one process too), the MoE block in
 // 4-bit. A KV-shared layer whose source layer another rank would run is
-// refused, as is tensor mode, naming pipeline.
+// refused on every rank.
 #[test]
 fn gemma4_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
     let mut unshared = gemma4();
@@ -306,10 +306,24 @@ fn gemma4_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
     check_group("gemma4 fp32", &model, 2, "pipeline", &[], false);
     let model = fixture("gemma4_moe_q4", &spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
     check_group("gemma4_moe 4-bit", &model, 2, "pipeline", &[], false);
-    every_rank_refuses(&model, 2, "tensor", &["Gemma 4", "--distributed pipeline"]);
     // 6 layers, the last 2 sharing: layer 5 (full) reads layer 2's cache, on the other rank.
     let shared = fixture("gemma4_fp32", &spec(gemma4(), "float32", None));
     every_rank_refuses(&shared, 2, "pipeline", &["layer 5", "layer 2", "fewer ranks"]);
+}
+
+// Gemma 4 in tensor mode: every layer's heads split (both head sizes, KV
+// sharing and per-layer inputs on each rank), the MoE block's experts too,
+// in float32. One global KV head cannot split over 2 ranks: refused.
+#[test]
+fn gemma4_over_2_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
+    let shared = fixture("gemma4_fp32", &spec(gemma4(), "float32", None));
+    check_group("gemma4 fp32", &shared, 2, "tensor", &[], false);
+    let mut moe = gemma4_moe();
+    moe["num_global_key_value_heads"] = json!(2);
+    let model = fixture("gemma4_moe_kv2_fp32", &spec(moe, "float32", None));
+    check_group("gemma4_moe fp32", &model, 2, "tensor", &[], false);
+    let one_global_head = fixture("gemma4_moe_q4", &spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
+    every_rank_refuses(&one_global_head, 2, "tensor", &["1 on full layers", "--distributed pipeline"]);
 }
 
 /// A streamed request whose client goes away is cancelled on every rank in

@@ -25,7 +25,7 @@ use super::rope::Rope;
 use super::moe::{split_fused_experts, Experts, MoeParts, MoeSpec, Router, HF_GLU_NAMES};
 use super::streamed_switch::Guesser;
 use super::switch::GluActivation;
-use super::weights::Weights;
+use super::weights::{Split, Weights};
 use super::{KvLayout, LanguageModel};
 use crate::error::{Error, Result};
 use crate::kv::{AttendArgs, KvKind, LayerCache, ModelCache, StepMemo};
@@ -237,6 +237,9 @@ struct Moe {
     pre_norm: RmsNorm,
     post_norm_1: RmsNorm,
     post_norm_2: RmsNorm,
+    /// Under tensor parallelism: the experts' mixed output is this rank's
+    /// partial sum, summed over the group (the router stays whole).
+    reduce: Option<mlx_rs_safe::distributed::Group>,
 }
 
 /// The per-layer input's gate.
@@ -290,12 +293,20 @@ fn times(x: &Array, v: f64) -> Result<Array> {
 impl Gemma4Text {
     pub fn load(config: &ConfigFile, mut w: Weights, quant: &QuantConfig, placement: Placement) -> Result<Gemma4Text> {
         let cfg: Gemma4TextConfig = config.parse()?;
-        if w.tensor_parallel().is_some() {
-            return Err(Error::Config(
-                "--distributed tensor does not split Gemma 4 yet (two head sizes, one global KV head on full layers); use --distributed pipeline".into(),
-            ));
-        }
         let full = cfg.types()?;
+        // Under tensor parallelism each rank runs a run of every layer's heads.
+        let ranks = w.tensor_parallel().map_or(1, |g| g.size() as i32);
+        let kv_heads = |is_full: bool| match (cfg.attention_k_eq_v && is_full, cfg.num_global_key_value_heads) {
+            (true, Some(n)) => n,
+            _ => cfg.num_key_value_heads,
+        };
+        let heads = [cfg.num_attention_heads, kv_heads(false), kv_heads(true)];
+        if heads.iter().any(|n| n % ranks != 0) {
+            return Err(Error::Config(format!(
+                "tensor parallelism over {ranks} ranks: Gemma 4's {} query heads, {} KV heads on sliding layers and {} on full layers do not all divide among the ranks; use --distributed pipeline",
+                heads[0], heads[1], heads[2]
+            )));
+        }
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();
         let stage = PipelineStage::of(w.sharding(), full.len())?;
@@ -325,28 +336,25 @@ impl Gemma4Text {
             let p = format!("model.layers.{i}");
             let hd = if is_full && cfg.global_head_dim > 0 { cfg.global_head_dim } else { cfg.head_dim };
             let k_eq_v = cfg.attention_k_eq_v && is_full;
-            let n_kv = match (k_eq_v, cfg.num_global_key_value_heads) {
-                (true, Some(n)) => n,
-                _ => cfg.num_key_value_heads,
-            };
-            let n_heads = cfg.num_attention_heads;
+            let (n_heads, n_kv) = (cfg.num_attention_heads, kv_heads(is_full));
+            let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.self_attn.{name}"), h, out, false, Split::Rows, quant);
             let double = cfg.use_double_wide_mlp && i >= first_shared && first_shared > 0;
             let inter = cfg.intermediate_size * if double { 2 } else { 1 };
             let block = placement.run(i, || {
                 let kv = match i < first_shared {
                     true => Some(KvProjections {
-                        k: Linear::load(&mut w, &format!("{p}.self_attn.k_proj"), h, n_kv * hd, false, quant)?,
-                        v: if k_eq_v { None } else { Some(Linear::load(&mut w, &format!("{p}.self_attn.v_proj"), h, n_kv * hd, false, quant)?) },
+                        k: rows(&mut w, "k_proj", n_kv * hd)?,
+                        v: if k_eq_v { None } else { Some(rows(&mut w, "v_proj", n_kv * hd)?) },
                         k_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.k_norm"), hd, eps)?,
                     }),
                     false => None,
                 };
                 let attn = Attention {
-                    n_heads,
-                    n_kv_heads: n_kv,
+                    n_heads: n_heads / ranks,
+                    n_kv_heads: n_kv / ranks,
                     head_dim: hd,
-                    q: Linear::load(&mut w, &format!("{p}.self_attn.q_proj"), h, n_heads * hd, false, quant)?,
-                    o: Linear::load(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, quant)?,
+                    q: rows(&mut w, "q_proj", n_heads * hd)?,
+                    o: Linear::load_split(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, Split::Cols, quant)?,
                     q_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.q_norm"), hd, eps)?,
                     kv,
                     rope: cfg.rope(is_full, hd, config.path)?,
@@ -399,6 +407,7 @@ impl Gemma4Text {
             w.discard(|k| k.starts_with("lm_head."));
         }
         let mut layout = cfg.kv_layout()?;
+        layout.kv_heads /= ranks;
         // This rank's caches: its layers that keep keys and values of their own.
         let own = |i: usize| i.min(first_shared);
         layout.kinds = layout.kinds[own(stage.layers.start)..own(stage.layers.end)].to_vec();
@@ -480,6 +489,7 @@ fn load_moe(w: &mut Weights, p: &str, layer: u32, cfg: &Gemma4TextConfig, (e, k,
         pre_norm: RmsNorm::load(w, &format!("{p}.pre_feedforward_layernorm_2"), h, eps)?,
         post_norm_1: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_1"), h, eps)?,
         post_norm_2: RmsNorm::load(w, &format!("{p}.post_feedforward_layernorm_2"), h, eps)?,
+        reduce: w.tensor_parallel().cloned(),
     })
 }
 
@@ -500,7 +510,11 @@ impl Moe {
         let weights = ops::softmax(&ops::take_along_axis(&scores, &inds, -1)?, &[-1], false)?;
         let weights = ops::multiply(&weights, &ops::take(&self.per_expert_scale, &inds, 0)?)?;
         let y = self.experts.forward(&self.pre_norm.forward(h)?, &inds)?;
-        Ok(ops::sum(&ops::multiply(&ops::expand_dims(&weights, &[-1])?, &y)?, &[-2], false)?)
+        let mixed = ops::sum(&ops::multiply(&ops::expand_dims(&weights, &[-1])?, &y)?, &[-2], false)?;
+        Ok(match &self.reduce {
+            Some(group) => group.all_sum(&mixed)?,
+            None => mixed,
+        })
     }
 }
 
