@@ -70,7 +70,7 @@ impl PipelineStage {
     pub fn all_of(sharding: &Sharding, num_layers: usize) -> Vec<Range<usize>> {
         match sharding {
             Sharding::Pipeline(g, _) if g.size() > 1 && num_layers >= g.size() => Self::split(g.size(), num_layers),
-            _ => vec![0..num_layers],
+            _ => std::iter::once(0..num_layers).collect(),
         }
     }
 
