@@ -313,17 +313,25 @@ fn gemma4_over_2_ranks_in_pipeline_mode_gives_mlx_lms_tokens() {
 
 // Gemma 4 in tensor mode: every layer's heads split (both head sizes, KV
 // sharing and per-layer inputs on each rank), the MoE block's experts too,
-// in float32. One global KV head cannot split over 2 ranks: refused.
+// in float32; the MoE fixture's single global KV head is repeated on both
+// ranks (its values are its keys). Query heads that do not divide: refused.
 #[test]
 fn gemma4_over_2_ranks_in_tensor_mode_gives_mlx_lms_tokens() {
     let shared = fixture("gemma4_fp32", &spec(gemma4(), "float32", None));
     check_group("gemma4 fp32", &shared, 2, "tensor", &[], false);
-    let mut moe = gemma4_moe();
-    moe["num_global_key_value_heads"] = json!(2);
-    let model = fixture("gemma4_moe_kv2_fp32", &spec(moe, "float32", None));
+    let model = fixture("gemma4_moe_fp32", &spec(gemma4_moe(), "float32", None));
     check_group("gemma4_moe fp32", &model, 2, "tensor", &[], false);
-    let one_global_head = fixture("gemma4_moe_q4", &spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32}))));
-    every_rank_refuses(&one_global_head, 2, "tensor", &["1 on full layers", "--distributed pipeline"]);
+    every_rank_refuses(&model, 3, "tensor", &["3 ranks", "4 query heads", "--distributed pipeline"]);
+}
+
+// More ranks than KV heads: each KV head is held by the ranks whose query
+// heads attend to it (4 ranks, 4 query heads, 2 KV heads).
+#[test]
+fn kv_heads_fewer_than_the_ranks_are_repeated() {
+    let mut c = llama();
+    c["num_hidden_layers"] = json!(4);
+    let model = fixture("distributed_llama_kv2_fp32", &spec(c, "float32", None));
+    check_matches_mlx_lm("llama, 2 KV heads", &model, 4, "tensor", &[]);
 }
 
 /// A streamed request whose client goes away is cancelled on every rank in

@@ -41,10 +41,13 @@ impl AttentionSpec {
         if matches!(self.qk_norm, QkNorm::Full(_)) {
             return refuse("this model normalizes queries and keys over all heads at once (OLMoE)".into());
         }
-        if self.n_heads % ranks != 0 || self.n_kv_heads % ranks != 0 {
+        // KV heads divide among the ranks, or (fewer heads than ranks) each
+        // is repeated on the ranks whose queries attend to it.
+        let kv_split = self.n_kv_heads % ranks == 0 || ranks % self.n_kv_heads == 0;
+        if self.n_heads % ranks != 0 || !kv_split {
             return refuse(format!("{} query heads and {} KV heads do not divide among the ranks", self.n_heads, self.n_kv_heads));
         }
-        Ok(AttentionSpec { n_heads: self.n_heads / ranks, n_kv_heads: self.n_kv_heads / ranks, ..self.clone() })
+        Ok(AttentionSpec { n_heads: self.n_heads / ranks, n_kv_heads: (self.n_kv_heads / ranks).max(1), ..self.clone() })
     }
 }
 
@@ -111,8 +114,8 @@ impl Attention {
             } else {
                 Projections::Separate {
                     q: Linear::load_split(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, Split::Rows, quant)?,
-                    k: Linear::load_split(w, &p("k_proj"), hidden, kv_out, spec.qkv_bias, Split::Rows, quant)?,
-                    v: Linear::load_split(w, &p("v_proj"), hidden, kv_out, spec.qkv_bias, Split::Rows, quant)?,
+                    k: Linear::load_kv_heads(w, &p("k_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?.0,
+                    v: Linear::load_kv_heads(w, &p("v_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?.0,
                 }
             },
             o_proj: Linear::load_split(w, &p("o_proj"), q_out, hidden, spec.o_bias, Split::Cols, quant)?,

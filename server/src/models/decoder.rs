@@ -160,7 +160,7 @@ impl Decoder {
             Ok((norm, head))
         })?;
         // This rank's caches: its layers', its share of the KV heads.
-        let kv_heads = spec.attention.n_kv_heads / w.tensor_parallel().map_or(1, |g| g.size() as i32);
+        let kv_heads = (spec.attention.n_kv_heads / w.tensor_parallel().map_or(1, |g| g.size() as i32)).max(1);
         let layout = KvLayout {
             kinds: stage.layers.clone().map(|i| spec.kv_kind(i)).collect(),
             kv_heads,

@@ -301,9 +301,10 @@ impl Gemma4Text {
             _ => cfg.num_key_value_heads,
         };
         let heads = [cfg.num_attention_heads, kv_heads(false), kv_heads(true)];
-        if heads.iter().any(|n| n % ranks != 0) {
+        // KV heads fewer than the ranks are repeated on the ranks that share them.
+        if heads[0] % ranks != 0 || heads[1..].iter().any(|n| n % ranks != 0 && ranks % n != 0) {
             return Err(Error::Config(format!(
-                "tensor parallelism over {ranks} ranks: Gemma 4's {} query heads, {} KV heads on sliding layers and {} on full layers do not all divide among the ranks; use --distributed pipeline",
+                "tensor parallelism over {ranks} ranks: Gemma 4's {} query heads, {} KV heads on sliding layers and {} on full layers do not all divide among the ranks (KV heads may also divide the ranks); use --distributed pipeline",
                 heads[0], heads[1], heads[2]
             )));
         }
@@ -343,15 +344,15 @@ impl Gemma4Text {
             let block = placement.run(i, || {
                 let kv = match i < first_shared {
                     true => Some(KvProjections {
-                        k: rows(&mut w, "k_proj", n_kv * hd)?,
-                        v: if k_eq_v { None } else { Some(rows(&mut w, "v_proj", n_kv * hd)?) },
+                        k: Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.k_proj"), h, n_kv, hd, false, quant)?.0,
+                        v: if k_eq_v { None } else { Some(Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.v_proj"), h, n_kv, hd, false, quant)?.0) },
                         k_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.k_norm"), hd, eps)?,
                     }),
                     false => None,
                 };
                 let attn = Attention {
                     n_heads: n_heads / ranks,
-                    n_kv_heads: n_kv / ranks,
+                    n_kv_heads: (n_kv / ranks).max(1),
                     head_dim: hd,
                     q: rows(&mut w, "q_proj", n_heads * hd)?,
                     o: Linear::load_split(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, Split::Cols, quant)?,
@@ -407,7 +408,7 @@ impl Gemma4Text {
             w.discard(|k| k.starts_with("lm_head."));
         }
         let mut layout = cfg.kv_layout()?;
-        layout.kv_heads /= ranks;
+        layout.kv_heads = (layout.kv_heads / ranks).max(1);
         // This rank's caches: its layers that keep keys and values of their own.
         let own = |i: usize| i.min(first_shared);
         layout.kinds = layout.kinds[own(stage.layers.start)..own(stage.layers.end)].to_vec();

@@ -119,17 +119,47 @@ impl Linear {
     /// end to end, each split over `group` (see [`row_segments_part`]): a
     /// fused projection under tensor parallelism.
     pub fn rows_by_segments(self, segments: &[i32], group: &Group) -> Result<Linear> {
-        let part = |a: &Array| row_segments_part(a, segments, group);
+        self.map_rows(|a| row_segments_part(a, segments, group))
+    }
+
+    /// The layer's output rows `start .. start + len`.
+    fn rows_range(self, start: i32, len: i32) -> Result<Linear> {
+        self.map_rows(|a| Ok(ops::slice_axis(a, 0, start, start + len)?))
+    }
+
+    /// The layer with `part` applied to every tensor indexed by output row.
+    fn map_rows(self, part: impl Fn(&Array) -> Result<Array>) -> Result<Linear> {
         let weight = match self.weight {
             LinearWeight::Dense(w) => LinearWeight::Dense(part(&w)?),
             LinearWeight::Quantized(q) => LinearWeight::Quantized(QuantizedWeight {
                 weight: part(&q.weight)?,
                 scales: part(&q.scales)?,
-                biases: q.biases.as_ref().map(part).transpose()?,
+                biases: q.biases.as_ref().map(&part).transpose()?,
                 params: q.params,
             }),
         };
-        Ok(Linear { weight, bias: self.bias.as_ref().map(part).transpose()?, reduce: self.reduce })
+        Ok(Linear { weight, bias: self.bias.as_ref().map(&part).transpose()?, reduce: self.reduce })
+    }
+
+    /// A key or value projection of `n_kv` heads of `head_dim` features:
+    /// whole without tensor parallelism; under it, this rank's run of the
+    /// heads where they divide among the ranks, else (more ranks than heads,
+    /// a multiple of them) the one head this rank's queries attend to, held
+    /// by every rank that shares it (mlx-lm's Qwen3.5 `shard` repeats such
+    /// heads). Returns the layer and how many heads it holds.
+    pub fn load_kv_heads(w: &mut Weights, prefix: &str, in_dim: i32, n_kv: i32, head_dim: i32, bias: bool, quant: &QuantConfig) -> Result<(Linear, i32)> {
+        let (rank, ranks) = w.tensor_parallel().map_or((0, 1), |g| (g.rank() as i32, g.size() as i32));
+        if n_kv % ranks == 0 {
+            return Ok((Linear::load_split(w, prefix, in_dim, n_kv * head_dim, bias, Split::Rows, quant)?, n_kv / ranks));
+        }
+        if ranks % n_kv != 0 {
+            return Err(crate::error::Error::Config(format!(
+                "tensor parallelism over {ranks} ranks: {n_kv} KV heads neither divide among the ranks nor divide them; use --distributed pipeline"
+            )));
+        }
+        let head = rank / (ranks / n_kv);
+        let whole = Linear::load(w, prefix, in_dim, n_kv * head_dim, bias, quant)?;
+        Ok((whole.rows_range(head * head_dim, head_dim)?, 1))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

@@ -125,9 +125,11 @@ impl Qwen3NextConfig {
     /// shapes of the files stay the whole config's).
     fn sharded(&self, ranks: i32) -> Result<Qwen3NextConfig> {
         let heads = [self.linear_num_key_heads, self.linear_num_value_heads, self.num_attention_heads, self.num_key_value_heads];
-        if heads.iter().any(|h| h % ranks != 0) {
+        // KV heads fewer than the ranks are repeated (as mlx-lm's shard does).
+        let kv_split = heads[3] % ranks == 0 || ranks % heads[3] == 0;
+        if heads[..3].iter().any(|h| h % ranks != 0) || !kv_split {
             return Err(Error::Config(format!(
-                "tensor parallelism over {ranks} ranks: {} linear key heads, {} linear value heads, {} query heads and {} KV heads do not all divide among the ranks; use --distributed pipeline",
+                "tensor parallelism over {ranks} ranks: {} linear key heads, {} linear value heads, {} query heads and {} KV heads do not all divide among the ranks (KV heads may also divide the ranks); use --distributed pipeline",
                 heads[0], heads[1], heads[2], heads[3]
             )));
         }
@@ -135,7 +137,7 @@ impl Qwen3NextConfig {
             linear_num_key_heads: self.linear_num_key_heads / ranks,
             linear_num_value_heads: self.linear_num_value_heads / ranks,
             num_attention_heads: self.num_attention_heads / ranks,
-            num_key_value_heads: self.num_key_value_heads / ranks,
+            num_key_value_heads: (self.num_key_value_heads / ranks).max(1),
             ..self.clone()
         })
     }
@@ -380,16 +382,16 @@ struct GatedAttention {
 impl GatedAttention {
     /// Loads the layer at `p`, under tensor parallelism this rank's run of
     /// its heads (`local`: the rank's config): queries with their gates (one
-    /// run of rows per head), keys and values by output rows, the output
-    /// projection by input columns.
+    /// run of rows per head), keys and values by heads (repeated where fewer
+    /// than the ranks), the output projection by input columns.
     fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, local: &Qwen3NextConfig, norm: NormLoad, rope: Rope, quant: &QuantConfig) -> Result<GatedAttention> {
         let (h, hd, bias) = (cfg.hidden_size, cfg.head_dim(), cfg.attention_bias);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
         let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.{name}"), h, out, bias, Split::Rows, quant);
         Ok(GatedAttention {
             q: rows(w, "q_proj", nh * hd * 2)?,
-            k: rows(w, "k_proj", nkv * hd)?,
-            v: rows(w, "v_proj", nkv * hd)?,
+            k: Linear::load_kv_heads(w, &format!("{p}.k_proj"), h, nkv, hd, bias, quant)?.0,
+            v: Linear::load_kv_heads(w, &format!("{p}.v_proj"), h, nkv, hd, bias, quant)?.0,
             o: Linear::load_split(w, &format!("{p}.o_proj"), nh * hd, h, bias, Split::Cols, quant)?,
             q_norm: norm(w, &format!("{p}.q_norm"), hd, cfg.rms_norm_eps)?,
             k_norm: norm(w, &format!("{p}.k_norm"), hd, cfg.rms_norm_eps)?,
