@@ -4,7 +4,7 @@
 
 use mlx_rs_safe::{ops, Array};
 
-use super::layers::{Linear, RmsNorm};
+use super::layers::{kv_heads_per_rank, Linear, RmsNorm};
 use super::quant::QuantConfig;
 use super::rope::Rope;
 use super::weights::{Split, Weights};
@@ -41,13 +41,10 @@ impl AttentionSpec {
         if matches!(self.qk_norm, QkNorm::Full(_)) {
             return refuse("this model normalizes queries and keys over all heads at once (OLMoE)".into());
         }
-        // KV heads divide among the ranks, or (fewer heads than ranks) each
-        // is repeated on the ranks whose queries attend to it.
-        let kv_split = self.n_kv_heads % ranks == 0 || ranks % self.n_kv_heads == 0;
-        if self.n_heads % ranks != 0 || !kv_split {
-            return refuse(format!("{} query heads and {} KV heads do not divide among the ranks", self.n_heads, self.n_kv_heads));
+        match kv_heads_per_rank(self.n_kv_heads, ranks) {
+            Some(n_kv_heads) if self.n_heads % ranks == 0 => Ok(AttentionSpec { n_heads: self.n_heads / ranks, n_kv_heads, ..self.clone() }),
+            _ => refuse(format!("{} query heads and {} KV heads do not divide among the ranks", self.n_heads, self.n_kv_heads)),
         }
-        Ok(AttentionSpec { n_heads: self.n_heads / ranks, n_kv_heads: (self.n_kv_heads / ranks).max(1), ..self.clone() })
     }
 }
 
@@ -114,8 +111,8 @@ impl Attention {
             } else {
                 Projections::Separate {
                     q: Linear::load_split(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, Split::Rows, quant)?,
-                    k: Linear::load_kv_heads(w, &p("k_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?.0,
-                    v: Linear::load_kv_heads(w, &p("v_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?.0,
+                    k: Linear::load_kv_heads(w, &p("k_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?,
+                    v: Linear::load_kv_heads(w, &p("v_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?,
                 }
             },
             o_proj: Linear::load_split(w, &p("o_proj"), q_out, hidden, spec.o_bias, Split::Cols, quant)?,

@@ -8,7 +8,7 @@ use mlx_rs_safe::{ops, Array};
 
 use super::attention::{Attention, AttentionSpec};
 use super::config::RopeScaling;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{kv_heads_per_rank, Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
 use super::pipeline::PipelineStage;
 use super::placement::Placement;
@@ -160,7 +160,8 @@ impl Decoder {
             Ok((norm, head))
         })?;
         // This rank's caches: its layers', its share of the KV heads.
-        let kv_heads = (spec.attention.n_kv_heads / w.tensor_parallel().map_or(1, |g| g.size() as i32)).max(1);
+        let ranks = w.tensor_parallel().map_or(1, |g| g.size() as i32);
+        let kv_heads = kv_heads_per_rank(spec.attention.n_kv_heads, ranks).unwrap_or(spec.attention.n_kv_heads);
         let layout = KvLayout {
             kinds: stage.layers.clone().map(|i| spec.kv_kind(i)).collect(),
             kv_heads,

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::config::{ConfigFile, RopeScaling};
 use super::decoder::RopeSpec;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{kv_heads_per_rank, Embedding, Linear, RmsNorm};
 use super::mlp::{gelu_approx_compiled, Activation, Mlp};
 use super::pipeline::PipelineStage;
 use super::placement::Placement;
@@ -302,7 +302,7 @@ impl Gemma4Text {
         };
         let heads = [cfg.num_attention_heads, kv_heads(false), kv_heads(true)];
         // KV heads fewer than the ranks are repeated on the ranks that share them.
-        if heads[0] % ranks != 0 || heads[1..].iter().any(|n| n % ranks != 0 && ranks % n != 0) {
+        if heads[0] % ranks != 0 || heads[1..].iter().any(|&n| kv_heads_per_rank(n, ranks).is_none()) {
             return Err(Error::Config(format!(
                 "tensor parallelism over {ranks} ranks: Gemma 4's {} query heads, {} KV heads on sliding layers and {} on full layers do not all divide among the ranks (KV heads may also divide the ranks); use --distributed pipeline",
                 heads[0], heads[1], heads[2]
@@ -344,15 +344,15 @@ impl Gemma4Text {
             let block = placement.run(i, || {
                 let kv = match i < first_shared {
                     true => Some(KvProjections {
-                        k: Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.k_proj"), h, n_kv, hd, false, quant)?.0,
-                        v: if k_eq_v { None } else { Some(Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.v_proj"), h, n_kv, hd, false, quant)?.0) },
+                        k: Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.k_proj"), h, n_kv, hd, false, quant)?,
+                        v: if k_eq_v { None } else { Some(Linear::load_kv_heads(&mut w, &format!("{p}.self_attn.v_proj"), h, n_kv, hd, false, quant)?) },
                         k_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.k_norm"), hd, eps)?,
                     }),
                     false => None,
                 };
                 let attn = Attention {
                     n_heads: n_heads / ranks,
-                    n_kv_heads: (n_kv / ranks).max(1),
+                    n_kv_heads: kv_heads_per_rank(n_kv, ranks).unwrap_or(n_kv),
                     head_dim: hd,
                     q: rows(&mut w, "q_proj", n_heads * hd)?,
                     o: Linear::load_split(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, Split::Cols, quant)?,
@@ -408,7 +408,7 @@ impl Gemma4Text {
             w.discard(|k| k.starts_with("lm_head."));
         }
         let mut layout = cfg.kv_layout()?;
-        layout.kv_heads = (layout.kv_heads / ranks).max(1);
+        layout.kv_heads = kv_heads_per_rank(layout.kv_heads, ranks).unwrap_or(layout.kv_heads);
         // This rank's caches: its layers that keep keys and values of their own.
         let own = |i: usize| i.min(first_shared);
         layout.kinds = layout.kinds[own(stage.layers.start)..own(stage.layers.end)].to_vec();

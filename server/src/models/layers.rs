@@ -10,6 +10,19 @@ use super::quant_kernel;
 use super::weights::{row_segments_part, Split, Weights};
 use crate::error::Result;
 
+/// The KV heads each of `ranks` tensor-parallel ranks holds of `n_kv`: its
+/// share where they divide among the ranks, one (repeated on the ranks that
+/// share it) where they divide the ranks; None where neither.
+pub fn kv_heads_per_rank(n_kv: i32, ranks: i32) -> Option<i32> {
+    if n_kv > 0 && n_kv % ranks == 0 {
+        Some(n_kv / ranks)
+    } else if n_kv > 0 && ranks % n_kv == 0 {
+        Some(1)
+    } else {
+        None
+    }
+}
+
 /// A quantized weight: packed values, per-group scales, and per-group biases
 /// in the affine mode (the float modes have none).
 #[derive(Clone)]
@@ -146,20 +159,21 @@ impl Linear {
     /// heads where they divide among the ranks, else (more ranks than heads,
     /// a multiple of them) the one head this rank's queries attend to, held
     /// by every rank that shares it (mlx-lm's Qwen3.5 `shard` repeats such
-    /// heads). Returns the layer and how many heads it holds.
-    pub fn load_kv_heads(w: &mut Weights, prefix: &str, in_dim: i32, n_kv: i32, head_dim: i32, bias: bool, quant: &QuantConfig) -> Result<(Linear, i32)> {
+    /// heads).
+    pub fn load_kv_heads(w: &mut Weights, prefix: &str, in_dim: i32, n_kv: i32, head_dim: i32, bias: bool, quant: &QuantConfig) -> Result<Linear> {
         let (rank, ranks) = w.tensor_parallel().map_or((0, 1), |g| (g.rank() as i32, g.size() as i32));
-        if n_kv % ranks == 0 {
-            return Ok((Linear::load_split(w, prefix, in_dim, n_kv * head_dim, bias, Split::Rows, quant)?, n_kv / ranks));
-        }
-        if ranks % n_kv != 0 {
-            return Err(crate::error::Error::Config(format!(
-                "tensor parallelism over {ranks} ranks: {n_kv} KV heads neither divide among the ranks nor divide them; use --distributed pipeline"
-            )));
+        match kv_heads_per_rank(n_kv, ranks) {
+            Some(_) if n_kv % ranks == 0 => return Linear::load_split(w, prefix, in_dim, n_kv * head_dim, bias, Split::Rows, quant),
+            Some(_) => {}
+            None => {
+                return Err(crate::error::Error::Config(format!(
+                    "tensor parallelism over {ranks} ranks: {n_kv} KV heads neither divide among the ranks nor divide them; use --distributed pipeline"
+                )))
+            }
         }
         let head = rank / (ranks / n_kv);
         let whole = Linear::load(w, prefix, in_dim, n_kv * head_dim, bias, quant)?;
-        Ok((whole.rows_range(head * head_dim, head_dim)?, 1))
+        whole.rows_range(head * head_dim, head_dim)
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {

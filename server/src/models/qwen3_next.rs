@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use super::config::{ConfigFile, RopeScaling};
 use super::decoder::{FeedForward, RopeSpec};
 use super::gated_delta;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{kv_heads_per_rank, Embedding, Linear, RmsNorm};
 use super::mlp::Mlp;
 use super::moe::{split_fused_experts, MoeParts, MoeSpec, Router, SparseMoe, HF_GLU_NAMES};
 use super::pipeline::PipelineStage;
@@ -126,8 +126,8 @@ impl Qwen3NextConfig {
     fn sharded(&self, ranks: i32) -> Result<Qwen3NextConfig> {
         let heads = [self.linear_num_key_heads, self.linear_num_value_heads, self.num_attention_heads, self.num_key_value_heads];
         // KV heads fewer than the ranks are repeated (as mlx-lm's shard does).
-        let kv_split = heads[3] % ranks == 0 || ranks % heads[3] == 0;
-        if heads[..3].iter().any(|h| h % ranks != 0) || !kv_split {
+        let kv_per_rank = kv_heads_per_rank(heads[3], ranks);
+        if heads[..3].iter().any(|h| h % ranks != 0) || kv_per_rank.is_none() {
             return Err(Error::Config(format!(
                 "tensor parallelism over {ranks} ranks: {} linear key heads, {} linear value heads, {} query heads and {} KV heads do not all divide among the ranks (KV heads may also divide the ranks); use --distributed pipeline",
                 heads[0], heads[1], heads[2], heads[3]
@@ -137,7 +137,7 @@ impl Qwen3NextConfig {
             linear_num_key_heads: self.linear_num_key_heads / ranks,
             linear_num_value_heads: self.linear_num_value_heads / ranks,
             num_attention_heads: self.num_attention_heads / ranks,
-            num_key_value_heads: (self.num_key_value_heads / ranks).max(1),
+            num_key_value_heads: kv_per_rank.unwrap_or(self.num_key_value_heads),
             ..self.clone()
         })
     }
@@ -390,8 +390,8 @@ impl GatedAttention {
         let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.{name}"), h, out, bias, Split::Rows, quant);
         Ok(GatedAttention {
             q: rows(w, "q_proj", nh * hd * 2)?,
-            k: Linear::load_kv_heads(w, &format!("{p}.k_proj"), h, nkv, hd, bias, quant)?.0,
-            v: Linear::load_kv_heads(w, &format!("{p}.v_proj"), h, nkv, hd, bias, quant)?.0,
+            k: Linear::load_kv_heads(w, &format!("{p}.k_proj"), h, nkv, hd, bias, quant)?,
+            v: Linear::load_kv_heads(w, &format!("{p}.v_proj"), h, nkv, hd, bias, quant)?,
             o: Linear::load_split(w, &format!("{p}.o_proj"), nh * hd, h, bias, Split::Cols, quant)?,
             q_norm: norm(w, &format!("{p}.q_norm"), hd, cfg.rms_norm_eps)?,
             k_norm: norm(w, &format!("{p}.k_norm"), hd, cfg.rms_norm_eps)?,

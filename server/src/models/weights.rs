@@ -126,8 +126,6 @@ impl WeightFootprint {
     }
 }
 
-/// The axis `split` cuts in a tensor of `shape`: rows are the second-to-last
-/// axis of a matrix (the only axis of a bias), columns the last.
 /// This rank's rows of `a` when its first axis is `segments` laid end to end
 /// (e.g. a fused projection's query, key and value rows) and each segment is
 /// split over the group's ranks: the rank's run of every segment, in order.
@@ -151,6 +149,8 @@ pub fn row_segments_part(a: &Array, segments: &[i32], group: &Group) -> Result<A
     Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?)
 }
 
+/// The axis `split` cuts in a tensor of `shape`: rows are the second-to-last
+/// axis of a matrix (the only axis of a bias), columns the last.
 fn split_axis(shape: &[i32], split: Split) -> Option<usize> {
     match (split, shape.len()) {
         (Split::Whole, _) | (_, 0) => None,
