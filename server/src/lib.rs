@@ -10,6 +10,7 @@ pub mod experts;
 pub mod generate_cmd;
 pub mod gguf;
 pub mod http_server;
+pub mod kernel_check;
 pub mod hub;
 pub mod kv;
 pub mod memory_plan;

@@ -150,20 +150,7 @@ fn kernel_usable() -> bool {
             return false;
         }
         let Some(backend) = gpu_backend() else { return false };
-        match self_check() {
-            Ok(None) => {
-                log::info!("Gated DeltaNet: the {backend} kernel is in use");
-                true
-            }
-            Ok(Some(why)) => {
-                log::warn!("Gated DeltaNet: the {backend} kernel disagrees with the MLX-ops path ({why}); using the ops path");
-                false
-            }
-            Err(e) => {
-                log::warn!("Gated DeltaNet: the {backend} kernel does not run here ({e}); using the ops path");
-                false
-            }
-        }
+        crate::kernel_check::passes(&format!("Gated DeltaNet: the {backend} kernel"), "the ops path", self_check)
     })
 }
 

@@ -288,20 +288,7 @@ fn usable() -> bool {
             log::info!("quantized matmul: MLX_SERVE_QMM_KERNEL=0, using MLX's kernels");
             return false;
         }
-        match self_check() {
-            Ok(None) => {
-                log::info!("quantized matmul: the CUDA kernel serves decode-sized batches");
-                true
-            }
-            Ok(Some(why)) => {
-                log::warn!("quantized matmul: the CUDA kernel disagrees with MLX ({why}); using MLX's kernels");
-                false
-            }
-            Err(e) => {
-                log::warn!("quantized matmul: the CUDA kernel does not run here ({e}); using MLX's kernels");
-                false
-            }
-        }
+        crate::kernel_check::passes("quantized matmul: the CUDA kernel", "MLX's kernels", self_check)
     })
 }
 

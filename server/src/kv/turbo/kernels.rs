@@ -74,20 +74,7 @@ pub fn usable() -> bool {
     }
     *USABLE.get_or_init(|| {
         let Some(lang) = language() else { return false };
-        match self_check() {
-            Ok(None) => {
-                log::info!("TurboQuant: {lang:?} kernels in use");
-                true
-            }
-            Ok(Some(why)) => {
-                log::warn!("TurboQuant: the {lang:?} kernels disagree with the reference ({why}); using the MLX-ops path");
-                false
-            }
-            Err(e) => {
-                log::warn!("TurboQuant: the {lang:?} kernels do not run here ({e}); using the MLX-ops path");
-                false
-            }
-        }
+        crate::kernel_check::passes(&format!("TurboQuant: the {lang:?} kernels"), "the MLX-ops path", self_check)
     })
 }
 

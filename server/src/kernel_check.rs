@@ -1,0 +1,25 @@
+//! The start-up check a custom GPU kernel passes before it replaces MLX's ops
+//! (TurboQuant attention, the Gated DeltaNet recurrence, quantized matmul):
+//! its result on a few random inputs against the ops it replaces.
+
+use crate::error::Result;
+
+/// Runs `check` (None: the kernel agrees with its reference, Some: how it
+/// differs) and says in the log what `what` (e.g. "Gated DeltaNet: the cuda
+/// kernel") will serve: itself, or `fallback` when it disagrees or fails.
+pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<String>>) -> bool {
+    match check() {
+        Ok(None) => {
+            log::info!("{what} is in use");
+            true
+        }
+        Ok(Some(why)) => {
+            log::warn!("{what} disagrees with its reference ({why}); using {fallback}");
+            false
+        }
+        Err(e) => {
+            log::warn!("{what} does not run here ({e}); using {fallback}");
+            false
+        }
+    }
+}
