@@ -338,7 +338,6 @@ impl Gemma4Text {
             let hd = if is_full && cfg.global_head_dim > 0 { cfg.global_head_dim } else { cfg.head_dim };
             let k_eq_v = cfg.attention_k_eq_v && is_full;
             let (n_heads, n_kv) = (cfg.num_attention_heads, kv_heads(is_full));
-            let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.self_attn.{name}"), h, out, false, Split::Rows, quant);
             let double = cfg.use_double_wide_mlp && i >= first_shared && first_shared > 0;
             let inter = cfg.intermediate_size * if double { 2 } else { 1 };
             let block = placement.run(i, || {
@@ -354,7 +353,7 @@ impl Gemma4Text {
                     n_heads: n_heads / ranks,
                     n_kv_heads: kv_heads_per_rank(n_kv, ranks).unwrap_or(n_kv),
                     head_dim: hd,
-                    q: rows(&mut w, "q_proj", n_heads * hd)?,
+                    q: Linear::load_split(&mut w, &format!("{p}.self_attn.q_proj"), h, n_heads * hd, false, Split::Rows, quant)?,
                     o: Linear::load_split(&mut w, &format!("{p}.self_attn.o_proj"), n_heads * hd, h, false, Split::Cols, quant)?,
                     q_norm: RmsNorm::load(&mut w, &format!("{p}.self_attn.q_norm"), hd, eps)?,
                     kv,

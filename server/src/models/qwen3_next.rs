@@ -387,9 +387,8 @@ impl GatedAttention {
     fn load(w: &mut Weights, p: &str, cfg: &Qwen3NextConfig, local: &Qwen3NextConfig, norm: NormLoad, rope: Rope, quant: &QuantConfig) -> Result<GatedAttention> {
         let (h, hd, bias) = (cfg.hidden_size, cfg.head_dim(), cfg.attention_bias);
         let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
-        let rows = |w: &mut Weights, name: &str, out: i32| Linear::load_split(w, &format!("{p}.{name}"), h, out, bias, Split::Rows, quant);
         Ok(GatedAttention {
-            q: rows(w, "q_proj", nh * hd * 2)?,
+            q: Linear::load_split(w, &format!("{p}.q_proj"), h, nh * hd * 2, bias, Split::Rows, quant)?,
             k: Linear::load_kv_heads(w, &format!("{p}.k_proj"), h, nkv, hd, bias, quant)?,
             v: Linear::load_kv_heads(w, &format!("{p}.v_proj"), h, nkv, hd, bias, quant)?,
             o: Linear::load_split(w, &format!("{p}.o_proj"), nh * hd, h, bias, Split::Cols, quant)?,
