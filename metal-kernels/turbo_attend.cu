@@ -1,40 +1,63 @@
 // Split-K decode attention over a TurboQuant cache: one query per row. Block
 // (row b, KV head g, split s) takes the s-th slice of the row's compressed
-// positions (the 4 unquantized sinks are turbo_merge.cu's). Every packed coordinate
-// is decoded once and used by all the query heads of the KV head's group
-// that a warp serves (HPW of them, at most MAXH: larger groups are split
-// over NG sets of warps), which keeps the instruction count per position
-// down (Nsight Compute on the H100: 63M warp instructions per 32K-token
-// layer against 90M with a warp per head). A lane owns 8
-// coordinates of one position, for the key as for the value, so a position's
-// probabilities land in the lanes that sum its value with no exchange. Each
-// warp walks chunks of CH positions (chunk c of the split goes to warp
-// c % 4 of its head set): all the chunk's loads first; scores from the codes
-// directly (8-bit affine: scale * (q . codes) + bias * sum(q)); one
-// online-softmax step per head and chunk (base 2: the query carries
-// log2(e)); values summed in the rotated basis. At the end the warps of a
-// head set merge their (max, sum, accumulator) through shared memory; the
-// partial per split goes to turbo_merge.cu.
+// positions (the 4 unquantized sinks are turbo_merge.cu's) with 128 threads,
+// for every query head of the KV head's group at once.
+//
+// The slice is walked in tiles of P positions, double-buffered in shared
+// memory: while a tile is scored, the next one's codes are already on their
+// way (asynchronous copies, 16 bytes a thread and instruction), which keeps
+// enough bytes in flight to read the cache at memory speed (the previous
+// version, one position per few lanes straight from global memory, waited on
+// memory most of its time). A tile goes through three phases:
+//  1. scores: TPP threads a position, each a share of its key's 16-byte
+//     chunks, every code decoded once and dotted with every head's query
+//     (8-bit affine: scale * (q . codes) + bias * sum(q); 4-bit codebook:
+//     norm * (q . centroids));
+//  2. one online-softmax step per head over the tile (a warp a head; base 2:
+//     the query carries log2(e)); every warp then shares the same running max;
+//  3. values: a lane owns 8 coordinates of one position at a time, the warps
+//     take alternate positions, each value decoded once and summed into every
+//     head's accumulator in the rotated basis.
+// At the end the warps' accumulators (one max, so plain sums) are added in
+// shared memory; the partial per split goes to turbo_merge.cu.
 // Inputs: q [B, HQ, 1, D] (not rotated); k0, k1, k2: keys (KFMT 0: packed
 // uint32, scales, biases; KFMT 1: codes, norms, unused) and vc, vn: values,
 // each [B, HKV, CAP, X] (the whole buffers);
 // pads [B]: each row's first compressed position; meta [1]: positions written
 // (the same for all rows); signs [3, D]; kcent, vcent: centroids; scale [1].
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
-// the grid's blocks per (row, KV head). Threads per block: 128 * NG (kernels.rs).
-constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
-constexpr int NG = (REP + MAXH - 1) / MAXH;   // sets of warps, each serving HPW heads
-constexpr int HPW = (REP + NG - 1) / NG;
-constexpr int WPS = 4;                  // warps per set
-constexpr int C = 8;                    // coordinates a lane owns
-constexpr int LP = D / C;               // lanes per position
-constexpr int PP = 32 / LP;             // positions a warp reads at once
-constexpr int CH = 4;                   // positions a chunk (registers: 6 per position)
-constexpr int NP = CH / PP;             // passes a chunk
-__shared__ float qs[REP * D];
-__shared__ float wacc[NG * WPS * HPW * D];   // each warp's sums, for the merge
-__shared__ float wm[NG * WPS * HPW];
-__shared__ float wl[NG * WPS * HPW];
+// the grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
+constexpr int THREADS = 128;
+constexpr int WARPS = THREADS / 32;
+constexpr int P = D <= 128 ? 64 : 32;   // positions a tile
+constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;   // key code bytes a position
+constexpr int NKG = KFMT == 0 ? D / KG : 1;         // key scales a position
+constexpr int VB = D * VBITS / 8;       // value code bytes a position
+constexpr int VCP = VB % 16 == 0 ? 16 : 8;          // bytes a value copy moves
+// Phase 1: threads per position, 16-byte chunks of a key row, and each
+// thread's share; rows padded so that the 8 lanes of a shared-memory phase
+// read 8 different bank groups.
+constexpr int TPP = THREADS / P;
+constexpr int KCH = KB / 16;
+constexpr int CPT = KCH / TPP;
+constexpr int KROW = KB + 16 * TPP;
+constexpr int CPC = KFMT == 0 ? 16 : 32;            // coordinates a chunk
+// Phase 3: a lane's 8 coordinates, lanes per position, positions per warp.
+constexpr int C = 8;
+constexpr int LP = D / C;
+constexpr int PP = 32 / LP;
+constexpr int HW = (REP + WARPS - 1) / WARPS;       // heads a warp's softmax
+__shared__ __align__(16) uint8_t ks[2][P * KROW];
+__shared__ __align__(16) uint8_t vs[2][P * VB];
+__shared__ float ka_s[2][P * NKG];
+__shared__ float kb_s[2][P * NKG];
+__shared__ float vn_s[2][P];
+__shared__ __align__(16) float qs[REP * D];
+__shared__ float qsum[REP * NKG];
+__shared__ float sc[REP * P];           // a tile's scores, then probabilities
+__shared__ float alpha_s[REP];
+__shared__ float ml_s[REP * 2];
+__shared__ float wacc[REP * D];
 __shared__ float kc[16];
 __shared__ float vcs[16];
 
@@ -50,12 +73,12 @@ const int b = blk / (NS * HKV);
 const int tid = threadIdx.x;
 const int lane = tid & 31;
 const int warp = tid >> 5;
-const int set = warp / WPS;             // this warp's heads: set * HPW + 0..HPW-1
-const int ws = warp % WPS;              // and its place in the set
 
-// The group's queries, rotated and scaled; the codebooks.
-for (int i = tid; i < REP * D; i += blockDim.x) {
+// The group's queries, rotated and scaled; their sums per key group; the
+// codebooks.
+for (int i = tid; i < REP * D; i += THREADS) {
   qs[i] = static_cast<float>(q[(size_t)(b * HQ + g * REP + i / D) * D + i % D]) * signs[i % D];
+  wacc[i] = 0.0f;
 }
 if (tid < 16) {
   kc[tid] = (KFMT == 1 && tid < (1 << KBITS)) ? kcent[tid] : 0.0f;
@@ -63,30 +86,20 @@ if (tid < 16) {
 }
 turbo_hadamard(qs, D, REP);
 const float qscale = scale[0] * rsqrtf((float)D) * 1.4426950408889634f;
-for (int i = tid; i < REP * D; i += blockDim.x) {
+for (int i = tid; i < REP * D; i += THREADS) {
   qs[i] *= signs[D + i % D] * qscale;
 }
 __syncthreads();
-
-// This lane: position pp of a pass, coordinates d0..d0+C, heads of its set.
-const int pp = lane / LP;
-const int d0 = (lane % LP) * C;
-float qk[HPW][C];
-float qsum[HPW];
-float acc[HPW][C];
-float m[HPW];
-float l[HPW];
-#pragma unroll
-for (int h = 0; h < HPW; ++h) {
-  const int hq = min(set * HPW + h, REP - 1);   // a slot past the group repeats the last head, unused
-  qsum[h] = 0.0f;
-  m[h] = TURBO_NEG_INF;
-  l[h] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < C; ++j) {
-    qk[h][j] = qs[hq * D + d0 + j];
-    qsum[h] += qk[h][j];
-    acc[h][j] = 0.0f;
+if (KFMT == 0) {
+  for (int hg = warp; hg < REP * NKG; hg += WARPS) {
+    float s = 0.0f;
+    for (int i = lane; i < KG; i += 32) {
+      s += qs[(hg / NKG) * D + (hg % NKG) * KG + i];
+    }
+    s = turbo_warp_sum(s);
+    if (lane == 0) {
+      qsum[hg] = s;
+    }
   }
 }
 
@@ -96,160 +109,252 @@ const int len = idx > first ? idx - first : 0;
 const int per = (len + NS - 1) / NS;
 const int t0 = first + split * per;
 const int count = max(min(idx, t0 + per) - t0, 0);
+const int tiles = (count + P - 1) / P;
 const size_t head = (size_t)b * HKV + g;
 const uint8_t* kbytes = reinterpret_cast<const uint8_t*>(k0);
 
-for (int c = ws; c * CH < count; c += WPS) {
-  const int limit = count - c * CH;
-  const size_t tc = head * CAP + (size_t)(t0 + c * CH);   // the chunk's first position
-  // The chunk's loads: keys and values of this lane's coordinates.
-  uint32_t kw[NP][2];
-  uint32_t vw[NP];
-  float ka[NP];
-  float kb[NP];
-  float vnorm[NP];
-#pragma unroll
-  for (int n = 0; n < NP; ++n) {
-    const int i = n * PP + pp;
-    kw[n][0] = 0u;
-    kw[n][1] = 0u;
-    vw[n] = 0u;
-    ka[n] = 0.0f;
-    kb[n] = 0.0f;
-    vnorm[n] = 0.0f;
-    if (i < limit) {
-      const size_t t = tc + i;
-      if (KFMT == 0) {
-        turbo_load_words<2>(kbytes + t * D + d0, kw[n]);
-        ka[n] = static_cast<float>(k1[t * (D / KG) + d0 / KG]);
-        kb[n] = static_cast<float>(k2[t * (D / KG) + d0 / KG]);
-      } else {
-        turbo_load_words<1>(kbytes + t * (D * KBITS / 8) + d0 * KBITS / 8, kw[n]);
-        ka[n] = static_cast<float>(k1[t]);
-      }
-      vw[n] = turbo_value_word<VBITS>(vc + t * (D * VBITS / 8), d0, D);
-      vnorm[n] = static_cast<float>(vn[t]);
-    }
+// Starts the copies of tile `i`'s codes into buffer `buf` (positions past
+// the slice are zero-filled, never read).
+auto fetch_codes = [&](int i, int buf) {
+  const int limit = count - i * P;
+  const size_t tc = head * CAP + (size_t)(t0 + i * P);
+  for (int c = tid; c < P * KCH; c += THREADS) {
+    const int t = c / KCH;
+    const bool live = t < limit;
+    const uint8_t* src = live ? kbytes + (tc + t) * KB + (c % KCH) * 16 : kbytes;
+    turbo_copy_async<16>(&ks[buf][t * KROW + (c % KCH) * 16], src, live);
   }
-  // Scores: each key decoded once, dotted with every head's query.
-  float s[NP][HPW];
-#pragma unroll
-  for (int n = 0; n < NP; ++n) {
-    const int i = n * PP + pp;
-    float kx[C];
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      kx[j] = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[(kw[n][0] >> (4 * j)) & 15u];
-    }
-#pragma unroll
-    for (int h = 0; h < HPW; ++h) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        dot += qk[h][j] * kx[j];
-      }
-      s[n][h] = KFMT == 0 ? ka[n] * dot + kb[n] * qsum[h] : ka[n] * dot;
-#pragma unroll
-      for (int o = LP / 2; o > 0; o >>= 1) {
-        s[n][h] += __shfl_xor_sync(0xffffffff, s[n][h], o);
-      }
-      s[n][h] = i < limit ? s[n][h] : TURBO_NEG_INF;
-    }
+  for (int c = tid; c < P * VB / VCP; c += THREADS) {
+    const bool live = c * VCP / VB < limit;
+    const uint8_t* src = live ? vc + tc * VB + c * VCP : vc;
+    turbo_copy_async<VCP>(&vs[buf][c * VCP], src, live);
   }
-  // One online-softmax step per head (every chunk has a live position): s
-  // becomes the probabilities, earlier sums are rescaled.
-#pragma unroll
-  for (int h = 0; h < HPW; ++h) {
-    float mx = TURBO_NEG_INF;
-#pragma unroll
-    for (int n = 0; n < NP; ++n) {
-      mx = fmaxf(mx, s[n][h]);
-    }
-#pragma unroll
-    for (int o = LP; o < 32; o <<= 1) {
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-    }
-    const float mn = fmaxf(m[h], mx);
-    const float alpha = exp2f(m[h] - mn);
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NP; ++n) {
-      s[n][h] = exp2f(s[n][h] - mn);
-      sum += s[n][h];
-    }
-#pragma unroll
-    for (int o = LP; o < 32; o <<= 1) {
-      sum += __shfl_xor_sync(0xffffffff, sum, o);
-    }
-    l[h] = l[h] * alpha + sum;
-    m[h] = mn;
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      acc[h][j] *= alpha;
-    }
+  turbo_copy_commit();
+};
+// A tile's scales and norms, at most one of each a thread: loaded into
+// registers early, stored to shared memory once the tile before is done.
+float ra = 0.0f;
+float rb = 0.0f;
+float rn = 0.0f;
+auto fetch_scalars = [&](int i) {
+  const int limit = count - i * P;
+  const size_t tc = head * CAP + (size_t)(t0 + i * P);
+  ra = 0.0f;
+  rb = 0.0f;
+  rn = 0.0f;
+  if (tid < P * NKG && tid / NKG < limit) {
+    ra = static_cast<float>(k1[(tc + tid / NKG) * NKG + tid % NKG]);
+    rb = KFMT == 0 ? static_cast<float>(k2[(tc + tid / NKG) * NKG + tid % NKG]) : 0.0f;
   }
-  // Values: each decoded once, summed into every head's accumulator.
+  if (tid < P && tid < limit) {
+    rn = static_cast<float>(vn[tc + tid]);
+  }
+};
+auto store_scalars = [&](int buf) {
+  if (tid < P * NKG) {
+    ka_s[buf][tid] = ra;
+    kb_s[buf][tid] = rb;
+  }
+  if (tid < P) {
+    vn_s[buf][tid] = rn;
+  }
+};
+
+// The running max and sum of the heads whose softmax this warp keeps
+// (warp, warp + WARPS, ...), the same in all its lanes.
+float mrun[HW];
+float lrun[HW];
 #pragma unroll
-  for (int n = 0; n < NP; ++n) {
-    float vx[C];
+for (int hh = 0; hh < HW; ++hh) {
+  mrun[hh] = TURBO_NEG_INF;
+  lrun[hh] = 0.0f;
+}
+// This lane's value coordinates d0..d0+7 of position pp of each pass.
+const int pp = lane / LP;
+const int d0 = (lane % LP) * C;
+float acc[REP][C];
 #pragma unroll
-    for (int j = 0; j < C; ++j) {
-      vx[j] = vcs[turbo_value_code<VBITS>(vw[n], j)] * vnorm[n];
-    }
+for (int h = 0; h < REP; ++h) {
 #pragma unroll
-    for (int h = 0; h < HPW; ++h) {
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        acc[h][j] += s[n][h] * vx[j];
-      }
-    }
+  for (int j = 0; j < C; ++j) {
+    acc[h][j] = 0.0f;
   }
 }
 
-// A warp's positions share its max per head: add its lanes' sums up by
-// shuffles, then merge the warps of each head set.
+if (tiles > 0) {
+  fetch_codes(0, 0);
+  fetch_scalars(0);
+  store_scalars(0);
+}
+for (int i = 0; i < tiles; ++i) {
+  const int cur = i & 1;
+  const int limit = count - i * P;
+  if (i + 1 < tiles) {
+    fetch_codes(i + 1, cur ^ 1);
+    fetch_scalars(i + 1);
+    turbo_copy_wait<1>();
+  } else {
+    turbo_copy_wait<0>();
+  }
+  __syncthreads();
+
+  // 1. Scores.
+  {
+    const int t = tid / TPP;
+    const int part = tid % TPP;
+    float dot[REP][NKG];
 #pragma unroll
-for (int h = 0; h < HPW; ++h) {
+    for (int h = 0; h < REP; ++h) {
+#pragma unroll
+      for (int k = 0; k < NKG; ++k) {
+        dot[h][k] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int c = j * TPP + part;
+      const int grp = KFMT == 0 ? (j * TPP * 16) / KG : 0;   // chunks j * TPP .. + TPP share a group
+      const uint4 w4 = *reinterpret_cast<const uint4*>(&ks[cur][t * KROW + c * 16]);
+      const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (KFMT == 0) {
+          float x[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            x[k] = turbo_byte(w[e], k);
+          }
+#pragma unroll
+          for (int h = 0; h < REP; ++h) {
+            const float4 qv = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 4]);
+            dot[h][grp] += qv.x * x[0] + qv.y * x[1] + qv.z * x[2] + qv.w * x[3];
+          }
+        } else {
+          float x[8];
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            x[k] = kc[(w[e] >> (4 * k)) & 15u];
+          }
+#pragma unroll
+          for (int h = 0; h < REP; ++h) {
+            const float4 qa = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 8]);
+            const float4 qb = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 8 + 4]);
+            dot[h][0] += qa.x * x[0] + qa.y * x[1] + qa.z * x[2] + qa.w * x[3] + qb.x * x[4] + qb.y * x[5] + qb.z * x[6] + qb.w * x[7];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      float s = 0.0f;
+#pragma unroll
+      for (int k = 0; k < NKG; ++k) {
+#pragma unroll
+        for (int o = 1; o < TPP; o <<= 1) {
+          dot[h][k] += __shfl_xor_sync(0xffffffff, dot[h][k], o);
+        }
+        s += KFMT == 0 ? ka_s[cur][t * NKG + k] * dot[h][k] + kb_s[cur][t * NKG + k] * qsum[h * NKG + k] : ka_s[cur][t] * dot[h][k];
+      }
+      if (h % TPP == part) {
+        sc[h * P + t] = t < limit ? s : TURBO_NEG_INF;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. One online-softmax step per head: scores become probabilities.
+#pragma unroll
+  for (int hh = 0; hh < HW; ++hh) {
+    const int h = warp + hh * WARPS;
+    if (h < REP) {
+      float v[P / 32];
+      float mx = TURBO_NEG_INF;
+#pragma unroll
+      for (int k = 0; k < P / 32; ++k) {
+        v[k] = sc[h * P + lane + 32 * k];
+        mx = fmaxf(mx, v[k]);
+      }
+      const float mn = fmaxf(mrun[hh], turbo_warp_max(mx));
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < P / 32; ++k) {
+        v[k] = exp2f(v[k] - mn);
+        sum += v[k];
+        sc[h * P + lane + 32 * k] = v[k];
+      }
+      const float alpha = exp2f(mrun[hh] - mn);
+      lrun[hh] = lrun[hh] * alpha + turbo_warp_sum(sum);
+      mrun[hh] = mn;
+      if (lane == 0) {
+        alpha_s[h] = alpha;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. Values.
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+    const float a = alpha_s[h];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      acc[h][j] *= a;
+    }
+  }
+#pragma unroll 2
+  for (int r = 0; r < P / (WARPS * PP); ++r) {
+    const int t = (r * WARPS + warp) * PP + pp;
+    const uint32_t vw = turbo_value_word<VBITS>(&vs[cur][t * VB], d0, D);
+    const float nrm = vn_s[cur][t];
+    float pw[REP];
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      pw[h] = sc[h * P + t] * nrm;
+    }
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      const float x = vcs[turbo_value_code<VBITS>(vw, j)];
+#pragma unroll
+      for (int h = 0; h < REP; ++h) {
+        acc[h][j] += pw[h] * x;
+      }
+    }
+  }
+  if (i + 1 < tiles) {
+    store_scalars(cur ^ 1);
+  }
+  __syncthreads();
+}
+
+// The lanes' sums per coordinate, then the warps' in shared memory (every
+// warp scaled to the same running max, so they simply add up).
+#pragma unroll
+for (int h = 0; h < REP; ++h) {
 #pragma unroll
   for (int j = 0; j < C; ++j) {
 #pragma unroll
     for (int o = LP; o < 32; o <<= 1) {
       acc[h][j] += __shfl_xor_sync(0xffffffff, acc[h][j], o);
     }
-  }
-  if (lane < LP) {
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      wacc[(warp * HPW + h) * D + d0 + j] = acc[h][j];
+    if (lane < LP) {
+      atomicAdd(&wacc[h * D + d0 + j], acc[h][j]);
     }
   }
-  if (lane == 0) {
-    wm[warp * HPW + h] = m[h];
-    wl[warp * HPW + h] = l[h];
+}
+#pragma unroll
+for (int hh = 0; hh < HW; ++hh) {
+  const int h = warp + hh * WARPS;
+  if (h < REP && lane == 0) {
+    ml_s[h * 2] = mrun[hh];
+    ml_s[h * 2 + 1] = lrun[hh];
   }
 }
 __syncthreads();
-for (int i = tid; i < REP * D; i += blockDim.x) {
-  const int hq = i / D;
-  const int hs = hq / HPW;              // its set
-  const int h = hq % HPW;               // and its slot there
-  float M = TURBO_NEG_INF;
-  for (int w = hs * WPS; w < (hs + 1) * WPS; ++w) {
-    M = fmaxf(M, wm[w * HPW + h]);
-  }
-  float L = 0.0f;
-  float A = 0.0f;
-  if (M > TURBO_NEG_INF) {
-    for (int w = hs * WPS; w < (hs + 1) * WPS; ++w) {
-      const float e = exp2f(wm[w * HPW + h] - M);
-      L += wl[w * HPW + h] * e;
-      A += wacc[(w * HPW + h) * D + i % D] * e;
-    }
-  }
-  const size_t o = (size_t)(b * HQ + g * REP + hq) * NS + split;
-  part_o[o * D + i % D] = A;
+for (int i = tid; i < REP * D; i += THREADS) {
+  const size_t o = (size_t)(b * HQ + g * REP + i / D) * NS + split;
+  part_o[o * D + i % D] = wacc[i];
   if (i % D == 0) {
-    part_ml[o * 2] = M;
-    part_ml[o * 2 + 1] = L;
+    part_ml[o * 2] = ml_s[(i / D) * 2];
+    part_ml[o * 2 + 1] = ml_s[(i / D) * 2 + 1];
   }
 }

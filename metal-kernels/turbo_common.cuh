@@ -95,6 +95,29 @@ __device__ inline int turbo_value_code(uint32_t w, int j) {
   }
 }
 
+// Asynchronous global -> shared copies (sm_80+): N bytes (4, 8 or 16, both
+// addresses aligned to N) or, when `valid` is false, N zero bytes with
+// nothing read. Groups of copies are committed, then waited for.
+template <int N>
+__device__ inline void turbo_copy_async(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(N), "r"(valid ? N : 0));
+  }
+}
+
+__device__ inline void turbo_copy_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Waits until at most N committed groups of this thread are in flight.
+template <int N>
+__device__ inline void turbo_copy_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 #define TURBO_NEG_INF __int_as_float(0xff800000)
 
 // Stores a float as whatever type `p` points to (half, bfloat16, float).

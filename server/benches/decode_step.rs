@@ -8,6 +8,10 @@
 //! whether queueing ahead makes building or launching slower.
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
+//!       [--turbo-kv PRESET]
+//!
+//! `--turbo-kv` compresses the cache when decoding starts, as the engine
+//! does (the prompt stays under the prefill threshold).
 //!
 //! Run it once with `MLX_SERVE_QMM_KERNEL=0` and once without to compare
 //! MLX's quantized kernels with ours (the switch is read once a process).
@@ -19,7 +23,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use mlx_rs_safe::{async_eval, eval, memory, ops, Array};
-use mlx_serve::kv::ModelCache;
+use mlx_serve::kv::{KvCompression, ModelCache, Phase};
 use mlx_serve::models::{self, LanguageModel};
 
 
@@ -38,13 +42,29 @@ fn step(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache) -> Re
 }
 
 /// Timings of `steps` decode steps of `rows` sequences after a `prompt`-token prefill.
-fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, report: bool) -> Res<()> {
+fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: Option<&KvCompression>, report: bool) -> Res<()> {
     let kinds = model.kv_layout().kinds;
+    // Each row prefilled on its own, then joined, as the engine batches.
     let mut cache = ModelCache::new(&kinds)?;
-    let ids: Vec<i32> = (0..rows * prompt).map(|i| 1 + (i * 7919) % 1000).collect();
-    let mut tokens = step(model, &Array::from_slice(&ids, &[rows, prompt])?, &mut cache)?;
+    let mut last = Vec::with_capacity(rows as usize);
+    for r in 0..rows {
+        let ids: Vec<i32> = (0..prompt).map(|i| 1 + ((r * prompt + i) * 7919) % 1000).collect();
+        let mut row_cache = ModelCache::new(&kinds)?;
+        let picked = step(model, &Array::from_slice(&ids, &[1, prompt])?, &mut row_cache)?;
+        eval(&[&picked])?;
+        last.push(ops::slice(&picked, &[0, prompt - 1], &[1, prompt], &[1, 1])?);
+        if r == 0 {
+            cache = row_cache;
+        } else {
+            cache.extend(row_cache)?;
+        }
+    }
+    let mut tokens = ops::concatenate(&last.iter().collect::<Vec<_>>(), 0)?;
     eval(&[&tokens])?;
-    tokens = ops::slice(&tokens, &[0, prompt - 1], &[rows, prompt], &[1, 1])?;
+    if turbo.is_some() {
+        cache.compress(turbo, Phase::Decode)?;
+        eval(&cache.state().iter().collect::<Vec<_>>())?;
+    }
     // One at a time: build, launch, wait.
     let (mut single, mut build, mut launch) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps + 4 {
@@ -109,18 +129,27 @@ fn main() -> Res<()> {
     let rows: Vec<i32> = list(&args, "--rows", "1,8")?;
     let prompt: i32 = arg(&args, "--prompt", 128)?;
     let steps: usize = arg(&args, "--steps", 64)?;
+    let turbo_name: String = arg(&args, "--turbo-kv", String::new())?;
     let model = models::load(&dir)?.model;
+    let turbo = match turbo_name.as_str() {
+        "" => None,
+        preset => {
+            let layout = model.kv_layout();
+            Some(KvCompression::turbo(preset, i32::MAX)?.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?)
+        }
+    };
     println!(
-        "{} (quantized matmul kernel: {})",
+        "{} (quantized matmul kernel: {}; KV cache: {})",
         dir.display(),
-        if models::quant_kernel::in_use() { "ours" } else { "MLX's" }
+        if models::quant_kernel::in_use() { "ours" } else { "MLX's" },
+        if turbo_name.is_empty() { "16-bit" } else { &turbo_name }
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|");
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses.
-        run(model.as_ref(), r, prompt, 8, false)?;
-        run(model.as_ref(), r, prompt, steps, true)?;
+        run(model.as_ref(), r, prompt, 8, turbo.as_ref(), false)?;
+        run(model.as_ref(), r, prompt, steps, turbo.as_ref(), true)?;
     }
     Ok(())
 }

@@ -47,10 +47,14 @@ fn language() -> Option<KernelLanguage> {
 /// Threads of a merge block.
 const MERGE_THREADS: i32 = 256;
 
-/// Threads of an attention block for `rep` query heads per KV head: a set of
-/// 4 warps per 2 heads (turbo_attend.cu's WPS, MAXH and NG).
-fn attend_threads(rep: i32) -> i32 {
-    128 * ((rep + 1) / 2)
+/// Threads of an attention block for `rep` query heads per KV head: 128 in
+/// the CUDA kernel (turbo_attend.cu's THREADS); a set of 4 warps per 2 heads
+/// in the Metal one (turbo_attend.metal's WPS, MAXH and NG).
+fn attend_threads(lang: KernelLanguage, rep: i32) -> i32 {
+    match lang {
+        KernelLanguage::Cuda => 128,
+        KernelLanguage::Metal => 128 * ((rep + 1) / 2),
+    }
 }
 
 /// Whether `codec`'s vectors are encoded by the GPU kernel here.
@@ -205,11 +209,15 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Vec<Array>> {
     Ok(cols)
 }
 
-/// Blocks an attention call aims for: several times what a large GPU runs at
-/// once (an H100 holds about 400 of the 256-thread blocks of 4 heads: three
-/// per multiprocessor at 80 registers a thread), so that the last wave is
-/// short.
-const TARGET_BLOCKS: i32 = 1024;
+/// Blocks an attention call aims for: about what a large GPU runs at once
+/// (an H100 holds three of the CUDA kernel's 4-head blocks per multiprocessor
+/// at 136 registers a thread, 396 in all), so that long contexts take one
+/// wave of long splits. `MLX_SERVE_TURBO_BLOCKS` overrides it (kernel
+/// development on a GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
+fn target_blocks() -> i32 {
+    static BLOCKS: OnceLock<i32> = OnceLock::new();
+    *BLOCKS.get_or_init(|| std::env::var("MLX_SERVE_TURBO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(384))
+}
 /// Positions a split takes at least, so the query's rotation at the start of
 /// each block stays a small part of its work.
 const MIN_SPLIT: i32 = 256;
@@ -217,7 +225,7 @@ const MIN_SPLIT: i32 = 256;
 /// Splits of each row's `positions` when `heads` (rows × KV heads) blocks
 /// work on every split: at most 256 (a merge thread per split).
 fn splits(positions: i32, heads: i32) -> i32 {
-    let by_blocks = (TARGET_BLOCKS + heads - 1) / heads.max(1);
+    let by_blocks = (target_blocks() + heads - 1) / heads.max(1);
     let by_len = (positions.max(1) + MIN_SPLIT - 1) / MIN_SPLIT;
     by_blocks.min(by_len).clamp(1, 256)
 }
@@ -237,6 +245,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
     let k2 = if kfmt == 0 { &body[2] } else { &body[1] };
     let (vc, vn) = (&body[nk], &body[nk + 1]);
     let ns = splits(written - SINKS, b * hkv);
+    let threads = attend_threads(language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?, rep);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.extend(ints(&[
@@ -249,8 +258,8 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
     ]));
     let call = KernelCall {
         outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
-        grid: (b * hkv * ns * attend_threads(rep), 1, 1),
-        thread_group: (attend_threads(rep), 1, 1),
+        grid: (b * hkv * ns * threads, 1, 1),
+        thread_group: (threads, 1, 1),
         template,
         ..Default::default()
     };
