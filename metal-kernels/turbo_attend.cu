@@ -4,13 +4,12 @@
 // for every query head of the KV head's group at once.
 //
 // The slice is walked in tiles of P positions, double-buffered in shared
-// memory: while a tile is scored, the next one's codes are already on their
-// way (asynchronous copies, 16 bytes a thread and instruction), which keeps
-// enough bytes in flight to read the cache at memory speed (the previous
-// version, one position per few lanes straight from global memory, waited on
-// memory most of its time). A tile goes through three phases:
-//  1. scores: TPP threads a position, each a share of its key's 16-byte
-//     chunks, every code decoded once and dotted with every head's query
+// memory: while a tile is scored, the next one's rows are already on their
+// way (asynchronous 16-byte copies of the tile's bytes, which are contiguous),
+// which keeps enough bytes in flight to read the cache at memory speed. A
+// tile goes through three phases:
+//  1. scores: TPP threads a position, each a share of its key's 4-byte
+//     words, every code decoded once and dotted with every head's query
 //     (8-bit affine: scale * (q . codes) + bias * sum(q); 4-bit codebook:
 //     norm * (q . centroids));
 //  2. one online-softmax step per head over the tile (a warp a head; base 2:
@@ -20,38 +19,36 @@
 //     head's accumulator in the rotated basis.
 // At the end the warps' accumulators (one max, so plain sums) are added in
 // shared memory; the partial per split goes to turbo_merge.cu.
-// Inputs: q [B, HQ, 1, D] (not rotated); k0, k1, k2: keys (KFMT 0: packed
-// uint32, scales, biases; KFMT 1: codes, norms, unused) and vc, vn: values,
-// each [B, HKV, CAP, X] (the whole buffers);
-// pads [B]: each row's first compressed position; meta [1]: positions written
-// (the same for all rows); signs [3, D]; kcent, vcent: centroids; scale [1].
+// Inputs: q [B, HQ, 1, D] (not rotated); kv [B, HKV, CAP, ROW] uint8: each
+// position's row (codec.rs: key codes, value codes, then the key's scales
+// and biases of type S (KFMT 0) or its float16 norm (KFMT 1), the value's
+// float16 norm, padding to 4 bytes); pads [B]: each row's first compressed
+// position; meta [1]: positions written (the same for all rows); signs
+// [3, D]; kcent, vcent: centroids; scale [1].
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int P = D <= 128 ? 64 : 32;   // positions a tile
-constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;   // key code bytes a position
-constexpr int NKG = KFMT == 0 ? D / KG : 1;         // key scales a position
-constexpr int VB = D * VBITS / 8;       // value code bytes a position
-constexpr int VCP = VB % 16 == 0 ? 16 : 8;          // bytes a value copy moves
-// Phase 1: threads per position, 16-byte chunks of a key row, and each
-// thread's share; rows padded so that the 8 lanes of a shared-memory phase
-// read 8 different bank groups.
+constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;   // a row: key codes,
+constexpr int VB = D * VBITS / 8;       // value codes,
+constexpr int NKG = KFMT == 0 ? D / KG : 1;
+constexpr int SOFF = KB + VB;           // key scales and biases, or norm,
+constexpr int NOFF = SOFF + (KFMT == 0 ? 2 * NKG * (int)sizeof(S) : 2);   // value norm,
+constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;         // padding
+constexpr int TILE = P * ROW + 32;      // a tile's bytes, with room to start 16-byte aligned
+// Phase 1: threads per position, 4-byte words of a key row, each thread's
+// share, coordinates a word holds.
 constexpr int TPP = THREADS / P;
-constexpr int KCH = KB / 16;
-constexpr int CPT = KCH / TPP;
-constexpr int KROW = KB + 16 * TPP;
-constexpr int CPC = KFMT == 0 ? 16 : 32;            // coordinates a chunk
+constexpr int KW = KB / 4;
+constexpr int WPT = KW / TPP;
+constexpr int CPW = KFMT == 0 ? 4 : 8;
 // Phase 3: a lane's 8 coordinates, lanes per position, positions per warp.
 constexpr int C = 8;
 constexpr int LP = D / C;
 constexpr int PP = 32 / LP;
 constexpr int HW = (REP + WARPS - 1) / WARPS;       // heads a warp's softmax
-__shared__ __align__(16) uint8_t ks[2][P * KROW];
-__shared__ __align__(16) uint8_t vs[2][P * VB];
-__shared__ float ka_s[2][P * NKG];
-__shared__ float kb_s[2][P * NKG];
-__shared__ float vn_s[2][P];
+__shared__ __align__(16) uint8_t tile[2][TILE];
 __shared__ __align__(16) float qs[REP * D];
 __shared__ float qsum[REP * NKG];
 __shared__ float sc[REP * P];           // a tile's scores, then probabilities
@@ -63,8 +60,8 @@ __shared__ float vcs[16];
 
 const int B = q_shape[0];
 const int HQ = q_shape[1];
-const int HKV = vn_shape[1];
-const int CAP = vn_shape[2];
+const int HKV = kv_shape[1];
+const int CAP = kv_shape[2];
 const int NS = gridDim.x / (B * HKV);
 const int blk = blockIdx.x;
 const int split = blk % NS;
@@ -111,53 +108,20 @@ const int t0 = first + split * per;
 const int count = max(min(idx, t0 + per) - t0, 0);
 const int tiles = (count + P - 1) / P;
 const size_t head = (size_t)b * HKV + g;
-const uint8_t* kbytes = reinterpret_cast<const uint8_t*>(k0);
 
-// Starts the copies of tile `i`'s codes into buffer `buf` (positions past
-// the slice are zero-filled, never read).
-auto fetch_codes = [&](int i, int buf) {
-  const int limit = count - i * P;
-  const size_t tc = head * CAP + (size_t)(t0 + i * P);
-  for (int c = tid; c < P * KCH; c += THREADS) {
-    const int t = c / KCH;
-    const bool live = t < limit;
-    const uint8_t* src = live ? kbytes + (tc + t) * KB + (c % KCH) * 16 : kbytes;
-    turbo_copy_async<16>(&ks[buf][t * KROW + (c % KCH) * 16], src, live);
-  }
-  for (int c = tid; c < P * VB / VCP; c += THREADS) {
-    const bool live = c * VCP / VB < limit;
-    const uint8_t* src = live ? vc + tc * VB + c * VCP : vc;
-    turbo_copy_async<VCP>(&vs[buf][c * VCP], src, live);
+// Tile i's first byte in kv, and where its first row starts in shared
+// memory (its copy starts at the 16-byte boundary below).
+auto tile_start = [&](int i) { return (head * CAP + (size_t)(t0 + i * P)) * ROW; };
+// Starts the copies of tile i's rows into buffer `buf`; bytes past the
+// slice's last position are zero-filled, never read.
+auto fetch = [&](int i, int buf) {
+  const size_t start = tile_start(i);
+  const size_t from = start & ~(size_t)15;
+  const int end = (int)(start - from) + min(P, count - i * P) * ROW;
+  for (int c = tid; c * 16 < end; c += THREADS) {
+    turbo_copy_bytes_async(&tile[buf][c * 16], kv + from + c * 16, min(16, end - c * 16));
   }
   turbo_copy_commit();
-};
-// A tile's scales and norms, at most one of each a thread: loaded into
-// registers early, stored to shared memory once the tile before is done.
-float ra = 0.0f;
-float rb = 0.0f;
-float rn = 0.0f;
-auto fetch_scalars = [&](int i) {
-  const int limit = count - i * P;
-  const size_t tc = head * CAP + (size_t)(t0 + i * P);
-  ra = 0.0f;
-  rb = 0.0f;
-  rn = 0.0f;
-  if (tid < P * NKG && tid / NKG < limit) {
-    ra = static_cast<float>(k1[(tc + tid / NKG) * NKG + tid % NKG]);
-    rb = KFMT == 0 ? static_cast<float>(k2[(tc + tid / NKG) * NKG + tid % NKG]) : 0.0f;
-  }
-  if (tid < P && tid < limit) {
-    rn = static_cast<float>(vn[tc + tid]);
-  }
-};
-auto store_scalars = [&](int buf) {
-  if (tid < P * NKG) {
-    ka_s[buf][tid] = ra;
-    kb_s[buf][tid] = rb;
-  }
-  if (tid < P) {
-    vn_s[buf][tid] = rn;
-  }
 };
 
 // The running max and sum of the heads whose softmax this warp keeps
@@ -182,26 +146,26 @@ for (int h = 0; h < REP; ++h) {
 }
 
 if (tiles > 0) {
-  fetch_codes(0, 0);
-  fetch_scalars(0);
-  store_scalars(0);
+  fetch(0, 0);
 }
 for (int i = 0; i < tiles; ++i) {
   const int cur = i & 1;
   const int limit = count - i * P;
+  const uint8_t* rows = tile[cur] + (tile_start(i) & 15);
   if (i + 1 < tiles) {
-    fetch_codes(i + 1, cur ^ 1);
-    fetch_scalars(i + 1);
+    fetch(i + 1, cur ^ 1);
     turbo_copy_wait<1>();
   } else {
     turbo_copy_wait<0>();
   }
   __syncthreads();
 
-  // 1. Scores.
+  // 1. Scores (rows past the slice hold zeros or a neighbour's bytes: their
+  // scores are replaced, never used).
   {
     const int t = tid / TPP;
     const int part = tid % TPP;
+    const uint8_t* row = rows + t * ROW;
     float dot[REP][NKG];
 #pragma unroll
     for (int h = 0; h < REP; ++h) {
@@ -211,36 +175,32 @@ for (int i = 0; i < tiles; ++i) {
       }
     }
 #pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int c = j * TPP + part;
-      const int grp = KFMT == 0 ? (j * TPP * 16) / KG : 0;   // chunks j * TPP .. + TPP share a group
-      const uint4 w4 = *reinterpret_cast<const uint4*>(&ks[cur][t * KROW + c * 16]);
-      const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+    for (int j = 0; j < WPT; ++j) {
+      const int w = j * TPP + part;
+      const int grp = KFMT == 0 ? (j * TPP * 4) / KG : 0;   // words j * TPP .. + TPP share a group
+      const uint32_t word = *reinterpret_cast<const uint32_t*>(row + 4 * w);
+      if (KFMT == 0) {
+        float x[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (KFMT == 0) {
-          float x[4];
+        for (int k = 0; k < 4; ++k) {
+          x[k] = turbo_byte(word, k);
+        }
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            x[k] = turbo_byte(w[e], k);
-          }
+        for (int h = 0; h < REP; ++h) {
+          const float4 qv = *reinterpret_cast<const float4*>(&qs[h * D + w * CPW]);
+          dot[h][grp] += qv.x * x[0] + qv.y * x[1] + qv.z * x[2] + qv.w * x[3];
+        }
+      } else {
+        float x[8];
 #pragma unroll
-          for (int h = 0; h < REP; ++h) {
-            const float4 qv = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 4]);
-            dot[h][grp] += qv.x * x[0] + qv.y * x[1] + qv.z * x[2] + qv.w * x[3];
-          }
-        } else {
-          float x[8];
+        for (int k = 0; k < 8; ++k) {
+          x[k] = kc[(word >> (4 * k)) & 15u];
+        }
 #pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            x[k] = kc[(w[e] >> (4 * k)) & 15u];
-          }
-#pragma unroll
-          for (int h = 0; h < REP; ++h) {
-            const float4 qa = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 8]);
-            const float4 qb = *reinterpret_cast<const float4*>(&qs[h * D + c * CPC + e * 8 + 4]);
-            dot[h][0] += qa.x * x[0] + qa.y * x[1] + qa.z * x[2] + qa.w * x[3] + qb.x * x[4] + qb.y * x[5] + qb.z * x[6] + qb.w * x[7];
-          }
+        for (int h = 0; h < REP; ++h) {
+          const float4 qa = *reinterpret_cast<const float4*>(&qs[h * D + w * CPW]);
+          const float4 qb = *reinterpret_cast<const float4*>(&qs[h * D + w * CPW + 4]);
+          dot[h][0] += qa.x * x[0] + qa.y * x[1] + qa.z * x[2] + qa.w * x[3] + qb.x * x[4] + qb.y * x[5] + qb.z * x[6] + qb.w * x[7];
         }
       }
     }
@@ -253,7 +213,13 @@ for (int i = 0; i < tiles; ++i) {
         for (int o = 1; o < TPP; o <<= 1) {
           dot[h][k] += __shfl_xor_sync(0xffffffff, dot[h][k], o);
         }
-        s += KFMT == 0 ? ka_s[cur][t * NKG + k] * dot[h][k] + kb_s[cur][t * NKG + k] * qsum[h * NKG + k] : ka_s[cur][t] * dot[h][k];
+        if (KFMT == 0) {
+          const float sk = static_cast<float>(reinterpret_cast<const S*>(row + SOFF)[k]);
+          const float bk = static_cast<float>(reinterpret_cast<const S*>(row + SOFF)[NKG + k]);
+          s += sk * dot[h][k] + bk * qsum[h * NKG + k];
+        } else {
+          s += static_cast<float>(*reinterpret_cast<const __half*>(row + SOFF)) * dot[h][k];
+        }
       }
       if (h % TPP == part) {
         sc[h * P + t] = t < limit ? s : TURBO_NEG_INF;
@@ -304,8 +270,9 @@ for (int i = 0; i < tiles; ++i) {
 #pragma unroll 2
   for (int r = 0; r < P / (WARPS * PP); ++r) {
     const int t = (r * WARPS + warp) * PP + pp;
-    const uint32_t vw = turbo_value_word<VBITS>(&vs[cur][t * VB], d0, D);
-    const float nrm = vn_s[cur][t];
+    const uint8_t* row = rows + t * ROW;
+    const uint32_t vw = turbo_value_word<VBITS>(row + KB, d0, D);
+    const float nrm = t < limit ? static_cast<float>(*reinterpret_cast<const __half*>(row + NOFF)) : 0.0f;
     float pw[REP];
 #pragma unroll
     for (int h = 0; h < REP; ++h) {
@@ -319,9 +286,6 @@ for (int i = 0; i < tiles; ++i) {
         acc[h][j] += pw[h] * x;
       }
     }
-  }
-  if (i + 1 < tiles) {
-    store_scalars(cur ^ 1);
   }
   __syncthreads();
 }

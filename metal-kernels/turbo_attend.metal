@@ -1,9 +1,11 @@
-// Metal twin of turbo_attend.cu (the same algorithm, line for line; see its
-// comments): split-K decode attention over a TurboQuant cache's compressed
-// positions; each packed coordinate decoded once for the MAXH query heads a
-// simdgroup serves, chunks of CH positions with one online-softmax step
-// each, values summed in the rotated basis; per-split partials for
-// turbo_merge.metal, which also attends the sinks.
+// Metal twin of turbo_attend.cu: split-K decode attention over a TurboQuant
+// cache's compressed positions, with the same inputs (each position one row
+// of bytes: codec.rs) and the same per-split partials for turbo_merge.metal,
+// which also attends the sinks. It keeps the CUDA kernel's third version
+// (not its shared-memory tiles, which are tuned for the H100): each packed
+// coordinate decoded once for the MAXH query heads a simdgroup serves,
+// chunks of CH positions with one online-softmax step each, values summed in
+// the rotated basis.
 constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
 constexpr int NG = (REP + MAXH - 1) / MAXH;   // sets of warps, each serving HPW heads
 constexpr int HPW = (REP + NG - 1) / NG;
@@ -13,6 +15,12 @@ constexpr int LP = D / C;               // lanes per position
 constexpr int PP = 32 / LP;             // positions a warp reads at once
 constexpr int CH = 4;                   // positions a chunk (registers: 6 per position)
 constexpr int NP = CH / PP;             // passes a chunk
+constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;   // a row: key codes,
+constexpr int VB = D * VBITS / 8;       // value codes,
+constexpr int NKG = KFMT == 0 ? D / KG : 1;
+constexpr int SOFF = KB + VB;           // key scales and biases, or norm,
+constexpr int NOFF = SOFF + (KFMT == 0 ? 2 * NKG * (int)sizeof(S) : 2);   // value norm,
+constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;         // padding
 threadgroup float qs[REP * D];
 threadgroup float wacc[NG * WPS * HPW * D];   // each warp's sums, for the merge
 threadgroup float wm[NG * WPS * HPW];
@@ -22,8 +30,8 @@ threadgroup float vcs[16];
 
 const int B = q_shape[0];
 const int HQ = q_shape[1];
-const int HKV = vn_shape[1];
-const int CAP = vn_shape[2];
+const int HKV = kv_shape[1];
+const int CAP = kv_shape[2];
 const int NS = int(threadgroups_per_grid.x) / (B * HKV);
 const int blk = int(threadgroup_position_in_grid.x);
 const int split = blk % NS;
@@ -80,7 +88,7 @@ const int per = (len + NS - 1) / NS;
 const int t0 = first + split * per;
 const int count = metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
-const device uint8_t* kbytes = (const device uint8_t*)k0;
+const device uint8_t* kvb = (const device uint8_t*)kv;
 
 for (int c = ws; c * CH < count; c += WPS) {
   const int limit = count - c * CH;
@@ -101,17 +109,18 @@ for (int c = ws; c * CH < count; c += WPS) {
     kb[n] = 0.0f;
     vnorm[n] = 0.0f;
     if (i < limit) {
-      const ulong t = tc + i;
+      const device uint8_t* row = kvb + (tc + i) * ROW;   // rows are 4-byte aligned
       if (KFMT == 0) {
-        turbo_load_words<2>(kbytes + t * D + d0, kw[n]);
-        ka[n] = static_cast<float>(k1[t * (D / KG) + d0 / KG]);
-        kb[n] = static_cast<float>(k2[t * (D / KG) + d0 / KG]);
+        turbo_load_words<1>(row + d0, kw[n]);
+        turbo_load_words<1>(row + d0 + 4, kw[n] + 1);
+        ka[n] = static_cast<float>(((const device S*)(row + SOFF))[d0 / KG]);
+        kb[n] = static_cast<float>(((const device S*)(row + SOFF))[NKG + d0 / KG]);
       } else {
-        turbo_load_words<1>(kbytes + t * (D * KBITS / 8) + d0 * KBITS / 8, kw[n]);
-        ka[n] = static_cast<float>(k1[t]);
+        turbo_load_words<1>(row + d0 * KBITS / 8, kw[n]);
+        ka[n] = static_cast<float>(*((const device half*)(row + SOFF)));
       }
-      vw[n] = turbo_value_word<VBITS>((const device uint8_t*)vc + t * (D * VBITS / 8), d0, D);
-      vnorm[n] = static_cast<float>(vn[t]);
+      vw[n] = turbo_value_word<VBITS>(row + KB, d0, D);
+      vnorm[n] = static_cast<float>(*((const device half*)(row + NOFF)));
     }
   }
   // Scores: each key decoded once, dotted with every head's query.

@@ -95,17 +95,13 @@ __device__ inline int turbo_value_code(uint32_t w, int j) {
   }
 }
 
-// Asynchronous global -> shared copies (sm_80+): N bytes (4, 8 or 16, both
-// addresses aligned to N) or, when `valid` is false, N zero bytes with
-// nothing read. Groups of copies are committed, then waited for.
-template <int N>
-__device__ inline void turbo_copy_async(void* smem, const void* gmem, bool valid) {
+// Asynchronous global -> shared copies (sm_80+): committed in groups, then
+// waited for.
+// 16 bytes from `gmem` to `smem` (both 16-byte aligned), of which the first
+// `n` (0-16) are read and the rest zero-filled.
+__device__ inline void turbo_copy_bytes_async(void* smem, const void* gmem, int n) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if (N == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(N), "r"(valid ? N : 0));
-  }
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
 __device__ inline void turbo_copy_commit() {

@@ -1,10 +1,18 @@
-// Encodes one new token's key and value per (row, KV head) into the TurboQuant
-// columns (turbo_common.cuh has the layouts): rotation R(x) = s2 ⊙ H(s1 ⊙ x)/√D,
-// then 8-bit affine keys (KFMT 0: o0 packed uint32, o1 scales, o2 biases) or
-// codebook keys (KFMT 1: o0 codes, o1 norm, o2 unused), and codebook values
-// (o3 codes, o4 norm). One block of D threads per vector pair.
-// Inputs: k, v [B, HKV, 1, D]; signs [3, D]; kbounds/kcent and vbounds/vcent
-// (the codebooks, scaled for D).
+// Encodes new tokens' keys and values per (row, KV head, position) into their
+// TurboQuant rows (codec.rs has the layout): rotation R(x) = s2 ⊙ H(s1 ⊙ x)/√D,
+// then 8-bit affine keys (KFMT 0: packed uint32 codes; scales and biases of
+// type T) or codebook keys (KFMT 1: codes; a float16 norm), and codebook
+// values (codes; a float16 norm). A row holds the key codes, the value codes,
+// the key's scales or norm, the value's norm, zeros to 4 bytes. One block of
+// D threads per vector pair.
+// Inputs: k, v [B, HKV, L, D]; signs [3, D]; kbounds/kcent and vbounds/vcent
+// (the codebooks, scaled for D). Output: o [B, HKV, L, ROW] uint8.
+constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
+constexpr int VB = D * VBITS / 8;
+constexpr int NKG = KFMT == 0 ? D / KG : 1;
+constexpr int SOFF = KB + VB;
+constexpr int NOFF = SOFF + (KFMT == 0 ? 2 * NKG * (int)sizeof(T) : 2);
+constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;
 __shared__ float x[D];
 __shared__ int codes[D];
 __shared__ float red[32];
@@ -13,6 +21,10 @@ __shared__ float group_hi[D];
 const int bh = blockIdx.x;
 const int d = threadIdx.x;
 const float inv_sqrt_d = rsqrtf((float)D);
+uint8_t* row = o + (size_t)bh * ROW;
+if (d < ROW - (NOFF + 2)) {
+  row[NOFF + 2 + d] = 0;
+}
 
 // Key.
 x[d] = static_cast<float>(k[(size_t)bh * D + d]) * signs[d];
@@ -42,17 +54,16 @@ if (KFMT == 0) {
     for (int i = 0; i < 4; ++i) {
       w |= (uint32_t)codes[d + i] << (8 * i);
     }
-    o0[(size_t)bh * (D / 4) + (d >> 2)] = w;
+    reinterpret_cast<uint32_t*>(row)[d >> 2] = w;
   }
   if (d % KG == 0) {
-    turbo_store(o1 + (size_t)bh * (D / KG) + g, step);
-    turbo_store(o2 + (size_t)bh * (D / KG) + g, lo);
+    turbo_store(reinterpret_cast<T*>(row + SOFF) + g, step);
+    turbo_store(reinterpret_cast<T*>(row + SOFF) + NKG + g, lo);
   }
 } else {
-  uint8_t* row = reinterpret_cast<uint8_t*>(o0) + (size_t)bh * (D * KBITS / 8);
   float n = turbo_codebook_encode<KBITS>(x, codes, red, kbounds, kcent, row, D);
   if (d == 0) {
-    turbo_store(o1 + bh, n);
+    turbo_store(reinterpret_cast<__half*>(row + SOFF), n);
   }
 }
 __syncthreads();
@@ -62,7 +73,7 @@ x[d] = static_cast<float>(v[(size_t)bh * D + d]) * signs[d];
 turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
-float vn = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, o3 + (size_t)bh * (D * VBITS / 8), D);
+float vn = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D);
 if (d == 0) {
-  turbo_store(o4 + bh, vn);
+  turbo_store(reinterpret_cast<__half*>(row + NOFF), vn);
 }

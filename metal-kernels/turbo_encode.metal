@@ -1,5 +1,12 @@
 // Metal twin of turbo_encode.cu: encodes each position's key and value into
-// the TurboQuant columns. One threadgroup of D threads per vector pair.
+// its TurboQuant row (codec.rs has the layout). One threadgroup of D threads
+// per vector pair.
+constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
+constexpr int VB = D * VBITS / 8;
+constexpr int NKG = KFMT == 0 ? D / KG : 1;
+constexpr int SOFF = KB + VB;
+constexpr int NOFF = SOFF + (KFMT == 0 ? 2 * NKG * (int)sizeof(T) : 2);
+constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;
 threadgroup float x[D];
 threadgroup int codes[D];
 threadgroup float red[32];
@@ -10,6 +17,10 @@ const uint tid = thread_index_in_threadgroup;
 const uint threads = threads_per_threadgroup.x;
 const int d = int(tid);
 const float inv_sqrt_d = metal::rsqrt(float(D));
+device uint8_t* row = o + bh * ROW;
+if (d < ROW - (NOFF + 2)) {
+  row[NOFF + 2 + d] = 0;
+}
 
 x[d] = static_cast<float>(k[bh * D + d]) * signs[d];
 turbo_hadamard(x, D, 1, tid, threads);
@@ -38,17 +49,16 @@ if (KFMT == 0) {
     for (int i = 0; i < 4; ++i) {
       w |= uint(codes[d + i]) << (8 * i);
     }
-    ((device uint*)o0)[bh * (D / 4) + (d >> 2)] = w;
+    ((device uint*)row)[d >> 2] = w;
   }
   if (d % KG == 0) {
-    turbo_store(o1 + bh * (D / KG) + g, step);
-    turbo_store(o2 + bh * (D / KG) + g, lo);
+    turbo_store((device T*)(row + SOFF) + g, step);
+    turbo_store((device T*)(row + SOFF) + NKG + g, lo);
   }
 } else {
-  device uint8_t* row = (device uint8_t*)o0 + bh * (D * KBITS / 8);
   float n = turbo_codebook_encode<KBITS>(x, codes, red, kbounds, kcent, row, D, tid, threads);
   if (d == 0) {
-    turbo_store(o1 + bh, n);
+    turbo_store((device half*)(row + SOFF), n);
   }
 }
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -57,7 +67,7 @@ x[d] = static_cast<float>(v[bh * D + d]) * signs[d];
 turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, o3 + bh * (D * VBITS / 8), D, tid, threads);
+float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D, tid, threads);
 if (d == 0) {
-  turbo_store(o4 + bh, vnorm);
+  turbo_store((device half*)(row + NOFF), vnorm);
 }

@@ -28,6 +28,9 @@ use mlx_serve::models::{self, LanguageModel};
 
 
 
+/// Tokens a prefill chunk takes.
+const PREFILL_CHUNK: usize = 2048;
+
 fn median_ms(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2] * 1e3
@@ -50,9 +53,17 @@ fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: O
     for r in 0..rows {
         let ids: Vec<i32> = (0..prompt).map(|i| 1 + ((r * prompt + i) * 7919) % 1000).collect();
         let mut row_cache = ModelCache::new(&kinds)?;
-        let picked = step(model, &Array::from_slice(&ids, &[1, prompt])?, &mut row_cache)?;
-        eval(&[&picked])?;
-        last.push(ops::slice(&picked, &[0, prompt - 1], &[1, prompt], &[1, 1])?);
+        // In chunks, as the engine prefills (one pass over a long prompt
+        // would take every position's logits at once).
+        let mut picked = None;
+        for at in (0..prompt).step_by(PREFILL_CHUNK) {
+            let end = (at + PREFILL_CHUNK as i32).min(prompt);
+            let chunk = Array::from_slice(&ids[at as usize..end as usize], &[1, end - at])?;
+            let p = step(model, &chunk, &mut row_cache)?;
+            eval(&[&p])?;
+            picked = Some(ops::slice(&p, &[0, end - at - 1], &[1, end - at], &[1, 1])?);
+        }
+        last.push(picked.ok_or("an empty prompt")?);
         if r == 0 {
             cache = row_cache;
         } else {

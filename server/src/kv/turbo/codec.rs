@@ -3,7 +3,12 @@
 //! against. All of it works in the rotated basis: callers rotate keys, values
 //! and queries once (see `rotation.rs`) and rotate attention's output back.
 //!
-//! Per token and head, a format stores (byte-aligned, so no code spans bytes):
+//! Per token and head, a format stores one row of bytes (one array, so a
+//! decode step appends a position with one update): the key's and the
+//! value's code columns, then their scales and norms, each column's elements
+//! in its own type, the row rounded up to 4 bytes. Codes first keeps every
+//! column aligned to its type's size and the code words to 4 bytes, as the
+//! GPU kernels read them. The columns (byte-aligned, so no code spans bytes):
 //! - a codebook vector: `bits` per coordinate (4-bit as nibbles; 3-bit as a
 //!   2-bit plane then a 1-bit plane; 2-bit as 4 per byte) and an fp16 norm,
 //!   corrected so that the decoded vector has the original length;
@@ -43,8 +48,22 @@ pub struct TurboFormat {
 }
 
 impl TurboFormat {
-    /// How many of a store's columns hold keys (the rest hold values).
-    pub fn key_columns(&self) -> usize {
+    /// The columns of a row at head dimension `dim` (type, elements), the
+    /// key's then the value's; `scale` is the type of affine keys' scales
+    /// and biases (the model's).
+    fn columns(&self, dim: i32, scale: Dtype) -> Vec<(Dtype, i32)> {
+        let bytes = |bits: u8| dim * bits as i32 / 8;
+        let mut cols = match self.key {
+            KeyCode::Affine8 => vec![(Dtype::Uint32, dim / 4), (scale, dim / affine_group(dim)), (scale, dim / affine_group(dim))],
+            KeyCode::Codebook(b) => vec![(Dtype::Uint8, bytes(b)), (Dtype::Float16, 1)],
+            KeyCode::CodebookQjl(b) => vec![(Dtype::Uint8, bytes(b)), (Dtype::Float16, 1), (Dtype::Uint8, bytes(1)), (Dtype::Float16, 1)],
+        };
+        cols.extend([(Dtype::Uint8, bytes(self.value_bits)), (Dtype::Float16, 1)]);
+        cols
+    }
+
+    /// How many of `columns` hold the key.
+    fn key_columns(&self) -> usize {
         match self.key {
             KeyCode::Affine8 => 3,
             KeyCode::Codebook(_) => 2,
@@ -52,16 +71,40 @@ impl TurboFormat {
         }
     }
 
+    /// Bytes of the key's columns.
+    fn key_bytes(&self, dim: i32, scale: Dtype) -> i32 {
+        self.columns(dim, scale)[..self.key_columns()].iter().map(|&(t, n)| n * t.size_of() as i32).sum()
+    }
+
+    /// Where each of `columns` starts in a row (codes, then floats, each in
+    /// the columns' order), and the row's bytes, padding included.
+    fn placement(&self, dim: i32, scale: Dtype) -> (Vec<i32>, i32) {
+        let cols = self.columns(dim, scale);
+        let mut at = vec![0; cols.len()];
+        let mut end = 0;
+        for floats in [false, true] {
+            for (i, &(t, n)) in cols.iter().enumerate() {
+                if t.is_floating() == floats {
+                    at[i] = end;
+                    end += n * t.size_of() as i32;
+                }
+            }
+        }
+        (at, (end + 3) / 4 * 4)
+    }
+
+    /// Bytes of one stored position, padding included.
+    pub fn row_bytes(&self, dim: i32, scale: Dtype) -> i32 {
+        self.placement(dim, scale).1
+    }
+
     /// Bits stored per dimension for keys and for values at head dimension
-    /// `dim`, norms and scales included (16-bit scales and norms).
+    /// `dim`, norms and scales included (16-bit scales; the row's padding
+    /// counted with the values).
     pub fn bits_per_dim(&self, dim: i32) -> (f64, f64) {
-        let d = dim as f64;
-        let key = match self.key {
-            KeyCode::Affine8 => 8.0 + 32.0 / affine_group(dim) as f64,
-            KeyCode::Codebook(b) => b as f64 + 16.0 / d,
-            KeyCode::CodebookQjl(b) => b as f64 + 1.0 + 32.0 / d,
-        };
-        (key, self.value_bits as f64 + 16.0 / d)
+        let key = self.key_bytes(dim, Dtype::Float16);
+        let row = self.row_bytes(dim, Dtype::Float16);
+        (8.0 * key as f64 / dim as f64, 8.0 * (row - key) as f64 / dim as f64)
     }
 }
 
@@ -70,10 +113,12 @@ pub fn affine_group(dim: i32) -> i32 {
     dim.min(128)
 }
 
-/// What encodes and decodes one head dimension's vectors in a format.
+/// What encodes and decodes one head dimension's vectors in a format, for
+/// a model of one dtype (that of affine keys' scales and of the sinks).
 pub struct Codec {
     pub format: TurboFormat,
     pub rotation: Rotation,
+    pub dtype: Dtype,
     key_book: Option<Codebook>,
     value_book: Codebook,
     /// The codebooks' centroids as arrays, for decoding.
@@ -156,7 +201,7 @@ pub fn unpack(packed: &Array, bits: u8, dim: i32) -> Result<Array> {
 }
 
 impl Codec {
-    pub fn new(format: TurboFormat, dim: i32) -> Result<Codec> {
+    pub fn new(format: TurboFormat, dim: i32, dtype: Dtype) -> Result<Codec> {
         let key_book = match format.key {
             KeyCode::Affine8 => None,
             KeyCode::Codebook(b) | KeyCode::CodebookQjl(b) => Some(Codebook::new(b, dim)?),
@@ -178,6 +223,7 @@ impl Codec {
             key_book,
             value_book,
             rotation,
+            dtype,
             format,
             tables,
         })
@@ -190,6 +236,45 @@ impl Codec {
 
     pub fn dim(&self) -> i32 {
         self.rotation.dim
+    }
+
+    /// Bytes of one stored position.
+    pub fn row_bytes(&self) -> i32 {
+        self.format.row_bytes(self.dim(), self.dtype)
+    }
+
+    /// The rows ([..., row_bytes] uint8) of rotated keys `kr` and values `vr`
+    /// ([..., D]).
+    pub fn encode(&self, kr: &Array, vr: &Array) -> Result<Array> {
+        let mut cols = self.encode_keys(kr)?;
+        cols.extend(self.encode_values(vr)?);
+        let (at, row) = self.format.placement(self.dim(), self.dtype);
+        let mut placed: Vec<(i32, Array)> = Vec::with_capacity(cols.len() + 1);
+        for (c, &start) in cols.iter().zip(&at) {
+            placed.push((start, ops::view(c, Dtype::Uint8)?));
+        }
+        placed.sort_by_key(|(start, _)| *start);
+        let used: i32 = placed.iter().map(|(_, b)| b.shape().last().copied().unwrap_or(0)).sum();
+        if used < row {
+            let mut shape = kr.shape();
+            if let Some(last) = shape.last_mut() {
+                *last = row - used;
+            }
+            placed.push((used, ops::zeros(&shape, Dtype::Uint8)?));
+        }
+        Ok(ops::concatenate(&placed.iter().map(|(_, b)| b).collect::<Vec<_>>(), -1)?)
+    }
+
+    /// Rotated keys and values from their rows, as `dtype`.
+    pub fn decode(&self, rows: &Array, dtype: Dtype) -> Result<(Array, Array)> {
+        let last = rows.shape().len().saturating_sub(1) as i32;
+        let (at, _) = self.format.placement(self.dim(), self.dtype);
+        let mut cols = Vec::new();
+        for ((t, n), start) in self.format.columns(self.dim(), self.dtype).into_iter().zip(at) {
+            cols.push(ops::view(&ops::slice_axis(rows, last, start, start + n * t.size_of() as i32)?, t)?);
+        }
+        let nk = self.format.key_columns();
+        Ok((self.decode_keys(&cols[..nk], dtype)?, self.decode_values(&cols[nk..], dtype)?))
     }
 
     /// Codebook codes and corrected norms of rotated vectors `x` (float32):
@@ -214,9 +299,8 @@ impl Codec {
         Ok(ops::astype(n, Dtype::Float16)?)
     }
 
-    /// The key columns of rotated keys `kr` ([..., D]); `dtype` is the model's
-    /// (that of affine scales).
-    pub fn encode_keys(&self, kr: &Array, dtype: Dtype) -> Result<Vec<Array>> {
+    /// The key columns of rotated keys `kr` ([..., D]).
+    fn encode_keys(&self, kr: &Array) -> Result<Vec<Array>> {
         let kr = f32s(kr)?;
         match (self.format.key, &self.key_book, &self.key_centroids) {
             (KeyCode::Codebook(bits), Some(book), Some(c)) => {
@@ -231,20 +315,20 @@ impl Codec {
                 Ok(vec![pack(&codes, bits)?, Self::norm_column(&n)?, pack(&signs, 1)?, Self::norm_column(&gamma)?])
             }
             _ => {
-                let (q, s, b) = quantized::quantize(&ops::astype(&kr, dtype)?, affine_group(self.dim()), 8)?;
+                let (q, s, b) = quantized::quantize(&ops::astype(&kr, self.dtype)?, affine_group(self.dim()), 8)?;
                 Ok(vec![q, s, b])
             }
         }
     }
 
     /// The value columns of rotated values `vr` ([..., D]).
-    pub fn encode_values(&self, vr: &Array) -> Result<Vec<Array>> {
+    fn encode_values(&self, vr: &Array) -> Result<Vec<Array>> {
         let (codes, n, _) = self.quantize(&self.value_book, &self.value_centroids, &f32s(vr)?)?;
         Ok(vec![pack(&codes, self.format.value_bits)?, Self::norm_column(&n)?])
     }
 
     /// Rotated keys from their columns, as `dtype`.
-    pub fn decode_keys(&self, cols: &[Array], dtype: Dtype) -> Result<Array> {
+    fn decode_keys(&self, cols: &[Array], dtype: Dtype) -> Result<Array> {
         let d = self.dim();
         let k = match (self.format.key, &self.key_centroids) {
             (KeyCode::Codebook(bits), Some(c)) => {
@@ -264,7 +348,7 @@ impl Codec {
     }
 
     /// Rotated values from their columns, as `dtype`.
-    pub fn decode_values(&self, cols: &[Array], dtype: Dtype) -> Result<Array> {
+    fn decode_values(&self, cols: &[Array], dtype: Dtype) -> Result<Array> {
         let codes = unpack(&cols[0], self.format.value_bits, self.dim())?;
         let v = ops::multiply(&ops::take(&self.value_centroids, &codes, 0)?, &f32s(&cols[1])?)?;
         Ok(ops::astype(&v, dtype)?)
@@ -289,6 +373,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_row_holds_every_column_and_decodes_as_they_do() {
+        let formats = [KeyCode::Affine8, KeyCode::Codebook(4), KeyCode::CodebookQjl(3)];
+        for (key, dim, dtype) in [(0, 128, Dtype::Bfloat16), (1, 64, Dtype::Float16), (2, 128, Dtype::Float32), (0, 256, Dtype::Float32), (0, 64, Dtype::Bfloat16)] {
+            let codec = Codec::new(TurboFormat { key: formats[key], value_bits: 3 }, dim, dtype).unwrap();
+            let x = |seed| random::normal(&[2, 3, dim], Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap();
+            let (kr, vr) = (x(1), x(2));
+            let rows = codec.encode(&kr, &vr).unwrap();
+            assert_eq!(rows.shape(), vec![2, 3, codec.row_bytes()]);
+            assert_eq!(codec.row_bytes() % 4, 0);
+            let (k, v) = codec.decode(&rows, Dtype::Float32).unwrap();
+            let want_k = codec.decode_keys(&codec.encode_keys(&kr).unwrap(), Dtype::Float32).unwrap();
+            let want_v = codec.decode_values(&codec.encode_values(&vr).unwrap(), Dtype::Float32).unwrap();
+            assert_eq!(values(&k), values(&want_k), "{:?} d={dim} {dtype:?}", formats[key]);
+            assert_eq!(values(&v), values(&want_v), "{:?} d={dim} {dtype:?}", formats[key]);
+        }
+        // What a position costs: 8.25 + 3.25 bits per dimension for `balanced`
+        // at d = 128 (its 182 bytes padded to 184): 0.359x of 16-bit.
+        let balanced = TurboFormat { key: KeyCode::Affine8, value_bits: 3 };
+        assert_eq!(balanced.row_bytes(128, Dtype::Bfloat16), 184);
+        assert_eq!(balanced.bits_per_dim(128), (8.25, 3.25));
+    }
+
     /// The mean squared error of encoding random unit vectors, per vector.
     fn distortion(codec: &Codec, dim: i32) -> f64 {
         let x = random::normal(&[4096, dim], Dtype::Float32, 0.0, 1.0, &random::key(7).unwrap()).unwrap();
@@ -302,7 +409,7 @@ mod tests {
     #[test]
     fn encode_decode_distortion_is_the_papers() {
         for (bits, dim) in [(3u8, 128), (4, 128), (2, 128), (3, 64), (3, 256)] {
-            let codec = Codec::new(TurboFormat { key: KeyCode::Affine8, value_bits: bits }, dim).unwrap();
+            let codec = Codec::new(TurboFormat { key: KeyCode::Affine8, value_bits: bits }, dim, Dtype::Float32).unwrap();
             let mse = distortion(&codec, dim);
             // The corrected norm trades a little MSE for an unbiased length; the
             // Gaussian table fits the sphere to within a few percent at d ≥ 64.
@@ -313,10 +420,10 @@ mod tests {
 
     #[test]
     fn zero_vectors_encode_to_zero() {
-        let codec = Codec::new(TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 }, 64).unwrap();
+        let codec = Codec::new(TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 }, 64, Dtype::Float32).unwrap();
         let z = ops::zeros(&[2, 64], Dtype::Float32).unwrap();
         let v = codec.decode_values(&codec.encode_values(&z).unwrap(), Dtype::Float32).unwrap();
-        let k = codec.decode_keys(&codec.encode_keys(&z, Dtype::Float32).unwrap(), Dtype::Float32).unwrap();
+        let k = codec.decode_keys(&codec.encode_keys(&z).unwrap(), Dtype::Float32).unwrap();
         assert!(values(&v).iter().chain(values(&k).iter()).all(|x| x.abs() < 1e-6 && x.is_finite()));
     }
 
@@ -327,14 +434,14 @@ mod tests {
         // ⟨q, residual⟩ over many keys its slope is 1 (a mis-scaled sketch —
         // SwiftLM's is 11x too small at d = 128 — gives 0.09).
         let dim = 128;
-        let qjl = Codec::new(TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 }, dim).unwrap();
-        let plain = Codec::new(TurboFormat { key: KeyCode::Codebook(3), value_bits: 3 }, dim).unwrap();
+        let qjl = Codec::new(TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 }, dim, Dtype::Float32).unwrap();
+        let plain = Codec::new(TurboFormat { key: KeyCode::Codebook(3), value_bits: 3 }, dim, Dtype::Float32).unwrap();
         let k = random::normal(&[4096, dim], Dtype::Float32, 0.0, 1.0, &random::key(3).unwrap()).unwrap();
         let q = random::normal(&[1, dim], Dtype::Float32, 0.0, 1.0, &random::key(4).unwrap()).unwrap();
         let dot = |keys: &Array| values(&ops::matmul(keys, &ops::transpose(&q).unwrap()).unwrap());
         let decoded = |c: &Codec| {
             let kr = c.rotation.apply(&k).unwrap();
-            c.rotation.invert(&c.decode_keys(&c.encode_keys(&kr, Dtype::Float32).unwrap(), Dtype::Float32).unwrap()).unwrap()
+            c.rotation.invert(&c.decode_keys(&c.encode_keys(&kr).unwrap(), Dtype::Float32).unwrap()).unwrap()
         };
         let (exact, with_qjl, mse_only) = (dot(&k), dot(&decoded(&qjl)), dot(&decoded(&plain)));
         let (mut ct, mut tt) = (0.0f64, 0.0f64);

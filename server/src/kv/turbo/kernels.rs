@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelLanguage, KernelSource, TemplateArg};
-use mlx_rs_safe::{Array, Dtype};
+use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::codec::{affine_group, Codec, KeyCode, SINKS};
 use crate::error::{Error, Result};
@@ -85,9 +85,9 @@ pub fn usable() -> bool {
 /// Encodes and attends a few random positions with the kernels and with MLX
 /// ops; None when they agree, else how they differ.
 fn self_check() -> Result<Option<String>> {
-    use mlx_rs_safe::{ops, random};
+    use mlx_rs_safe::random;
     let (d, hkv, rep, len) = (64, 2, 2, 24);
-    let codec = Codec::new(super::TurboFormat { key: KeyCode::Affine8, value_bits: 3 }, d)?;
+    let codec = Codec::new(super::TurboFormat { key: KeyCode::Affine8, value_bits: 3 }, d, Dtype::Float32)?;
     let normal = |shape: &[i32], seed: u64| random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?);
     let (k, v) = (normal(&[1, hkv, len, d], 1)?, normal(&[1, hkv, len, d], 2)?);
     let q = normal(&[1, hkv * rep, 1, d], 3)?;
@@ -98,12 +98,10 @@ fn self_check() -> Result<Option<String>> {
     let meta = Array::from_slice(&[len], &[1])?;
     let scale = Array::from_slice(&[(d as f32).powf(-0.5)], &[1])?;
     let got = attend(&codec, &q, &sinks, &body, &pads, &meta, len, &scale)?;
-    // The reference: the same columns decoded by MLX ops, attended plainly.
-    let at = |c: &Array| ops::slice_axis(c, 2, SINKS, len);
-    let cols: Vec<Array> = body.iter().map(at).collect::<std::result::Result<_, _>>()?;
-    let nk = codec.format.key_columns();
-    let keys = ops::concatenate(&[&sinks[0], &codec.decode_keys(&cols[..nk], Dtype::Float32)?], 2)?;
-    let vals = ops::concatenate(&[&sinks[1], &codec.decode_values(&cols[nk..], Dtype::Float32)?], 2)?;
+    // The reference: the same rows decoded by MLX ops, attended plainly.
+    let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, len)?, Dtype::Float32)?;
+    let keys = ops::concatenate(&[&sinks[0], &body_k], 2)?;
+    let vals = ops::concatenate(&[&sinks[1], &body_v], 2)?;
     let (keys, vals) = (rot.invert(&keys)?, rot.invert(&vals)?);
     let want = mlx_rs_safe::fast::scaled_dot_product_attention(&q, &keys, &vals, (d as f32).powf(-0.5), mlx_rs_safe::fast::SdpaMask::None, None)?;
     let diff = ops::max(&ops::abs(&ops::subtract(&got, &want)?)?, &[0, 1, 2, 3], false)?.item::<f32>()?;
@@ -151,12 +149,8 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
         if !map.contains_key(name) {
             let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o0", "o1", "o2", "o3", "o4"], &sources[1]),
-                "turbo_attend" => (
-                    &["q", "k0", "k1", "k2", "vc", "vn", "pads", "meta", "signs", "kcent", "vcent", "scale"],
-                    &["part_o", "part_ml"],
-                    &sources[2],
-                ),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
+                "turbo_attend" => (&["q", "kv", "pads", "meta", "signs", "kcent", "vcent", "scale"], &["part_o", "part_ml"], &sources[2]),
                 _ => (&["part_o", "part_ml", "q", "sink_k", "sink_v", "signs", "scale"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
@@ -179,44 +173,39 @@ fn key_code(codec: &Codec) -> (i32, i32) {
     }
 }
 
-/// The columns of the positions of `k`, `v` [B, HKV, L, D] (not rotated): one
-/// block per vector pair.
-pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Vec<Array>> {
+/// The rows of the positions of `k`, `v` [B, HKV, L, D] (not rotated),
+/// [B, HKV, L, row bytes] uint8: one block per vector pair.
+pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Array> {
     let s = k.shape();
     let (b, h, len, d) = (s[0], s[1], s[2], s[3]);
-    let dtype = k.dtype();
     let (kfmt, kbits) = key_code(codec);
-    let vbits = codec.format.value_bits as i32;
-    let kg = affine_group(d);
-    let shape = |x: i32| vec![b, h, len, x];
-    let outputs = if kfmt == 0 {
-        vec![(shape(d / 4), Dtype::Uint32), (shape(d / kg), dtype), (shape(d / kg), dtype)]
-    } else {
-        vec![(shape(d * kbits / 8), Dtype::Uint8), (shape(1), Dtype::Float16), (vec![1], Dtype::Float16)]
-    };
-    let mut outputs = outputs;
-    outputs.extend([(shape(d * vbits / 8), Dtype::Uint8), (shape(1), Dtype::Float16)]);
     let t = codec.tables();
-    let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
-    template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", kg), ("VBITS", vbits)]));
-    let call = KernelCall { outputs, grid: (b * h * len * d, 1, 1), thread_group: (d, 1, 1), template, ..Default::default() };
-    let mut cols = with_kernel("turbo_encode", |kern| {
-        Ok(kern.apply(&[k, v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids], &call)?)
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(codec.dtype))];
+    template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", affine_group(d)), ("VBITS", codec.format.value_bits as i32)]));
+    let call = KernelCall {
+        outputs: vec![(vec![b, h, len, codec.row_bytes()], Dtype::Uint8)],
+        grid: (b * h * len * d, 1, 1),
+        thread_group: (d, 1, 1),
+        template,
+        ..Default::default()
+    };
+    // The kernel reads k and v as the codec's dtype (that of its scales).
+    let (k, v) = (ops::astype(k, codec.dtype)?, ops::astype(v, codec.dtype)?);
+    let rows = with_kernel("turbo_encode", |kern| {
+        Ok(kern.apply(&[&k, &v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids], &call)?)
     })?;
-    if kfmt == 1 {
-        cols.remove(2);
-    }
-    Ok(cols)
+    rows.into_iter().next().ok_or(Error::Internal("the TurboQuant encode kernel returned nothing"))
 }
 
-/// Blocks an attention call aims for: about what a large GPU runs at once
-/// (an H100 holds three of the CUDA kernel's 4-head blocks per multiprocessor
-/// at 136 registers a thread, 396 in all), so that long contexts take one
-/// wave of long splits. `MLX_SERVE_TURBO_BLOCKS` overrides it (kernel
-/// development on a GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
+/// Blocks an attention call aims for: two per multiprocessor of an H100.
+/// Measured there (Llama-3.1-8B shape, 1 row, 32K and 64K positions): 256
+/// blocks beat 384 and 768 (each block rotates its queries and leaves a
+/// partial for the merge, so fewer, longer splits pay off once the GPU is
+/// covered). `MLX_SERVE_TURBO_BLOCKS` overrides it (kernel development on a
+/// GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
 fn target_blocks() -> i32 {
     static BLOCKS: OnceLock<i32> = OnceLock::new();
-    *BLOCKS.get_or_init(|| std::env::var("MLX_SERVE_TURBO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(384))
+    *BLOCKS.get_or_init(|| std::env::var("MLX_SERVE_TURBO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(256))
 }
 /// Positions a split takes at least, so the query's rotation at the start of
 /// each block stays a small part of its work.
@@ -230,24 +219,20 @@ fn splits(positions: i32, heads: i32) -> i32 {
     by_blocks.min(by_len).clamp(1, 256)
 }
 
-/// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the body
-/// buffers (whole capacity; `pads` [B] int32 and `meta` [1] int32 = positions
-/// written say which are valid); the output in `q`'s dtype.
+/// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the
+/// body's rows (whole capacity; `pads` [B] int32 and `meta` [1] int32 =
+/// positions written say which are valid); the output in `q`'s dtype.
 #[allow(clippy::too_many_arguments)]
-pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads: &Array, meta: &Array, written: i32, scale: &Array) -> Result<Array> {
+pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, pads: &Array, meta: &Array, written: i32, scale: &Array) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = sinks[0].dim(1)?;
     let rep = hq / hkv;
     let (kfmt, kbits) = key_code(codec);
-    let nk = codec.format.key_columns();
-    let (k0, k1) = (&body[0], &body[1]);
-    let k2 = if kfmt == 0 { &body[2] } else { &body[1] };
-    let (vc, vn) = (&body[nk], &body[nk + 1]);
     let ns = splits(written - SINKS, b * hkv);
     let threads = attend_threads(language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?, rep);
     let t = codec.tables();
-    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype())), ("S".to_string(), TemplateArg::Dtype(codec.dtype))];
     template.extend(ints(&[
         ("D", d),
         ("REP", rep),
@@ -264,7 +249,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], body: &[Array], pads
         ..Default::default()
     };
     let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, k0, k1, k2, vc, vn, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
+        Ok(kern.apply(&[q, rows, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
     })?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.push(("D".to_string(), TemplateArg::Int(d)));

@@ -24,7 +24,7 @@ pub struct TurboStore {
     codec: Codec,
     /// [B, kv_heads, SINKS, D] rotated keys and values, the model's dtype.
     sinks: [Array; 2],
-    /// Compressed keys then values (see `codec.rs`), positions SINKS.. of each row.
+    /// Compressed positions SINKS.. of each row, one row of bytes each (see `codec.rs`).
     body: PaddedRows,
 }
 
@@ -46,8 +46,8 @@ impl TurboStore {
     pub fn from_dense(rows: &PaddedRows, format: TurboFormat) -> Result<TurboStore> {
         let [keys, values] = rows.buffers() else { return Err(Error::Internal("a dense cache without keys and values")) };
         let s = keys.shape();
-        let codec = Codec::new(format, s[3])?;
         let dtype = keys.dtype();
+        let codec = Codec::new(format, s[3], dtype)?;
         // Row b's sinks are its first SINKS positions, after its padding.
         let first: Vec<i32> = rows.left_pad().iter().flat_map(|&p| (0..SINKS).map(move |i| p + i)).collect();
         let idx = Array::from_slice(&first, &[s[0], 1, SINKS, 1])?;
@@ -56,15 +56,12 @@ impl TurboStore {
             Ok(ops::astype(&codec.rotation.apply(&ops::take_along_axis(x, &idx, 2)?)?, dtype)?)
         };
         let sinks = [sink(keys)?, sink(values)?];
-        let columns = if kernels::encode_applies(&codec) {
+        let encoded = if kernels::encode_applies(&codec) {
             kernels::encode(&codec, keys, values)?
         } else {
-            let (kr, vr) = (codec.rotation.apply(keys)?, codec.rotation.apply(values)?);
-            let mut columns = codec.encode_keys(&kr, dtype)?;
-            columns.extend(codec.encode_values(&vr)?);
-            columns
+            codec.encode(&codec.rotation.apply(keys)?, &codec.rotation.apply(values)?)?
         };
-        Ok(TurboStore { sinks, body: rows.with_buffers(columns, SINKS), codec })
+        Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), codec })
     }
 
     /// Rows of this format ([sink keys, sink values, body columns...] each).
@@ -72,7 +69,7 @@ impl TurboStore {
         let Some(first) = rows.first().and_then(|r| r.columns.first()) else {
             return Err(Error::Internal("a TurboQuant cache built from no rows"));
         };
-        let codec = Codec::new(format, first.dim(-1)?)?;
+        let codec = Codec::new(format, first.dim(-1)?, first.dtype())?;
         let part = |i: usize| -> Result<Array> {
             let cols: Vec<&Array> = rows.iter().map(|r| r.columns.get(i).ok_or(Error::Internal("a TurboQuant row without sinks"))).collect::<Result<_>>()?;
             Ok(ops::concatenate(&cols, 0)?)
@@ -82,14 +79,11 @@ impl TurboStore {
         Ok(TurboStore { codec, sinks, body: PaddedRows::from_rows(&body_rows)? })
     }
 
-    fn key_columns(&self) -> usize {
-        self.codec.format.key_columns()
-    }
-
-    /// Keys and values of the body columns `cols`, decoded into the rotated basis.
-    fn decode(&self, cols: &[Array], dtype: Dtype) -> Result<(Array, Array)> {
-        let nk = self.key_columns();
-        Ok((self.codec.decode_keys(&cols[..nk], dtype)?, self.codec.decode_values(&cols[nk..], dtype)?))
+    /// Keys and values of the body's rows `views` (its one column), decoded
+    /// into the rotated basis.
+    fn decode(&self, views: &[Array], dtype: Dtype) -> Result<(Array, Array)> {
+        let rows = views.first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
+        self.codec.decode(rows, dtype)
     }
 }
 
@@ -97,8 +91,8 @@ impl TurboStore {
     /// A decode step through the GPU kernels: the new token encoded by one,
     /// attention read from the packed buffers by the others.
     fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
-        let columns = kernels::encode(&self.codec, keys, values)?;
-        self.body.append(&columns)?;
+        let encoded = kernels::encode(&self.codec, keys, values)?;
+        self.body.append(&[encoded])?;
         let body = &self.body;
         let written = body.written();
         let layout = |what: &'static str, extra: Vec<i32>| {
@@ -111,7 +105,8 @@ impl TurboStore {
         let scale = masks.array(MaskKey { kind: "turbo-scale", layout: vec![args.scale.to_bits() as i32] }, || {
             Ok(Array::from_slice(&[args.scale], &[1])?)
         })?;
-        kernels::attend(&self.codec, queries, &self.sinks, body.buffers(), &pads, &meta, written, &scale)
+        let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
+        kernels::attend(&self.codec, queries, &self.sinks, rows, &pads, &meta, written, &scale)
     }
 }
 
@@ -153,9 +148,7 @@ impl KvStore for TurboStore {
             None => masks.get(body.mask_key("turbo", n, args.window), || with_sinks(body.mask(n, args.window)?))?,
         };
         let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
-        let mut columns = self.codec.encode_keys(&kr, dtype)?;
-        columns.extend(self.codec.encode_values(&vr)?);
-        let mut views = self.body.append(&columns)?;
+        let mut views = self.body.append(&[self.codec.encode(&kr, &vr)?])?;
         if let Some(pad) = common_pad.filter(|&p| p > 0) {
             views = views.iter().map(|c| Ok(ops::slice_axis(c, 2, pad, c.dim(2)?)?)).collect::<Result<_>>()?;
         }

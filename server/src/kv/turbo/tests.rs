@@ -49,11 +49,10 @@ fn outputs(format: TurboFormat, c: &Case, seed: u64) -> (Array, Array, Array) {
     let exact = fast::scaled_dot_product_attention(&q, &k, &v, args.scale, fast::SdpaMask::None, None).unwrap();
     // The reference: the cache as stored, decoded and rotated back, attended plainly.
     let row = cache.row(0).unwrap();
-    let codec = Codec::new(format, d).unwrap();
-    let nk = format.key_columns();
-    let body = &row.columns[2..];
-    let keys = ops::concatenate(&[&row.columns[0], &codec.decode_keys(&body[..nk], Dtype::Float32).unwrap()], 2).unwrap();
-    let vals = ops::concatenate(&[&row.columns[1], &codec.decode_values(&body[nk..], Dtype::Float32).unwrap()], 2).unwrap();
+    let codec = Codec::new(format, d, row.columns[0].dtype()).unwrap();
+    let (body_k, body_v) = codec.decode(&row.columns[2], Dtype::Float32).unwrap();
+    let keys = ops::concatenate(&[&row.columns[0], &body_k], 2).unwrap();
+    let vals = ops::concatenate(&[&row.columns[1], &body_v], 2).unwrap();
     let (keys, vals) = (codec.rotation.invert(&keys).unwrap(), codec.rotation.invert(&vals).unwrap());
     let reference = fast::scaled_dot_product_attention(&q, &keys, &vals, args.scale, fast::SdpaMask::None, None).unwrap();
     (turbo, exact, reference)
