@@ -1,5 +1,5 @@
 //! The GPU path of TurboQuant decode steps: one kernel encodes each new
-//! token's key and value into the compressed columns; a split-K kernel attends
+//! token's key and value into its row of the compressed cache; a split-K kernel attends
 //! a query per row to the packed cache directly (the history is never
 //! decoded); a merge kernel attends the unquantized sinks, combines them with
 //! the splits and rotates the output back.

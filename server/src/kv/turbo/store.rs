@@ -64,7 +64,7 @@ impl TurboStore {
         Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), codec })
     }
 
-    /// Rows of this format ([sink keys, sink values, body columns...] each).
+    /// Rows of this format ([sink keys, sink values, body rows] each).
     pub fn from_rows(rows: &[KvRow], format: TurboFormat) -> Result<TurboStore> {
         let Some(first) = rows.first().and_then(|r| r.columns.first()) else {
             return Err(Error::Internal("a TurboQuant cache built from no rows"));
