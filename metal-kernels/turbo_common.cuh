@@ -50,24 +50,6 @@ __device__ inline float turbo_byte(uint32_t w, int i) {
   return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (uint32_t)i)) - 8388608.0f;
 }
 
-// N 32-bit words from `p` (aligned to 4 * N bytes) in one load.
-template <int N>
-__device__ inline void turbo_load_words(const uint8_t* p, uint32_t* out) {
-  if (N == 4) {
-    const uint4 w = *reinterpret_cast<const uint4*>(p);
-    out[0] = w.x;
-    out[1] = w.y;
-    out[2] = w.z;
-    out[3] = w.w;
-  } else if (N == 2) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);
-    out[0] = w.x;
-    out[1] = w.y;
-  } else {
-    out[0] = *reinterpret_cast<const uint32_t*>(p);
-  }
-}
-
 // The codes of coordinates d..d+7 (d a multiple of 8) of a packed codebook
 // row, gathered into one word for turbo_value_code: 4-bit: the four bytes;
 // 3-bit: the 2-bit plane's two bytes, the 1-bit plane's byte above them;

@@ -44,31 +44,32 @@ fn step(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache) -> Re
     Ok(ops::astype(&picked, mlx_rs_safe::Dtype::Int32)?)
 }
 
+/// Row `r`'s cache after a `prompt`-token prefill, in chunks as the engine
+/// prefills (one pass over a long prompt would take every position's logits
+/// at once), and its next token ([1, 1]).
+fn prefill_row(model: &dyn LanguageModel, kinds: &[mlx_serve::kv::KvKind], r: i32, prompt: i32) -> Res<(ModelCache, Array)> {
+    let ids: Vec<i32> = (0..prompt).map(|i| 1 + ((r * prompt + i) * 7919) % 1000).collect();
+    let mut cache = ModelCache::new(kinds)?;
+    let mut picked = None;
+    for at in (0..prompt).step_by(PREFILL_CHUNK) {
+        let end = (at + PREFILL_CHUNK as i32).min(prompt);
+        let p = step(model, &Array::from_slice(&ids[at as usize..end as usize], &[1, end - at])?, &mut cache)?;
+        eval(&[&p])?;
+        picked = Some(ops::slice(&p, &[0, end - at - 1], &[1, end - at], &[1, 1])?);
+    }
+    Ok((cache, picked.ok_or("an empty prompt")?))
+}
+
 /// Timings of `steps` decode steps of `rows` sequences after a `prompt`-token prefill.
 fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: Option<&KvCompression>, report: bool) -> Res<()> {
     let kinds = model.kv_layout().kinds;
     // Each row prefilled on its own, then joined, as the engine batches.
-    let mut cache = ModelCache::new(&kinds)?;
-    let mut last = Vec::with_capacity(rows as usize);
-    for r in 0..rows {
-        let ids: Vec<i32> = (0..prompt).map(|i| 1 + ((r * prompt + i) * 7919) % 1000).collect();
-        let mut row_cache = ModelCache::new(&kinds)?;
-        // In chunks, as the engine prefills (one pass over a long prompt
-        // would take every position's logits at once).
-        let mut picked = None;
-        for at in (0..prompt).step_by(PREFILL_CHUNK) {
-            let end = (at + PREFILL_CHUNK as i32).min(prompt);
-            let chunk = Array::from_slice(&ids[at as usize..end as usize], &[1, end - at])?;
-            let p = step(model, &chunk, &mut row_cache)?;
-            eval(&[&p])?;
-            picked = Some(ops::slice(&p, &[0, end - at - 1], &[1, end - at], &[1, 1])?);
-        }
-        last.push(picked.ok_or("an empty prompt")?);
-        if r == 0 {
-            cache = row_cache;
-        } else {
-            cache.extend(row_cache)?;
-        }
+    let (mut cache, first) = prefill_row(model, &kinds, 0, prompt)?;
+    let mut last = vec![first];
+    for r in 1..rows {
+        let (row_cache, picked) = prefill_row(model, &kinds, r, prompt)?;
+        cache.extend(row_cache)?;
+        last.push(picked);
     }
     let mut tokens = ops::concatenate(&last.iter().collect::<Vec<_>>(), 0)?;
     eval(&[&tokens])?;
