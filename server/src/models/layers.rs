@@ -163,17 +163,15 @@ impl Linear {
     pub fn load_kv_heads(w: &mut Weights, prefix: &str, in_dim: i32, n_kv: i32, head_dim: i32, bias: bool, quant: &QuantConfig) -> Result<Linear> {
         let (rank, ranks) = w.tensor_parallel().map_or((0, 1), |g| (g.rank() as i32, g.size() as i32));
         match kv_heads_per_rank(n_kv, ranks) {
-            Some(_) if n_kv % ranks == 0 => return Linear::load_split(w, prefix, in_dim, n_kv * head_dim, bias, Split::Rows, quant),
-            Some(_) => {}
-            None => {
-                return Err(crate::error::Error::Config(format!(
-                    "tensor parallelism over {ranks} ranks: {n_kv} KV heads neither divide among the ranks nor divide them; use --distributed pipeline"
-                )))
+            None => Err(crate::error::Error::Config(format!(
+                "tensor parallelism over {ranks} ranks: {n_kv} KV heads neither divide among the ranks nor divide them; use --distributed pipeline"
+            ))),
+            Some(_) if n_kv % ranks == 0 => Linear::load_split(w, prefix, in_dim, n_kv * head_dim, bias, Split::Rows, quant),
+            Some(_) => {
+                let head = rank / (ranks / n_kv);
+                Linear::load(w, prefix, in_dim, n_kv * head_dim, bias, quant)?.rows_range(head * head_dim, head_dim)
             }
         }
-        let head = rank / (ranks / n_kv);
-        let whole = Linear::load(w, prefix, in_dim, n_kv * head_dim, bias, quant)?;
-        whole.rows_range(head * head_dim, head_dim)
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
