@@ -8,6 +8,8 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use mlx_serve::tokenizer::reasoning::{prompt_thinking, template_thinks, THINK_TAGS};
+use mlx_serve::tokenizer::tool_calls::ToolCallFormat;
 use mlx_serve::tokenizer::{ChatRender, Tokenizer};
 use serde_json::{json, Value};
 
@@ -150,11 +152,12 @@ fn without_date(text: &str) -> String {
     }
 }
 
-// The chat templates Qwen3.5, Qwen3-Coder, Gemma 4 and gpt-oss checkpoints
-// publish render exactly as transformers renders them: a plain chat, tools
-// with a call and its result, reasoning with template arguments
-// (`enable_thinking`, `reasoning_effort`). The templates are llama.cpp's
-// copies, from a PyPI source package (parity/render_templates.py; no model hub here).
+// The chat templates Qwen3.5, Qwen3-Coder, Qwen3-Next (Instruct and Thinking),
+// Gemma 4 and gpt-oss checkpoints publish render exactly as transformers
+// renders them: a plain chat, tools with a call and its result, reasoning with
+// template arguments (`enable_thinking`, `reasoning_effort`). The templates are
+// llama.cpp's and Xinference's copies, from PyPI packages
+// (parity/render_templates.py; no model hub here).
 #[test]
 fn published_templates_of_the_new_families_render_as_transformers_renders_them() {
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("chat-templates");
@@ -169,7 +172,7 @@ fn published_templates_of_the_new_families_render_as_transformers_renders_them()
     assert!(run.status.success(), "render_templates.py failed:\n{}", String::from_utf8_lossy(&run.stderr));
     let rendered: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let cases = rendered["cases"].as_array().unwrap();
-    assert_eq!(cases.len(), 12);
+    assert_eq!(cases.len(), 18);
     for case in cases {
         let d = tempfile::tempdir().unwrap();
         write_tokenizer(d.path());
@@ -181,5 +184,20 @@ fn published_templates_of_the_new_families_render_as_transformers_renders_them()
         let ours = t.render_chat(&case["messages"], &how).unwrap();
         let name = format!("{} / {}", case["template_name"], case["case"]);
         assert_eq!(without_date(&ours), without_date(case["rendered"].as_str().unwrap()), "{name}");
+        // Qwen3-Next writes Hermes calls; its Thinking model's prompt opens the
+        // reasoning block, so the whole answer starts as reasoning.
+        let template = case["template"].as_str().unwrap();
+        match case["template_name"].as_str().unwrap() {
+            "qwen3_next" => {
+                assert_eq!(ToolCallFormat::detect(template), Some(ToolCallFormat::Hermes), "{name}");
+                assert_eq!(prompt_thinking(&ours, THINK_TAGS), Some(false), "{name}");
+            }
+            "qwen3_next_thinking" => {
+                assert_eq!(ToolCallFormat::detect(template), Some(ToolCallFormat::Hermes), "{name}");
+                assert!(template_thinks(template, THINK_TAGS), "{name}");
+                assert_eq!(prompt_thinking(&ours, THINK_TAGS), Some(true), "{name}");
+            }
+            _ => {}
+        }
     }
 }
