@@ -1,7 +1,8 @@
 // Split-K decode attention over a TurboQuant cache: one query per row. Block
 // (row b, KV head g, split s) takes the s-th slice of the row's compressed
-// positions (the 4 unquantized sinks are turbo_merge.cu's) with 128 threads,
-// for every query head of the KV head's group at once.
+// positions with 128 threads, for every query head of the KV head's group at
+// once; split 0 also attends the row's 4 unquantized sinks, before its first
+// tile (so the merge needs neither the query nor the sinks).
 //
 // The slice is walked in tiles of P positions, double-buffered in shared
 // memory: while a tile is scored, the next one's rows are already on their
@@ -24,7 +25,8 @@
 // and biases of type S (KFMT 0) or its float16 norm (KFMT 1), the value's
 // float16 norm, padding to 4 bytes); pads [B]: each row's first compressed
 // position; meta [1]: positions written (the same for all rows); signs
-// [3, D]; kcent, vcent: centroids; scale [1].
+// [3, D]; kcent, vcent: centroids; scale [1]; sink_k, sink_v [B, HKV, 4, D]
+// (rotated).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
@@ -71,6 +73,35 @@ const int tid = threadIdx.x;
 const int lane = tid & 31;
 const int warp = tid >> 5;
 
+const int idx = meta[0];
+const int first = pads[b];
+const int len = idx > first ? idx - first : 0;
+const int per = (len + NS - 1) / NS;
+const int t0 = first + split * per;
+const int count = max(min(idx, t0 + per) - t0, 0);
+const int tiles = (count + P - 1) / P;
+const size_t head = (size_t)b * HKV + g;
+
+// Tile i's first byte in kv, and where its first row starts in shared
+// memory (its copy starts at the 16-byte boundary below).
+auto tile_start = [&](int i) { return (head * CAP + (size_t)(t0 + i * P)) * ROW; };
+// Starts the copies of tile i's rows into buffer `buf`; bytes past the
+// slice's last position are zero-filled, never read.
+auto fetch = [&](int i, int buf) {
+  const size_t start = tile_start(i);
+  const size_t from = start & ~(size_t)15;
+  const int end = (int)(start - from) + min(P, count - i * P) * ROW;
+  for (int c = tid; c * 16 < end; c += THREADS) {
+    turbo_copy_bytes_async(&tile[buf][c * 16], kv + from + c * 16, min(16, end - c * 16));
+  }
+  turbo_copy_commit();
+};
+
+// Tile 0's bytes are on their way while the queries are prepared.
+if (tiles > 0) {
+  fetch(0, 0);
+}
+
 // The group's queries, rotated and scaled; their sums per key group; the
 // codebooks.
 for (int i = tid; i < REP * D; i += THREADS) {
@@ -100,30 +131,6 @@ if (KFMT == 0) {
   }
 }
 
-const int idx = meta[0];
-const int first = pads[b];
-const int len = idx > first ? idx - first : 0;
-const int per = (len + NS - 1) / NS;
-const int t0 = first + split * per;
-const int count = max(min(idx, t0 + per) - t0, 0);
-const int tiles = (count + P - 1) / P;
-const size_t head = (size_t)b * HKV + g;
-
-// Tile i's first byte in kv, and where its first row starts in shared
-// memory (its copy starts at the 16-byte boundary below).
-auto tile_start = [&](int i) { return (head * CAP + (size_t)(t0 + i * P)) * ROW; };
-// Starts the copies of tile i's rows into buffer `buf`; bytes past the
-// slice's last position are zero-filled, never read.
-auto fetch = [&](int i, int buf) {
-  const size_t start = tile_start(i);
-  const size_t from = start & ~(size_t)15;
-  const int end = (int)(start - from) + min(P, count - i * P) * ROW;
-  for (int c = tid; c * 16 < end; c += THREADS) {
-    turbo_copy_bytes_async(&tile[buf][c * 16], kv + from + c * 16, min(16, end - c * 16));
-  }
-  turbo_copy_commit();
-};
-
 // The running max and sum of the heads whose softmax this warp keeps
 // (warp, warp + WARPS, ...), the same in all its lanes.
 float mrun[HW];
@@ -145,9 +152,55 @@ for (int h = 0; h < REP; ++h) {
   }
 }
 
-if (tiles > 0) {
-  fetch(0, 0);
+// Split 0 starts from the sinks: their scores (a warp a head and sink), one
+// softmax step per head, and their values summed by warp 0's first position
+// lanes (every warp's sums are scaled to the same running max, so any warp
+// may hold them), while the first tile is on its way.
+if (split == 0) {
+  for (int p = warp; p < REP * TURBO_SINKS; p += WARPS) {
+    const float* qh = qs + (p / TURBO_SINKS) * D;
+    const size_t sk = (head * TURBO_SINKS + p % TURBO_SINKS) * D;
+    float s = 0.0f;
+    for (int i = lane; i < D; i += 32) {
+      s += qh[i] * static_cast<float>(sink_k[sk + i]);
+    }
+    s = turbo_warp_sum(s);
+    if (lane == 0) {
+      sc[(p / TURBO_SINKS) * P + p % TURBO_SINKS] = s;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < HW; ++hh) {
+    const int h = warp + hh * WARPS;
+    if (h < REP) {
+      const float v = lane < TURBO_SINKS ? sc[h * P + lane] : TURBO_NEG_INF;
+      mrun[hh] = turbo_warp_max(v);
+      const float e = lane < TURBO_SINKS ? exp2f(v - mrun[hh]) : 0.0f;
+      lrun[hh] = turbo_warp_sum(e);
+      __syncwarp();
+      if (lane < TURBO_SINKS) {
+        sc[h * P + lane] = e;
+      }
+    }
+  }
+  __syncthreads();
+  if (warp == 0 && pp == 0) {
+    for (int j = 0; j < TURBO_SINKS; ++j) {
+      const size_t sv = (head * TURBO_SINKS + j) * D + d0;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const float x = static_cast<float>(sink_v[sv + c]);
+#pragma unroll
+        for (int h = 0; h < REP; ++h) {
+          acc[h][c] += sc[h * P + j] * x;
+        }
+      }
+    }
+  }
+  __syncthreads();
 }
+
 for (int i = 0; i < tiles; ++i) {
   const int cur = i & 1;
   const int limit = count - i * P;

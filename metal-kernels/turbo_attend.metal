@@ -1,7 +1,7 @@
 // Metal twin of turbo_attend.cu: split-K decode attention over a TurboQuant
 // cache's compressed positions, with the same inputs (each position one row
-// of bytes: codec.rs) and the same per-split partials for turbo_merge.metal,
-// which also attends the sinks. It keeps the CUDA kernel's third version
+// of bytes: codec.rs; split 0 also attends the sinks) and the same per-split
+// partials for turbo_merge.metal. It keeps the CUDA kernel's third version
 // (not its shared-memory tiles, which are tuned for the H100): each packed
 // coordinate decoded once for the MAXH query heads a simdgroup serves,
 // chunks of CH positions with one online-softmax step each, values summed in
@@ -14,6 +14,7 @@ constexpr int C = 8;                    // coordinates a lane owns
 constexpr int LP = D / C;               // lanes per position
 constexpr int PP = 32 / LP;             // positions a warp reads at once
 constexpr int CH = 4;                   // positions a chunk (registers: 6 per position)
+static_assert(CH == TURBO_SINKS, "the sinks are attended as one chunk");
 constexpr int NP = CH / PP;             // passes a chunk
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;   // a row: key codes,
 constexpr int VB = D * VBITS / 8;       // value codes,
@@ -89,6 +90,67 @@ const int t0 = first + split * per;
 const int count = metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
 const device uint8_t* kvb = (const device uint8_t*)kv;
+
+// Split 0 starts from the sinks: the first warp of each set takes them as a
+// chunk of CH (= 4) positions, unquantized and already rotated.
+if (split == 0 && ws == 0) {
+  float s[NP][HPW];
+  float vx[NP][C];
+#pragma unroll
+  for (int n = 0; n < NP; ++n) {
+    const ulong so = (head * TURBO_SINKS + ulong(n * PP + pp)) * D + d0;
+    float kx[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      kx[j] = static_cast<float>(sink_k[so + j]);
+      vx[n][j] = static_cast<float>(sink_v[so + j]);
+    }
+#pragma unroll
+    for (int h = 0; h < HPW; ++h) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        dot += qk[h][j] * kx[j];
+      }
+#pragma unroll
+      for (int o = LP / 2; o > 0; o >>= 1) {
+        dot += metal::simd_shuffle_xor(dot, ushort(o));
+      }
+      s[n][h] = dot;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < HPW; ++h) {
+    float mx = TURBO_NEG_INF;
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      mx = metal::max(mx, s[n][h]);
+    }
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1) {
+      mx = metal::max(mx, metal::simd_shuffle_xor(mx, ushort(o)));
+    }
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+      s[n][h] = metal::exp2(s[n][h] - mx);
+      sum += s[n][h];
+    }
+#pragma unroll
+    for (int o = LP; o < 32; o <<= 1) {
+      sum += metal::simd_shuffle_xor(sum, ushort(o));
+    }
+    m[h] = mx;
+    l[h] = sum;
+#pragma unroll
+    for (int n = 0; n < NP; ++n) {
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        acc[h][j] += s[n][h] * vx[n][j];
+      }
+    }
+  }
+}
 
 for (int c = ws; c * CH < count; c += WPS) {
   const int limit = count - c * CH;

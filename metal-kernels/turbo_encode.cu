@@ -16,8 +16,8 @@ constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;
 __shared__ float x[D];
 __shared__ int codes[D];
 __shared__ float red[32];
-__shared__ float group_lo[D];
-__shared__ float group_hi[D];
+__shared__ float group_lo[D / 32];   // each warp's range
+__shared__ float group_hi[D / 32];
 const int bh = blockIdx.x;
 const int d = threadIdx.x;
 const float inv_sqrt_d = rsqrtf((float)D);
@@ -32,20 +32,26 @@ turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
 if (KFMT == 0) {
+  // Each group's range: every warp's by shuffles, then the group's warps'
+  // (a group is KG / 32 warps).
   const int g = d / KG;
-  if (d % KG == 0) {
-    float lo = x[d];
-    float hi = x[d];
-    for (int i = 1; i < KG; ++i) {
-      lo = fminf(lo, x[d + i]);
-      hi = fmaxf(hi, x[d + i]);
-    }
-    group_lo[g] = lo;
-    group_hi[g] = hi;
+  float lo = x[d];
+  float hi = lo;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = fminf(lo, __shfl_xor_sync(0xffffffff, lo, o));
+    hi = fmaxf(hi, __shfl_xor_sync(0xffffffff, hi, o));
+  }
+  if ((d & 31) == 0) {
+    group_lo[d >> 5] = lo;
+    group_hi[d >> 5] = hi;
   }
   __syncthreads();
-  const float lo = group_lo[g];
-  const float step = (group_hi[g] - lo) / 255.0f;
+  for (int w = g * (KG / 32); w < (g + 1) * (KG / 32); ++w) {
+    lo = fminf(lo, group_lo[w]);
+    hi = fmaxf(hi, group_hi[w]);
+  }
+  const float step = (hi - lo) / 255.0f;
   int q = step > 0.0f ? __float2int_rn((x[d] - lo) / step) : 0;
   codes[d] = min(max(q, 0), 255);
   __syncthreads();

@@ -10,8 +10,8 @@ constexpr int ROW = (NOFF + 2 + 3) / 4 * 4;
 threadgroup float x[D];
 threadgroup int codes[D];
 threadgroup float red[32];
-threadgroup float group_lo[D];
-threadgroup float group_hi[D];
+threadgroup float group_lo[D / 32];   // each simdgroup's range
+threadgroup float group_hi[D / 32];
 const uint bh = threadgroup_position_in_grid.x;
 const uint tid = thread_index_in_threadgroup;
 const uint threads = threads_per_threadgroup.x;
@@ -28,19 +28,18 @@ x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 if (KFMT == 0) {
   const int g = d / KG;
-  if (d % KG == 0) {
-    float lo = x[d];
-    float hi = x[d];
-    for (int i = 1; i < KG; ++i) {
-      lo = metal::min(lo, x[d + i]);
-      hi = metal::max(hi, x[d + i]);
-    }
-    group_lo[g] = lo;
-    group_hi[g] = hi;
+  float lo = metal::simd_min(x[d]);
+  float hi = metal::simd_max(x[d]);
+  if ((d & 31) == 0) {
+    group_lo[d >> 5] = lo;
+    group_hi[d >> 5] = hi;
   }
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-  const float lo = group_lo[g];
-  const float step = (group_hi[g] - lo) / 255.0f;
+  for (int w = g * (KG / 32); w < (g + 1) * (KG / 32); ++w) {
+    lo = metal::min(lo, group_lo[w]);
+    hi = metal::max(hi, group_hi[w]);
+  }
+  const float step = (hi - lo) / 255.0f;
   int q = step > 0.0f ? int(metal::rint((x[d] - lo) / step)) : 0;
   codes[d] = metal::clamp(q, 0, 255);
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);

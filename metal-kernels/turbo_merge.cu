@@ -1,70 +1,92 @@
-// Finishes TurboQuant decode attention for each (row, query head): attends
-// the row's 4 unquantized sinks itself, merges them with turbo_attend.cu's
-// per-split partials and rotates the result back: o = s1 ⊙ H(s2 ⊙ õ)/√D.
-// One block of 256 threads per (row, query head): the query is rotated as
-// the attention kernel rotates it, a thread per split finds the common max
-// and the weights (scores in base 2), then 256 / D threads per coordinate sum
-// the splits' accumulators. Inputs: part_o [B, HQ, NS, D], part_ml
-// [B, HQ, NS, 2] (NS at most 256), q [B, HQ, 1, D], sink_k, sink_v
-// [B, HKV, 4, D] (rotated), signs [3, D], scale [1]. Output: out
-// [B, HQ, 1, D] of type T.
-constexpr int THREADS = 256;
-constexpr int SLICES = THREADS / D;     // threads summing one coordinate
-__shared__ float weight[THREADS];
-__shared__ float part[THREADS];
-__shared__ float red[32];
-__shared__ float o[D];
-__shared__ float sink_w[TURBO_SINKS];
+// Finishes TurboQuant decode attention for each (row, query head): merges
+// turbo_attend.cu's per-split partials (split 0's include the sinks) and
+// rotates the result back: o = s1 ⊙ H(s2 ⊙ õ)/√D. One block of 4 warps per
+// (row, query head): every warp finds the common max and the weights of the
+// splits (by shuffles), sums its quarter of the splits for all D coordinates
+// (a lane's D/32 consecutive ones), the warps' sums add in shared memory, and
+// warp 0 runs the Walsh-Hadamard transform on its registers, across lanes by
+// shuffles. Inputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (NS at most
+// 256), signs [3, D]. Output: out [B, HQ, 1, D] of type T. 128 threads a
+// block (kernels.rs).
+constexpr int WARPS = 4;
+constexpr int E = D / 32;               // coordinates a lane owns: lane * E ..
+__shared__ float weight[256];
+__shared__ float sums[WARPS - 1][D];
 const int NS = part_ml_shape[2];
-const int HQ = q_shape[1];
-const int HKV = sink_k_shape[1];
 const size_t bh = blockIdx.x;
-const size_t sinks = ((bh / HQ) * HKV + (bh % HQ) / (HQ / HKV)) * TURBO_SINKS;
-const int tid = threadIdx.x;
+const int lane = threadIdx.x & 31;
+const int warp = threadIdx.x >> 5;
+const float* ml = part_ml + bh * NS * 2;
 
-// The sinks' scores against the rotated, scaled query.
-if (tid < D) {
-  o[tid] = static_cast<float>(q[bh * D + tid]) * signs[tid];
+float M = TURBO_NEG_INF;
+for (int s = lane; s < NS; s += 32) {
+  M = fmaxf(M, ml[2 * s]);
 }
-turbo_hadamard(o, D, 1);
-const float qd = tid < D ? o[tid] * signs[D + tid] * scale[0] * rsqrtf((float)D) * 1.4426950408889634f : 0.0f;
-float ms = TURBO_NEG_INF;
-for (int s = 0; s < TURBO_SINKS; ++s) {
-  const float v = turbo_block_sum(tid < D ? qd * static_cast<float>(sink_k[(sinks + s) * D + tid]) : 0.0f, red);
-  if (tid == 0) {
-    sink_w[s] = v;
+M = turbo_warp_max(M);
+float L = 0.0f;
+for (int s = lane; s < NS; s += 32) {
+  const float w = exp2f(ml[2 * s] - M);   // an empty split: max -inf, weight 0
+  if (warp == 0) {
+    weight[s] = w;
   }
-  ms = fmaxf(ms, v);
+  L += ml[2 * s + 1] * w;
 }
+L = turbo_warp_sum(L);
+__syncthreads();
 
-const float m = tid < NS ? part_ml[(bh * NS + tid) * 2] : TURBO_NEG_INF;
-const float M = fmaxf(turbo_block_max(m, red), ms);
-const float e = tid < NS ? exp2f(m - M) : 0.0f;
-weight[tid] = e;
-float Ls = 0.0f;
-for (int s = 0; s < TURBO_SINKS; ++s) {
-  Ls += exp2f(sink_w[s] - M);
+float x[E];
+#pragma unroll
+for (int e = 0; e < E; ++e) {
+  x[e] = 0.0f;
 }
-const float L = turbo_block_sum(tid < NS ? part_ml[(bh * NS + tid) * 2 + 1] * e : 0.0f, red) + Ls;
-__syncthreads();
-const int d = tid % D;
-float A = 0.0f;
-for (int s = tid / D; s < NS; s += SLICES) {
-  A += weight[s] * part_o[(bh * NS + s) * D + d];
-}
-part[tid] = A;
-__syncthreads();
-if (tid < D) {
-  float t = 0.0f;
-  for (int k = 0; k < SLICES; ++k) {
-    t += part[k * D + tid];
+const float* po = part_o + bh * NS * D + lane * E;
+#pragma unroll 4
+for (int s = warp; s < NS; s += WARPS) {
+  const float w = weight[s];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] += w * po[(size_t)s * D + e];
   }
-  for (int s = 0; s < TURBO_SINKS; ++s) {
-    t += exp2f(sink_w[s] - M) * static_cast<float>(sink_v[(sinks + s) * D + tid]);
-  }
-  o[tid] = t / L * signs[D + tid];
 }
-turbo_hadamard(o, D, 1);
-if (tid < D) {
-  turbo_store(out + bh * D + tid, o[tid] * signs[tid] * rsqrtf((float)D));
+if (warp > 0) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    sums[warp - 1][lane * E + e] = x[e];
+  }
+}
+__syncthreads();
+if (warp == 0) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    for (int w = 0; w < WARPS - 1; ++w) {
+      x[e] += sums[w][lane * E + e];
+    }
+    x[e] = x[e] / L * signs[D + lane * E + e];
+  }
+  // The unnormalized transform: pairs within a lane, then across lanes.
+#pragma unroll
+  for (int len = 1; len < E; len <<= 1) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if ((e & len) == 0) {
+        const float a = x[e];
+        const float b = x[e + len];
+        x[e] = a + b;
+        x[e + len] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int len = E; len < D; len <<= 1) {
+    const int m = len / E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float y = __shfl_xor_sync(0xffffffff, x[e], m);
+      x[e] = (lane & m) ? y - x[e] : x[e] + y;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    turbo_store(out + bh * D + lane * E + e, x[e] * signs[lane * E + e] * rsqrtf((float)D));
+  }
 }

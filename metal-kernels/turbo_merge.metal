@@ -1,63 +1,74 @@
-// Metal twin of turbo_merge.cu (line for line; see its comments): attends
-// the 4 unquantized sinks, merges them with the splits' partials and rotates
-// the result back. One threadgroup of 256 threads per (row, query head).
-constexpr int THREADS = 256;
-constexpr int SLICES = THREADS / D;     // threads summing one coordinate
-threadgroup float weight[THREADS];
-threadgroup float part[THREADS];
-threadgroup float red[32];
-threadgroup float o[D];
-threadgroup float sink_w[TURBO_SINKS];
+// Metal twin of turbo_merge.cu (line for line; see its comments): merges the
+// splits' partials (split 0's include the sinks) and rotates the result back.
+// One threadgroup of 4 simdgroups per (row, query head).
+constexpr int WARPS = 4;
+constexpr int E = D / 32;               // coordinates a lane owns: lane * E ..
+threadgroup float weight[256];
+threadgroup float sums[WARPS - 1][D];
 const int NS = part_ml_shape[2];
-const int HQ = q_shape[1];
-const int HKV = sink_k_shape[1];
 const ulong bh = threadgroup_position_in_grid.x;
-const ulong sinks = ((bh / HQ) * HKV + (bh % HQ) / (HQ / HKV)) * TURBO_SINKS;
-const uint tid = thread_index_in_threadgroup;
-const uint threads = threads_per_threadgroup.x;
+const int lane = int(thread_index_in_simdgroup);
+const int warp = int(simdgroup_index_in_threadgroup);
+const device float* ml = part_ml + bh * NS * 2;
 
-if (int(tid) < D) {
-  o[tid] = static_cast<float>(q[bh * D + tid]) * signs[tid];
+float M = TURBO_NEG_INF;
+for (int s = lane; s < NS; s += 32) {
+  M = metal::max(M, ml[2 * s]);
 }
-turbo_hadamard(o, D, 1, tid, threads);
-const float qd = int(tid) < D ? o[tid] * signs[D + tid] * scale[0] * metal::rsqrt(float(D)) * 1.4426950408889634f : 0.0f;
-float ms = TURBO_NEG_INF;
-for (int s = 0; s < TURBO_SINKS; ++s) {
-  const float v = turbo_block_sum(int(tid) < D ? qd * static_cast<float>(sink_k[(sinks + s) * D + tid]) : 0.0f, red, tid, threads);
-  if (tid == 0) {
-    sink_w[s] = v;
+M = metal::simd_max(M);
+float L = 0.0f;
+for (int s = lane; s < NS; s += 32) {
+  const float w = metal::exp2(ml[2 * s] - M);
+  if (warp == 0) {
+    weight[s] = w;
   }
-  ms = metal::max(ms, v);
+  L += ml[2 * s + 1] * w;
 }
+L = metal::simd_sum(L);
+threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
-const float m = int(tid) < NS ? part_ml[(bh * NS + tid) * 2] : TURBO_NEG_INF;
-const float M = metal::max(turbo_block_max(m, red, tid, threads), ms);
-const float e = int(tid) < NS ? metal::exp2(m - M) : 0.0f;
-weight[tid] = e;
-float Ls = 0.0f;
-for (int s = 0; s < TURBO_SINKS; ++s) {
-  Ls += metal::exp2(sink_w[s] - M);
+float x[E];
+for (int e = 0; e < E; ++e) {
+  x[e] = 0.0f;
 }
-const float L = turbo_block_sum(int(tid) < NS ? part_ml[(bh * NS + tid) * 2 + 1] * e : 0.0f, red, tid, threads) + Ls;
-threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-const int d = int(tid) % D;
-float A = 0.0f;
-for (int s = int(tid) / D; s < NS; s += SLICES) {
-  A += weight[s] * part_o[(bh * NS + s) * D + d];
-}
-part[tid] = A;
-threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-if (int(tid) < D) {
-  float t = 0.0f;
-  for (int k = 0; k < SLICES; ++k) {
-    t += part[k * D + tid];
+const device float* po = part_o + bh * NS * D + lane * E;
+for (int s = warp; s < NS; s += WARPS) {
+  const float w = weight[s];
+  for (int e = 0; e < E; ++e) {
+    x[e] += w * po[(ulong)s * D + e];
   }
-  for (int s = 0; s < TURBO_SINKS; ++s) {
-    t += metal::exp2(sink_w[s] - M) * static_cast<float>(sink_v[(sinks + s) * D + tid]);
-  }
-  o[tid] = t / L * signs[D + tid];
 }
-turbo_hadamard(o, D, 1, tid, threads);
-if (int(tid) < D) {
-  turbo_store(out + bh * D + tid, o[tid] * signs[tid] * metal::rsqrt(float(D)));
+if (warp > 0) {
+  for (int e = 0; e < E; ++e) {
+    sums[warp - 1][lane * E + e] = x[e];
+  }
+}
+threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+if (warp == 0) {
+  for (int e = 0; e < E; ++e) {
+    for (int w = 0; w < WARPS - 1; ++w) {
+      x[e] += sums[w][lane * E + e];
+    }
+    x[e] = x[e] / L * signs[D + lane * E + e];
+  }
+  for (int len = 1; len < E; len <<= 1) {
+    for (int e = 0; e < E; ++e) {
+      if ((e & len) == 0) {
+        const float a = x[e];
+        const float b = x[e + len];
+        x[e] = a + b;
+        x[e + len] = a - b;
+      }
+    }
+  }
+  for (int len = E; len < D; len <<= 1) {
+    const int m = len / E;
+    for (int e = 0; e < E; ++e) {
+      const float y = metal::simd_shuffle_xor(x[e], ushort(m));
+      x[e] = (lane & m) ? y - x[e] : x[e] + y;
+    }
+  }
+  for (int e = 0; e < E; ++e) {
+    turbo_store(out + bh * D + lane * E + e, x[e] * signs[lane * E + e] * metal::rsqrt(float(D)));
+  }
 }

@@ -72,9 +72,10 @@ def main():
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue
-            cases.append(("turbo_attend", [("q", t[1:]), ("kv", "u8"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32")],
+            cases.append(("turbo_attend", [("q", t[1:]), ("kv", "u8"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32"),
+                                           ("sink_k", t[1:]), ("sink_v", t[1:])],
                           [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep, S=t)))
-        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("q", t[1:]), ("sink_k", t[1:]), ("sink_v", t[1:]), ("signs", "f32"), ("scale", "f32")], [("out", t[1:])], {"T": t, "D": d}))
+        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d}))
     for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))

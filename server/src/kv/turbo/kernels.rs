@@ -1,8 +1,8 @@
 //! The GPU path of TurboQuant decode steps: one kernel encodes each new
 //! token's key and value into its row of the compressed cache; a split-K kernel attends
 //! a query per row to the packed cache directly (the history is never
-//! decoded); a merge kernel attends the unquantized sinks, combines them with
-//! the splits and rotates the output back.
+//! decoded; its first split also attends the unquantized sinks); a merge
+//! kernel combines the splits and rotates the output back.
 //! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
 //! compiled by MLX at first use. On a GPU backend they are used where they
 //! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
@@ -44,8 +44,8 @@ fn language() -> Option<KernelLanguage> {
     }
 }
 
-/// Threads of a merge block.
-const MERGE_THREADS: i32 = 256;
+/// Threads of a merge block (one per row and query head): 4 warps (simdgroups).
+const MERGE_THREADS: i32 = 128;
 
 /// Threads of an attention block for `rep` query heads per KV head: 128 in
 /// the CUDA kernel (turbo_attend.cu's THREADS); a set of 4 warps per 2 heads
@@ -150,8 +150,8 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
-                "turbo_attend" => (&["q", "kv", "pads", "meta", "signs", "kcent", "vcent", "scale"], &["part_o", "part_ml"], &sources[2]),
-                _ => (&["part_o", "part_ml", "q", "sink_k", "sink_v", "signs", "scale"], &["out"], &sources[3]),
+                "turbo_attend" => (&["q", "kv", "pads", "meta", "signs", "kcent", "vcent", "scale", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
+                _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
             map.insert(name, CustomKernel::new(lang, &src)?);
@@ -249,7 +249,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, pads: 
         ..Default::default()
     };
     let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale], &call)?)
+        Ok(kern.apply(&[q, rows, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale, &sinks[0], &sinks[1]], &call)?)
     })?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.push(("D".to_string(), TemplateArg::Int(d)));
@@ -260,6 +260,6 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, pads: 
         template,
         ..Default::default()
     };
-    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], q, &sinks[0], &sinks[1], &t.signs, scale], &merge)?))?;
+    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], &t.signs], &merge)?))?;
     out.into_iter().next().ok_or(Error::Internal("the TurboQuant merge kernel returned nothing"))
 }
