@@ -11,7 +11,8 @@
 # usage: bash bench/turbo_profile.sh [builtin|DIR]...     (default: builtin)
 # env: BIN_DIR (default .device/bin), OUT (default /tmp/turbo-out), CONTEXTS (32768,65536),
 #      BLOCKS="256 512" (kv_attend once per attention block target, MLX_SERVE_TURBO_BLOCKS),
-#      NCU=1 (per-kernel GPU times of the first version), NCU_FULL=1 (one attention launch in full),
+#      NCU=1 (per-kernel GPU times of each version), NCU_FULL=1 (one attention launch in full),
+#      TESTS=0 (skip the unit tests of the built-in kernels, e.g. already run on this build),
 #      MODEL=1 (then bench/turbo_bench.py on a Llama-3.1-8B-shaped 4-bit model, built once
 #      under $MODELS, default /tmp/bench-models, if the tests passed)
 set -uo pipefail
@@ -29,7 +30,9 @@ for version in "$@"; do
   if [ "$version" = builtin ]; then unset MLX_SERVE_TURBO_KERNELS; else export MLX_SERVE_TURBO_KERNELS=$PWD/$version; fi
   tag=$(basename "$version")
   echo "== $tag: kv::turbo tests"
-  if ! grep -q "test result: ok" <(timeout 300 "$BIN_DIR/mlx_serve" kv::turbo --test-threads 1 2>&1 | tee "$OUT/tests-$tag.txt"); then
+  if [ "$version" = builtin ] && [ "${TESTS:-1}" = 0 ]; then
+    echo "skipped"
+  elif ! grep -q "test result: ok" <(timeout 300 "$BIN_DIR/mlx_serve" kv::turbo --test-threads 1 2>&1 | tee "$OUT/tests-$tag.txt"); then
     grep -E "^test .*FAILED|panicked|test result" "$OUT/tests-$tag.txt" | head; status=1; continue
   fi
   for blocks in ${BLOCKS:-default}; do
@@ -38,7 +41,7 @@ for version in "$@"; do
     timeout 300 "$BIN_DIR/kv_attend" --contexts "$CONTEXTS" --formats fp16,balanced --steps 20 2>&1 | tee "$OUT/kv_attend-$tag-$blocks.md" | tail -6 || status=1
   done
   unset MLX_SERVE_TURBO_BLOCKS
-  if [ "$first" = 1 ] && [ "${NCU:-0}" = 1 ]; then
+  if [ "${NCU:-0}" = 1 ]; then
     echo "== $tag: GPU time per kernel (ncu), 32768 tokens, 4 layers"
     timeout 400 ncu --csv --metrics gpu__time_duration.sum --print-units base \
       "$BIN_DIR/kv_attend" --contexts 32768 --formats fp16,balanced --layers 4 --steps 3 >"$OUT/ncu-times-$tag.csv" 2>"$OUT/ncu-times-$tag.err" || status=1

@@ -9,7 +9,9 @@
 //!   distribution from the 16-bit row's, the log-probability of the actual next
 //!   token (perplexity) and whether the top token agrees;
 //! - needle in a haystack: a number hidden at a depth of a long text, asked for
-//!   at the end through the chat template; each format greedily answers.
+//!   at the end through the chat template (a base model without one gets the
+//!   question as text, followed by the start of the answer for it to
+//!   complete); each format greedily answers.
 
 use std::path::Path;
 use std::time::Instant;
@@ -205,8 +207,11 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
             let needle = format!("The special magic number is {number}.");
             let body = haystack(&tok, &text, len, depth, &needle)?;
             let question = "What is the special magic number mentioned in the text above? Answer with the number only.";
-            let messages = json!([{"role": "user", "content": format!("{body}\n\n{question}")}]);
-            let prompt = tok.encode_chat(&messages, None)?;
+            let prompt = if tok.has_chat_template() {
+                tok.encode_chat(&json!([{"role": "user", "content": format!("{body}\n\n{question}")}]), None)?
+            } else {
+                tok.encode(&format!("{body}\n\n{question}\nThe special magic number mentioned in the text above is"), true)?
+            };
             // Room for a lead-in and five digits (many tokenizers spell numbers digit by digit).
             let said = answers(model.as_ref(), &tok, &prompt, &formats, args.prefill_size, 32)?;
             for (r, s) in said.iter().enumerate() {

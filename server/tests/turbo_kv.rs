@@ -172,3 +172,33 @@ fn bad_turbo_flags_fail_at_start_with_a_clear_message() {
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
 }
+
+// `kv-quality` on a base model (no chat template): the needle question is
+// asked as text, so every format answers each trial, rather than the run
+// stopping on the missing template.
+#[test]
+fn kv_quality_asks_a_base_model_for_the_needle_in_plain_text() {
+    let dir = common::copy_of(&fixture(FIXTURE, &llama()), "kv_quality_base_model", "model");
+    let config_path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "The quick brown fox jumps over the lazy dog. ".repeat(200)).unwrap();
+    let out = std::process::Command::new(common::server::binary())
+        .args(["kv-quality", "--model"])
+        .arg(&dir)
+        .arg("--text")
+        .arg(&text)
+        .args(["--tokens", "96", "--prefix", "64", "--formats", "fp16,balanced", "--niah-lengths", "160", "--niah-depths", "0.5", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kv-quality failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let trials = report["needle_trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 1, "{report}");
+    assert_eq!(trials[0]["answers"].as_array().unwrap().len(), 2, "{report}");
+    assert!(trials[0]["tokens"].as_u64().unwrap() >= 160, "{report}");
+    assert_eq!(report["formats"].as_array().unwrap().len(), 2, "{report}");
+}
