@@ -104,11 +104,9 @@ __device__ inline void turbo_store(U* p, float v) {
   *p = static_cast<U>(v);
 }
 
-// The max (MAX) or the sum of `v` over the block (every thread gets it);
-// `red` holds 32 floats.
-template <bool MAX>
-__device__ inline float turbo_block_reduce(float v, float* red) {
-  v = MAX ? turbo_warp_max(v) : turbo_warp_sum(v);
+// The sum of `v` over the block (every thread gets it); `red` holds 32 floats.
+__device__ inline float turbo_block_sum(float v, float* red) {
+  v = turbo_warp_sum(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) {
     red[threadIdx.x >> 5] = v;
@@ -116,17 +114,9 @@ __device__ inline float turbo_block_reduce(float v, float* red) {
   __syncthreads();
   float r = red[0];
   for (int w = 1; w < (int)((blockDim.x + 31) >> 5); ++w) {
-    r = MAX ? fmaxf(r, red[w]) : r + red[w];
+    r += red[w];
   }
   return r;
-}
-
-__device__ inline float turbo_block_sum(float v, float* red) {
-  return turbo_block_reduce<false>(v, red);
-}
-
-__device__ inline float turbo_block_max(float v, float* red) {
-  return turbo_block_reduce<true>(v, red);
 }
 
 // Codebook-codes the rotated vector x[0..dim) (shared memory, one thread a

@@ -76,11 +76,10 @@ inline int turbo_value_code(uint w, int j) {
   }
 }
 
-// The max (MAX) or the sum of `v` over the threadgroup (every thread gets
-// it); `red` holds 32 floats.
-template <bool MAX>
-inline float turbo_block_reduce(float v, threadgroup float* red, uint tid, uint threads) {
-  v = MAX ? metal::simd_max(v) : metal::simd_sum(v);
+// The sum of `v` over the threadgroup (every thread gets it); `red` holds 32
+// floats.
+inline float turbo_block_sum(float v, threadgroup float* red, uint tid, uint threads) {
+  v = metal::simd_sum(v);
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
   if ((tid & 31) == 0) {
     red[tid >> 5] = v;
@@ -88,17 +87,9 @@ inline float turbo_block_reduce(float v, threadgroup float* red, uint tid, uint 
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
   float r = red[0];
   for (uint w = 1; w < (threads + 31) >> 5; ++w) {
-    r = MAX ? metal::max(r, red[w]) : r + red[w];
+    r += red[w];
   }
   return r;
-}
-
-inline float turbo_block_sum(float v, threadgroup float* red, uint tid, uint threads) {
-  return turbo_block_reduce<false>(v, red, tid, threads);
-}
-
-inline float turbo_block_max(float v, threadgroup float* red, uint tid, uint threads) {
-  return turbo_block_reduce<true>(v, red, tid, threads);
 }
 
 // Codebook-codes the rotated vector x[0..dim) (threadgroup memory, one thread
