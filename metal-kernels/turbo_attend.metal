@@ -2,7 +2,8 @@
 // cache's compressed positions, with the same inputs (each position one row
 // of bytes: codec.rs; split 0 also attends the sinks) and the same per-split
 // partials for turbo_merge.metal. It keeps the CUDA kernel's third version
-// (not its shared-memory tiles, which are tuned for the H100): each packed
+// (not its later shared-memory tiles and tensor-core tiles, which are tuned
+// for the H100; Metal's simdgroup matrices are 8x8): each packed
 // coordinate decoded once for the MAXH query heads a simdgroup serves,
 // chunks of CH positions with one online-softmax step each, values summed in
 // the rotated basis.
@@ -54,7 +55,7 @@ if (tid < 16) {
   vcs[tid] = tid < (1 << VBITS) ? vcent[tid] : 0.0f;
 }
 turbo_hadamard(qs, D, REP, uint(tid), uint(threads));
-const float qscale = scale[0] * metal::rsqrt((float)D) * 1.4426950408889634f;
+const float qscale = metal::as_type<float>(params[1]) * metal::rsqrt((float)D) * 1.4426950408889634f;
 for (int i = tid; i < REP * D; i += threads) {
   qs[i] *= signs[D + i % D] * qscale;
 }
@@ -82,8 +83,8 @@ for (int h = 0; h < HPW; ++h) {
   }
 }
 
-const int idx = meta[0];
-const int first = pads[b];
+const int idx = params[0];
+const int first = params[2 + b];
 const int len = idx > first ? idx - first : 0;
 const int per = (len + NS - 1) / NS;
 const int t0 = first + split * per;

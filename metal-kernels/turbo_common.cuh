@@ -98,6 +98,41 @@ __device__ inline void turbo_copy_wait() {
 
 #define TURBO_NEG_INF __int_as_float(0xff800000)
 
+// Tensor-core helpers of turbo_attend.cu (sm_80+).
+// D += A * B for one 16x8x16 tile: A 16x16 float16 (row-major fragments
+// a[0..3]), B 16x8 float16 (b[0..1]), D 16x8 float32 (d[0..3]); lane
+// (g = lane / 4, t = lane % 4) holds A rows g and g + 8, columns 2t, 2t + 1
+// (a[0], a[1]) and 2t + 8, 2t + 9 (a[2], a[3]); B rows 2t, 2t + 1 (b[0]) and
+// 2t + 8, 2t + 9 (b[1]) of column g; D rows g (d[0], d[1]) and g + 8 (d[2],
+// d[3]), columns 2t, 2t + 1.
+__device__ inline void turbo_mma(float* d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two floats as one float16 pair (x in the low half).
+__device__ inline uint32_t turbo_half2(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// A float split into float16 parts, x ≈ hi + lo to about 22 bits: part 0
+// is hi, part 1 is lo. Tensor-core products of the parts keep attention at
+// float32 precision (each product exact, sums in float32).
+__device__ inline float turbo_half_part(float x, int part) {
+  const float hi = __half2float(__float2half_rn(x));
+  return part == 0 ? hi : x - hi;
+}
+
+// Bytes i and i + 1 of w (i = 0 or 2) plus 1024 as a float16 pair, exactly:
+// each byte placed in the mantissa of 1024 (the caller takes 1024 off the
+// sums).
+__device__ inline uint32_t turbo_bytes_half2(uint32_t w, int i) {
+  return __byte_perm(w, 0x64646464u, i == 0 ? 0x4140u : 0x4342u);
+}
+
+
 // Stores a float as whatever type `p` points to (half, bfloat16, float).
 template <typename U>
 __device__ inline void turbo_store(U* p, float v) {

@@ -72,7 +72,7 @@ def main():
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue
-            cases.append(("turbo_attend", [("q", t[1:]), ("kv", "u8"), ("pads", "i32"), ("meta", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("scale", "f32"),
+            cases.append(("turbo_attend", [("q", t[1:]), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"),
                                            ("sink_k", t[1:]), ("sink_v", t[1:])],
                           [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep, S=t)))
         cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d}))

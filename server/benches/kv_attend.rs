@@ -133,10 +133,9 @@ fn main() -> Res<()> {
                     eval(&[&rows, &sinks[0], &sinks[1]])?;
                     sets.push((rows, sinks));
                 }
-                let pads = Array::from_slice(&vec![SINKS; s.rows as usize], &[s.rows])?;
-                let meta = Array::from_slice(&[ctx], &[1])?;
-                let sc = Array::from_slice(&[scale], &[1])?;
-                let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &pads, &meta, ctx, &sc)?)).collect())?;
+                let params = kernels::step_params(ctx, scale, &vec![SINKS; s.rows as usize])?;
+                eval(&[&params])?;
+                let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, ctx)?)).collect())?;
                 kern = format!("{:.3} ({:.3})", step.1, step.0);
                 let step = time(5, steps, || (0..s.layers).map(|_| Ok(kernels::encode(&codec, &k1, &v1)?)).collect())?;
                 enc = format!("{:.3} ({:.3})", step.1, step.0);

@@ -94,10 +94,8 @@ fn self_check() -> Result<Option<String>> {
     let rot = &codec.rotation;
     let sinks = [rot.apply(&ops::slice_axis(&k, 2, 0, SINKS)?)?, rot.apply(&ops::slice_axis(&v, 2, 0, SINKS)?)?];
     let body = encode(&codec, &k, &v)?;
-    let pads = Array::from_slice(&[SINKS], &[1])?;
-    let meta = Array::from_slice(&[len], &[1])?;
-    let scale = Array::from_slice(&[(d as f32).powf(-0.5)], &[1])?;
-    let got = attend(&codec, &q, &sinks, &body, &pads, &meta, len, &scale)?;
+    let params = step_params(len, (d as f32).powf(-0.5), &[SINKS])?;
+    let got = attend(&codec, &q, &sinks, &body, &params, len)?;
     // The reference: the same rows decoded by MLX ops, attended plainly.
     let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, len)?, Dtype::Float32)?;
     let keys = ops::concatenate(&[&sinks[0], &body_k], 2)?;
@@ -150,7 +148,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
-                "turbo_attend" => (&["q", "kv", "pads", "meta", "signs", "kcent", "vcent", "scale", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
+                "turbo_attend" => (&["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
                 _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
@@ -219,11 +217,24 @@ fn splits(positions: i32, heads: i32) -> i32 {
     by_blocks.min(by_len).clamp(1, 256)
 }
 
+/// The attention kernel's scalars of a decode step as one int32 array in GPU
+/// memory: [positions written, the scale's float bits, each row's first
+/// position]. MLX keeps arrays written by the host in unified memory, where
+/// every read from a kernel crosses the host link (on an H100 that made the
+/// attention kernel wait most of its time for them); a GPU op's output of
+/// more than 8 bytes is device memory, so the step copies them once there
+/// and every layer's kernel reads that copy.
+pub fn step_params(written: i32, scale: f32, pads: &[i32]) -> Result<Array> {
+    let head = Array::from_slice(&[written, scale.to_bits() as i32], &[2])?;
+    let pads = Array::from_slice(pads, &[pads.len() as i32])?;
+    Ok(ops::concatenate(&[&head, &pads], 0)?)
+}
+
 /// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the
-/// body's rows (whole capacity; `pads` [B] int32 and `meta` [1] int32 =
-/// positions written say which are valid); the output in `q`'s dtype.
-#[allow(clippy::too_many_arguments)]
-pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, pads: &Array, meta: &Array, written: i32, scale: &Array) -> Result<Array> {
+/// body's rows (whole capacity; `params` from `step_params`: the positions
+/// written and each row's first say which are valid); the output in `q`'s
+/// dtype.
+pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, written: i32) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = sinks[0].dim(1)?;
@@ -249,7 +260,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, pads: 
         ..Default::default()
     };
     let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, pads, meta, &t.signs, &t.key_centroids, &t.value_centroids, scale, &sinks[0], &sinks[1]], &call)?)
+        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
     })?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.push(("D".to_string(), TemplateArg::Int(d)));

@@ -100,13 +100,11 @@ impl TurboStore {
             layout.extend(body.left_pad());
             MaskKey { kind: what, layout }
         };
-        let pads = masks.array(layout("turbo-pads", vec![]), || Ok(Array::from_slice(body.left_pad(), &[body.rows() as i32])?))?;
-        let meta = masks.array(layout("turbo-meta", vec![written]), || Ok(Array::from_slice(&[written], &[1])?))?;
-        let scale = masks.array(MaskKey { kind: "turbo-scale", layout: vec![args.scale.to_bits() as i32] }, || {
-            Ok(Array::from_slice(&[args.scale], &[1])?)
+        let params = masks.array(layout("turbo-params", vec![written, args.scale.to_bits() as i32]), || {
+            kernels::step_params(written, args.scale, body.left_pad())
         })?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        kernels::attend(&self.codec, queries, &self.sinks, rows, &pads, &meta, written, &scale)
+        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, written)
     }
 }
 
