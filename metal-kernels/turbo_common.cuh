@@ -132,7 +132,6 @@ __device__ inline uint32_t turbo_bytes_half2(uint32_t w, int i) {
   return __byte_perm(w, 0x64646464u, i == 0 ? 0x4140u : 0x4342u);
 }
 
-
 // Stores a float as whatever type `p` points to (half, bfloat16, float).
 template <typename U>
 __device__ inline void turbo_store(U* p, float v) {
