@@ -65,7 +65,7 @@ def main():
     header = (KERNELS / "turbo_common.cuh").read_text()
     failures = 0
     cases = []
-    for t, (d, kfmt, kbits, vbits) in itertools.product(["@bf16", "@f16", "@f32"], [(64, 0, 4, 4), (128, 0, 4, 3), (256, 1, 4, 3), (128, 1, 4, 3)]):
+    for t, (d, kfmt, kbits, vbits) in itertools.product(["@bf16", "@f16", "@f32"], [(64, 0, 4, 4), (128, 0, 4, 3), (256, 0, 4, 3), (256, 1, 4, 3), (128, 1, 4, 3)]):
         kg = min(d, 128)
         common = {"T": t, "D": d, "KFMT": kfmt, "KBITS": kbits, "KG": kg, "VBITS": vbits}
         cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], [("o", "u8")], common))

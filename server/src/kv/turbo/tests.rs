@@ -136,6 +136,15 @@ fn the_gpu_kernels_pass_their_start_up_check_wherever_a_gpu_backend_runs_them() 
 }
 
 #[test]
+fn a_steps_kernel_scalars_are_the_positions_the_scale_and_each_rows_first_position() {
+    // One int32 array: [positions written, the scale's float bits, each row's
+    // first position], as turbo_attend.cu and its Metal twin read it.
+    let params = super::kernels::step_params(300, 0.125, &[4, 17, 9]).unwrap();
+    assert_eq!(params.dtype(), Dtype::Int32);
+    assert_eq!(params.to_vec::<i32>().unwrap(), vec![300, 0.125f32.to_bits() as i32, 4, 17, 9]);
+}
+
+#[test]
 fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
     // Alone (or beside rows of its length) a row's keys are one unpadded
     // sequence and attention runs in causal mode; beside a shorter row the
