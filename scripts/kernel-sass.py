@@ -1,0 +1,104 @@
+"""Compiles one instance of a CUDA kernel of metal-kernels/ for sm_90 without a GPU and
+shows what the GPU would run: registers, shared memory and spills (ptxas), and the
+instruction mix of each loop of its SASS (nvdisasm). Kernel work between GPU calls: a
+change's instruction count per loop iteration shows before any device time is spent.
+
+The kernel is wrapped as MLX wraps it (scripts/check-cuda-kernels.py's `wrap`), compiled
+to PTX by NVRTC, then to SASS by ptxas. Tools from PyPI wheels (unzip them anywhere):
+nvidia-cuda-nvrtc-cu12 (libnvrtc), nvidia-cuda-runtime-cu12 and nvidia-cuda-cccl-cu12
+(headers), nvidia-cuda-nvcc-cu12 (ptxas), nvidia-cuda-nvdisasm (nvdisasm).
+
+usage: python scripts/kernel-sass.py --nvrtc LIB --ptxas BIN --nvdisasm BIN --include DIR [--include DIR]
+           [--template '{"D": 128, "REP": 4}'] [--source FILE] [--sass OUT.sass] [turbo_attend]
+The template starts from turbo_attend's Llama-3.1-8B `balanced` instance (bf16, head dim
+128, 4 query heads per KV head, 8-bit keys, 3-bit values); --template overrides entries.
+"""
+
+import argparse, collections, ctypes, importlib.util, json, re, subprocess, tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("check", ROOT / "scripts" / "check-cuda-kernels.py")
+check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check)
+
+KERNELS = {
+    "turbo_attend": (
+        lambda t: [("q", t), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("sink_k", t), ("sink_v", t)],
+        [("part_o", "f32"), ("part_ml", "f32")],
+        {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3},
+    ),
+}
+
+
+def ptx(lib, includes, name, src):
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None) == 0
+    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
+    if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        raise SystemExit(log.value.decode(errors="replace"))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    out = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, out)
+    return out.value
+
+
+def loops(sass):
+    """The instruction count, and (first, last, opcodes) of each backward branch's body,
+    largest first."""
+    labels, ins = {}, []
+    for line in sass.splitlines():
+        if m := re.match(r"^(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(ins)
+        elif m := re.match(r"^\s+/\*[0-9a-f]{4,}\*/\s+(.*?);", line):
+            ins.append(m.group(1))
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in ins]
+    found = []
+    for j, text in enumerate(ins):
+        if (m := re.search(r"BRA.*`\((\.L_x_\d+)\)", text)) and labels.get(m.group(1), len(ins)) <= j:
+            first = labels[m.group(1)]
+            found.append((first, j, ops[first:j + 1]))
+    return len(ins), sorted(found, key=lambda f: -len(f[2]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kernel", nargs="?", default="turbo_attend", choices=sorted(KERNELS))
+    ap.add_argument("--nvrtc", required=True)
+    ap.add_argument("--ptxas", required=True)
+    ap.add_argument("--nvdisasm", required=True)
+    ap.add_argument("--include", action="append", required=True)
+    ap.add_argument("--template", default="{}")
+    ap.add_argument("--source", help="the kernel body (default: metal-kernels/KERNEL.cu)")
+    ap.add_argument("--sass", help="also write the SASS here")
+    a = ap.parse_args()
+    inputs, outputs, template = KERNELS[a.kernel]
+    template = dict(template, **json.loads(a.template))
+    body = Path(a.source).read_text() if a.source else (check.KERNELS / f"{a.kernel}.cu").read_text()
+    header = (check.KERNELS / "turbo_common.cuh").read_text()
+    src = check.wrap(a.kernel, header, body, inputs(template["T"][1:]), outputs, template)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "k.ptx").write_bytes(ptx(ctypes.CDLL(a.nvrtc), a.include, a.kernel, src))
+        info = subprocess.run([a.ptxas, "-arch=sm_90", "-v", "-o", f"{tmp}/k.cubin", f"{tmp}/k.ptx"], capture_output=True, text=True, check=True)
+        sass = subprocess.run([a.nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
+    print(json.dumps(template))
+    for line in info.stderr.splitlines():
+        if "registers" in line or "spill" in line:
+            print(line.strip())
+    if a.sass:
+        Path(a.sass).write_text(sass)
+    total, found = loops(sass)
+    print(f"{total} instructions; the largest backward-branch spans (loops, and the spans of shuffles'")
+    print("divergence fallbacks, which jump back over whole loops):")
+    for first, last, body in sorted(found[:8]):
+        mix = collections.Counter(body)
+        print(f"loop {first}..{last}: {len(body)} instructions;", ", ".join(f"{op} {n}" for op, n in mix.most_common(12)))
+
+
+if __name__ == "__main__":
+    main()
