@@ -9,6 +9,11 @@
 //!
 //!   cargo bench --bench kv_attend -- [--contexts 4096,16384] [--formats fp16,balanced,compact]
 //!       [--layers 32] [--kv-heads 8] [--heads 32] [--head-dim 128] [--rows 1] [--steps 30]
+//!       [--repeats 1]
+//!
+//! With --repeats N every format is timed N times, the formats in turn (the
+//! 16-bit cache's own speed drifts from run to run on a lent GPU), and each
+//! row gives the median; the first format is the ratio's base.
 //!
 //! Prints a Markdown table. Meant for a GPU machine: on the CPU the
 //! TurboQuant rows take the MLX-ops path and the kernel columns are empty.
@@ -51,11 +56,12 @@ fn time(warmup: usize, steps: usize, mut step: impl FnMut() -> Res<Vec<Array>>) 
         eval(&out.iter().collect::<Vec<_>>())?;
         total.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     Ok((median(build), median(total)))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }
 
 /// The layers' caches of `ctx` tokens in `format` (None: 16-bit).
@@ -91,12 +97,13 @@ fn main() -> Res<()> {
         rows: arg(&args, "--rows", 1)?,
     };
     let steps: usize = arg(&args, "--steps", 30)?;
+    let repeats: usize = arg::<usize>(&args, "--repeats", 1)?.max(1);
     let contexts: String = arg(&args, "--contexts", "4096,16384,32768,65536".to_string())?;
     let formats: String = arg(&args, "--formats", "fp16,balanced,compact".to_string())?;
     let contexts: Vec<i32> = contexts.split(',').map(str::parse).collect::<Result<_, _>>()?;
     println!("backend {:?}; TurboQuant kernels in use: {}", mlx_rs_safe::kernels::gpu_backend(), kernels::usable());
     println!(
-        "{} layers, {} rows, {} query heads, {} KV heads of {}; bfloat16; median of {steps} steps\n",
+        "{} layers, {} rows, {} query heads, {} KV heads of {}; bfloat16; median of {steps} steps, of {repeats} repeats taking the formats in turn\n",
         s.layers, s.rows, s.heads, s.kv_heads, s.head_dim
     );
     println!("| context | format | step ms | graph ms | vs fp16 | KV MB read | GB/s | kernels ms (graph) | encode ms (graph) |");
@@ -106,46 +113,56 @@ fn main() -> Res<()> {
     let q = normal(&[s.rows, s.heads, 1, s.head_dim], 1)?;
     let (k1, v1) = (normal(&[s.rows, s.kv_heads, 1, s.head_dim], 2)?, normal(&[s.rows, s.kv_heads, 1, s.head_dim], 3)?);
     for &ctx in &contexts {
-        let mut fp16_ms = None;
-        for name in formats.split(',') {
-            let preset = if name == "fp16" { None } else { Some(TurboPreset::parse(name)?) };
-            let mut layers = caches(&s, ctx, preset)?;
-            let kv_bytes: usize = layers.iter().map(|l| l.nbytes()).sum();
-            let memo = StepMemo::default();
-            let (graph, ms) = time(5, steps, || {
-                memo.clear();
-                layers.iter_mut().map(|l| Ok(l.attend(&q, &k1, &v1, &attend_args, &memo)?)).collect()
-            })?;
-            drop(layers);
-            let (mut kern, mut enc) = (String::new(), String::new());
-            // KV_ATTEND_FORCE_KERNELS=1 times the kernels even where the start-up
-            // check rejected them (kernel experiments: the output is not checked).
-            let force = std::env::var_os("KV_ATTEND_FORCE_KERNELS").is_some();
-            if let Some(p) = preset.filter(|_| force || kernels::usable()) {
-                // The kernels alone, over freshly encoded columns of the same size per layer.
-                let codec = Codec::new(p.format(2, s.layers, 3), s.head_dim, Dtype::Bfloat16)?;
-                let shape = [s.rows, s.kv_heads, ctx, s.head_dim];
-                let sink_shape = [s.rows, s.kv_heads, SINKS, s.head_dim];
-                let mut sets = Vec::with_capacity(s.layers);
-                for layer in 0..s.layers as u64 {
-                    let rows = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
-                    let sinks = [normal(&sink_shape, 300 + layer)?, normal(&sink_shape, 400 + layer)?];
-                    eval(&[&rows, &sinks[0], &sinks[1]])?;
-                    sets.push((rows, sinks));
+        let names: Vec<&str> = formats.split(',').collect();
+        // Every repeat times each format in turn, so drift on the machine falls
+        // on all of them; a row shows the median over the repeats.
+        let mut runs: Vec<Vec<(f64, f64)>> = vec![Vec::new(); names.len()];
+        let mut kv_bytes = vec![0usize; names.len()];
+        let mut kernel_cols = vec![(String::new(), String::new()); names.len()];
+        for repeat in 0..repeats {
+            for (i, name) in names.iter().enumerate() {
+                let preset = if *name == "fp16" { None } else { Some(TurboPreset::parse(name)?) };
+                let mut layers = caches(&s, ctx, preset)?;
+                kv_bytes[i] = layers.iter().map(|l| l.nbytes()).sum();
+                let memo = StepMemo::default();
+                runs[i].push(time(5, steps, || {
+                    memo.clear();
+                    layers.iter_mut().map(|l| Ok(l.attend(&q, &k1, &v1, &attend_args, &memo)?)).collect()
+                })?);
+                drop(layers);
+                // KV_ATTEND_FORCE_KERNELS=1 times the kernels even where the start-up
+                // check rejected them (kernel experiments: the output is not checked).
+                let force = std::env::var_os("KV_ATTEND_FORCE_KERNELS").is_some();
+                if let Some(p) = preset.filter(|_| repeat == 0 && (force || kernels::usable())) {
+                    // The kernels alone, over freshly encoded columns of the same size per layer.
+                    let codec = Codec::new(p.format(2, s.layers, 3), s.head_dim, Dtype::Bfloat16)?;
+                    let shape = [s.rows, s.kv_heads, ctx, s.head_dim];
+                    let sink_shape = [s.rows, s.kv_heads, SINKS, s.head_dim];
+                    let mut sets = Vec::with_capacity(s.layers);
+                    for layer in 0..s.layers as u64 {
+                        let rows = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
+                        let sinks = [normal(&sink_shape, 300 + layer)?, normal(&sink_shape, 400 + layer)?];
+                        eval(&[&rows, &sinks[0], &sinks[1]])?;
+                        sets.push((rows, sinks));
+                    }
+                    let params = kernels::step_params(ctx, scale, &vec![SINKS; s.rows as usize])?;
+                    eval(&[&params])?;
+                    let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, ctx)?)).collect())?;
+                    let kern = format!("{:.3} ({:.3})", step.1, step.0);
+                    let step = time(5, steps, || (0..s.layers).map(|_| Ok(kernels::encode(&codec, &k1, &v1)?)).collect())?;
+                    kernel_cols[i] = (kern, format!("{:.3} ({:.3})", step.1, step.0));
                 }
-                let params = kernels::step_params(ctx, scale, &vec![SINKS; s.rows as usize])?;
-                eval(&[&params])?;
-                let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, ctx)?)).collect())?;
-                kern = format!("{:.3} ({:.3})", step.1, step.0);
-                let step = time(5, steps, || (0..s.layers).map(|_| Ok(kernels::encode(&codec, &k1, &v1)?)).collect())?;
-                enc = format!("{:.3} ({:.3})", step.1, step.0);
             }
-            let base = *fp16_ms.get_or_insert(ms);
+        }
+        let medians: Vec<(f64, f64)> = runs.into_iter().map(|r| (median(r.iter().map(|x| x.0).collect()), median(r.iter().map(|x| x.1).collect()))).collect();
+        for (i, name) in names.iter().enumerate() {
+            let (graph, ms) = medians[i];
+            let (kern, enc) = &kernel_cols[i];
             println!(
                 "| {ctx} | {name} | {ms:.3} | {graph:.3} | {:.2}x | {:.0} | {:.0} | {kern} | {enc} |",
-                base / ms,
-                kv_bytes as f64 / 1e6,
-                kv_bytes as f64 / 1e6 / ms
+                medians[0].1 / ms,
+                kv_bytes[i] as f64 / 1e6,
+                kv_bytes[i] as f64 / 1e6 / ms
             );
         }
     }
