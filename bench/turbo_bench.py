@@ -1,14 +1,19 @@
-"""TurboQuant against the 16-bit KV cache: `mlx-serve generate` decode tok/s and peak
-memory over prompt lengths, one process per run, the configurations alternating so
-drift hits them alike. Each run generates once untimed first (`--warmup`: GPU kernels
-compile per shape), then the timed generation; the table shows the median.
+"""TurboQuant against the 16-bit KV cache: decode tok/s and peak memory over prompt
+lengths and stream counts, one process per run, the configurations alternating so drift
+hits them alike; the table shows the median of the runs.
+
+One stream runs `mlx-serve generate` (once untimed first, `--warmup`: GPU kernels compile per
+shape, then the timed generation). N > 1 streams start the server with the configuration's
+flags and send N chat requests of the prompt length at once, twice (the first wave warms
+up); tok/s is then the aggregate while every stream decodes (`serving.steady_decode_tps`)
+and peak memory MLX's peak during the timed wave (the server's /health).
 
 usage: python bench/turbo_bench.py --model DIR --mlx-serve BIN --out FILE.json
            [--contexts 4096,16384,32768,65536] [--configs fp16,balanced,compact]
-           [--gen-tokens 128] [--runs 2]
+           [--streams 1] [--gen-tokens 128] [--runs 2]
 """
 
-import argparse, json, statistics, subprocess, sys, time
+import argparse, json, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -30,6 +35,28 @@ def run(binary, model, prompt, gen, flags, env):
     return {k: r[k] for k in ("prompt_tokens", "prompt_tps", "generation_tps", "peak_memory_bytes")}
 
 
+def serve(binary, model, tok, ctx, streams, gen, flags, env, work):
+    """`streams` concurrent chat requests of `ctx` prompt tokens each through the server."""
+    server = serving.Server(f"turbo-{streams}x{ctx}", "ours", serving.ours_argv(binary, model, flags), env, work)
+    server.start()
+    try:
+        def prompts(tag):
+            return [[{"role": "user", "content": serving.make_text(tok, ctx, f"{tag}-{i}")}] for i in range(streams)]
+        serving.run_wave(server.url, prompts(f"warm-{ctx}"), gen)
+        server.reset_peaks()
+        w = serving.run_wave(server.url, prompts(f"timed-{ctx}"), gen)
+        bad = [r for r in w["requests"] if not serving.request_ok(r)]
+        if bad:
+            return {"error": f"{len(bad)} of {streams} requests failed: {bad[0]['status']} {bad[0]['error'] or ''}"[:200]}
+        tps = serving.steady_decode_tps(w["requests"])
+        if tps is None:
+            return {"error": "the streams never all decoded at once"}
+        return {"prompt_tokens": w["requests"][0]["prompt_tokens"], "generation_tps": tps,
+                "aggregate_tps": w["aggregate_tps"], "peak_memory_bytes": server.mlx_memory()["peak_bytes"]}
+    finally:
+        server.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -38,6 +65,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--contexts", default="4096,16384,32768,65536")
     ap.add_argument("--configs", default="fp16,balanced,compact")
+    ap.add_argument("--streams", default="1", help="stream counts, e.g. 1,4,16")
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
@@ -47,32 +75,36 @@ def main():
     tok = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json"))
     env = serving.ours_env(a.mlx_serve, a.python)
     results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
-    for ctx in [int(c) for c in a.contexts.split(",")]:
+    work = Path(tempfile.mkdtemp(prefix="turbo-bench-"))
+    for streams, ctx in [(int(n), int(c)) for n in a.streams.split(",") for c in a.contexts.split(",")]:
         prompt = serving.make_text(tok, ctx, f"turbo-{ctx}")
         runs = {c: [] for c in configs}
         for _ in range(a.runs):
             for c in configs:
-                runs[c].append(run(a.mlx_serve, a.model, prompt, a.gen_tokens, FLAGS[c], env))
+                if streams == 1:
+                    runs[c].append(run(a.mlx_serve, a.model, prompt, a.gen_tokens, FLAGS[c], env))
+                else:
+                    runs[c].append(serve(a.mlx_serve, a.model, tok, ctx, streams, a.gen_tokens, FLAGS[c], env, work))
         for c, rs in runs.items():
             good = [r for r in rs if "error" not in r]
-            cell = {"context": ctx, "config": c, "runs": rs,
+            cell = {"context": ctx, "streams": streams, "config": c, "runs": rs,
                     "generation_tps": statistics.median([r["generation_tps"] for r in good]) if good else None,
                     "peak_gb": max(r["peak_memory_bytes"] for r in good) / 1e9 if good else None,
                     "error": None if good else rs[0].get("error")}
             results["cells"].append(cell)
-            serving.log(f"{ctx} {c}: {cell['generation_tps']} tok/s, peak {cell['peak_gb']} GB {cell['error'] or ''}")
+            serving.log(f"{streams} x {ctx} {c}: {cell['generation_tps']} tok/s, peak {cell['peak_gb']} GB {cell['error'] or ''}")
         Path(a.out).write_text(json.dumps(results, indent=1))
     print(table(results, configs))
 
 
 def table(results, configs) -> str:
-    head = ["prompt"] + [f"{c} tok/s" for c in configs] + [f"{c}/fp16" for c in configs[1:]] + [f"{c} peak GB" for c in configs]
+    head = ["streams", "prompt"] + [f"{c} tok/s" for c in configs] + [f"{c}/fp16" for c in configs[1:]] + [f"{c} peak GB" for c in configs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    cells = {(c["context"], c["config"]): c for c in results["cells"]}
-    for ctx in sorted({c["context"] for c in results["cells"]}):
-        got = [cells.get((ctx, c)) or {} for c in configs]
+    cells = {(c.get("streams", 1), c["context"], c["config"]): c for c in results["cells"]}
+    for streams, ctx in sorted({(c.get("streams", 1), c["context"]) for c in results["cells"]}):
+        got = [cells.get((streams, ctx, c)) or {} for c in configs]
         tps = [g.get("generation_tps") for g in got]
-        row = [str(ctx)] + [f"{t:.1f}" if t else ("failed" if g.get("error") else "-") for t, g in zip(tps, got)]
+        row = [str(streams), str(ctx)] + [f"{t:.1f}" if t else ("failed" if g.get("error") else "-") for t, g in zip(tps, got)]
         row += [f"{t / tps[0]:.2f}x" if t and tps[0] else "-" for t in tps[1:]]
         row += [f"{g['peak_gb']:.2f}" if g.get("peak_gb") else "-" for g in got]
         lines.append("| " + " | ".join(row) + " |")
