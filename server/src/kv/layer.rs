@@ -6,7 +6,7 @@
 
 use mlx_rs_safe::{eval, ops, Array};
 
-use super::mask::StepMemo;
+use super::mask::{MaskKey, StepMemo};
 use super::store::{AttendArgs, KvKind, KvRow, KvStore};
 use super::Positions;
 use crate::error::{Error, Result};
@@ -55,12 +55,17 @@ impl LayerCache {
     }
 
     /// Where each row's next tokens sit, for rotary embeddings: one scalar when
-    /// every row is at the same position (always for one sequence).
-    pub fn positions(&self) -> Result<Positions> {
+    /// every row is at the same position (always for one sequence), else one
+    /// array per step that every layer shares (`memo`: a host-written array
+    /// per layer would be as many uploads for the GPU to fetch).
+    pub fn positions(&self, memo: &StepMemo) -> Result<Positions> {
         let offsets = self.offsets();
         match offsets.first() {
             Some(&o) if offsets.iter().all(|&x| x == o) => Ok(Positions::Scalar(o)),
-            _ => Ok(Positions::PerRow(Array::from_slice(&offsets, &[offsets.len() as i32])?)),
+            _ => {
+                let key = MaskKey { kind: "rope-positions", layout: offsets.clone() };
+                Ok(Positions::PerRow(memo.array(key, || Ok(Array::from_slice(&offsets, &[offsets.len() as i32])?))?))
+            }
         }
     }
 

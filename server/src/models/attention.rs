@@ -158,7 +158,7 @@ impl Attention {
         let k = heads(k, self.spec.n_kv_heads, self.k_norm.as_ref())?;
         let v = heads(v, self.spec.n_kv_heads, None)?;
 
-        let positions = cache.positions()?;
+        let positions = cache.positions(masks)?;
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
         let out = cache.attend(&q, &k, &v, &AttendArgs { scale: self.scale, window, sinks: self.sinks.as_ref(), keep: false }, masks)?;

@@ -572,7 +572,7 @@ impl LanguageModel for Gemma4Text {
         let start = self.stage.layers.start;
         let (caches, masks) = cache.for_forward();
         // Rope positions of each of this rank's layers with a cache, before this step appends.
-        let positions: Vec<crate::kv::Positions> = caches.iter().map(|c| c.positions()).collect::<Result<_>>()?;
+        let positions: Vec<crate::kv::Positions> = caches.iter().map(|c| c.positions(masks)).collect::<Result<_>>()?;
         let (h, pending) = self.stage.run(h, |mut h| {
             for i in self.stage.layers.clone() {
                 let layer = &self.layers[i - start];

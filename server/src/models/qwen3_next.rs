@@ -412,7 +412,7 @@ impl GatedAttention {
         let queries = t(&self.q_norm.forward(&queries)?)?;
         let keys = t(&self.k_norm.forward(&ops::reshape(&self.k.forward(x)?, &[b, l, self.n_kv_heads, -1])?)?)?;
         let values = t(&ops::reshape(&self.v.forward(x)?, &[b, l, self.n_kv_heads, -1])?)?;
-        let positions: Positions = cache.positions()?;
+        let positions: Positions = cache.positions(masks)?;
         let queries = self.rope.forward(&queries, &positions)?;
         let keys = self.rope.forward(&keys, &positions)?;
         let args = AttendArgs { scale: (self.head_dim as f32).powf(-0.5), window: None, sinks: None, keep: false };
