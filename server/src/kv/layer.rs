@@ -62,10 +62,7 @@ impl LayerCache {
         let offsets = self.offsets();
         match offsets.first() {
             Some(&o) if offsets.iter().all(|&x| x == o) => Ok(Positions::Scalar(o)),
-            _ => {
-                let key = MaskKey { kind: "rope-positions", layout: offsets.clone() };
-                Ok(Positions::PerRow(memo.array(key, || Ok(Array::from_slice(&offsets, &[offsets.len() as i32])?))?))
-            }
+            _ => Ok(Positions::PerRow(step_indices(memo, "rope-positions", &offsets)?)),
         }
     }
 
@@ -82,7 +79,7 @@ impl LayerCache {
                 .map(|r| self.place.iter().position(|&x| x == (p, r)).map(|b| b as i32))
                 .collect::<Option<_>>()
                 .ok_or(Error::Internal("a cache part row without a batch row"))?;
-            let idx = Array::from_slice(&rows, &[rows.len() as i32])?;
+            let idx = step_indices(masks, "part-rows", &rows)?;
             let take = |a: &Array| -> Result<Array> { Ok(ops::take(a, &idx, 0)?) };
             outs.push(store.attend(&take(queries)?, &take(keys)?, &take(values)?, args, masks)?);
             order.extend(rows);
@@ -93,7 +90,7 @@ impl LayerCache {
             inverse[b as usize] = i as i32;
         }
         let joined = ops::concatenate(&outs.iter().collect::<Vec<_>>(), 0)?;
-        Ok(ops::take(&joined, &Array::from_slice(&inverse, &[inverse.len() as i32])?, 0)?)
+        Ok(ops::take(&joined, &step_indices(masks, "part-inverse", &inverse)?, 0)?)
     }
 
     /// Attention of `queries` ([B, heads, L, D]) to what this layer's last
@@ -224,4 +221,12 @@ impl LayerCache {
     pub fn nbytes(&self) -> usize {
         self.parts.iter().map(|p| p.nbytes()).sum()
     }
+}
+
+/// Per-row integers (positions, row indices) as an int32 array made once per
+/// step (every layer holds the same rows in the same layout): one
+/// host-written array for the step instead of one per layer for the GPU to
+/// fetch.
+fn step_indices(memo: &StepMemo, kind: &'static str, rows: &[i32]) -> Result<Array> {
+    memo.array(MaskKey { kind, layout: rows.to_vec() }, || Ok(Array::from_slice(rows, &[rows.len() as i32])?))
 }
