@@ -46,6 +46,7 @@ def wrap(name, header, body, inputs, outputs, template):
 
 
 def compile_one(lib, includes, name, src):
+    """(NVRTC's result, its log, the PTX when it compiled) of one wrapped kernel source."""
     prog = ctypes.c_void_p()
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None) == 0
     opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
@@ -55,9 +56,20 @@ def compile_one(lib, includes, name, src):
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     buf = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, buf)
+    ptx = b""
+    if res == 0:
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        out = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetPTX(prog, out)
+        ptx = out.value
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
-    return res, buf.value.decode(errors="replace")
+    return res, buf.value.decode(errors="replace"), ptx
 
+
+def turbo_attend_io(t):
+    """turbo_attend's (inputs, outputs) for element type t ("bf16", "f16", "f32"), as kernels.rs names them."""
+    return ([("q", t), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("sink_k", t), ("sink_v", t)],
+            [("part_o", "f32"), ("part_ml", "f32")])
 
 def main():
     lib = ctypes.CDLL(sys.argv[1])
@@ -72,9 +84,7 @@ def main():
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue
-            cases.append(("turbo_attend", [("q", t[1:]), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"),
-                                           ("sink_k", t[1:]), ("sink_v", t[1:])],
-                          [("part_o", "f32"), ("part_ml", "f32")], dict(common, REP=rep, S=t)))
+            cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t)))
         cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d}))
     for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
@@ -91,7 +101,7 @@ def main():
     for name, inputs, outputs, template, *own in cases:
         body = (KERNELS / f"{name}.cu").read_text()
         own_header = own[0] if own else header if name.startswith("turbo_") else ""
-        res, log = compile_one(lib, includes, name, wrap(name, own_header, body, inputs, outputs, template))
+        res, log, _ = compile_one(lib, includes, name, wrap(name, own_header, body, inputs, outputs, template))
         if res != 0 or "warning" in log:
             failures += res != 0
             print(f"== {name} {template}\n{log}")

@@ -22,30 +22,10 @@ spec = importlib.util.spec_from_file_location("check", ROOT / "scripts" / "check
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 
+# Each kernel's (inputs, outputs) for an element type, and its default template.
 KERNELS = {
-    "turbo_attend": (
-        lambda t: [("q", t), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("sink_k", t), ("sink_v", t)],
-        [("part_o", "f32"), ("part_ml", "f32")],
-        {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3},
-    ),
+    "turbo_attend": (check.turbo_attend_io, {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3}),
 }
-
-
-def ptx(lib, includes, name, src):
-    prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None) == 0
-    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
-    if lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts)) != 0:
-        size = ctypes.c_size_t()
-        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
-        log = ctypes.create_string_buffer(size.value)
-        lib.nvrtcGetProgramLog(prog, log)
-        raise SystemExit(log.value.decode(errors="replace"))
-    size = ctypes.c_size_t()
-    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
-    out = ctypes.create_string_buffer(size.value)
-    lib.nvrtcGetPTX(prog, out)
-    return out.value
 
 
 def loops(sass):
@@ -77,13 +57,17 @@ def main():
     ap.add_argument("--source", help="the kernel body (default: metal-kernels/KERNEL.cu)")
     ap.add_argument("--sass", help="also write the SASS here")
     a = ap.parse_args()
-    inputs, outputs, template = KERNELS[a.kernel]
+    io, template = KERNELS[a.kernel]
     template = dict(template, **json.loads(a.template))
+    inputs, outputs = io(template["T"][1:])
     body = Path(a.source).read_text() if a.source else (check.KERNELS / f"{a.kernel}.cu").read_text()
     header = (check.KERNELS / "turbo_common.cuh").read_text()
-    src = check.wrap(a.kernel, header, body, inputs(template["T"][1:]), outputs, template)
+    src = check.wrap(a.kernel, header, body, inputs, outputs, template)
+    res, log, ptx = check.compile_one(ctypes.CDLL(a.nvrtc), a.include, a.kernel, src)
+    if res != 0:
+        raise SystemExit(log)
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "k.ptx").write_bytes(ptx(ctypes.CDLL(a.nvrtc), a.include, a.kernel, src))
+        (Path(tmp) / "k.ptx").write_bytes(ptx)
         info = subprocess.run([a.ptxas, "-arch=sm_90", "-v", "-o", f"{tmp}/k.cubin", f"{tmp}/k.ptx"], capture_output=True, text=True, check=True)
         sass = subprocess.run([a.nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
     print(json.dumps(template))
