@@ -35,27 +35,28 @@ def run(binary, model, prompt, gen, flags, env):
     return {k: r[k] for k in ("prompt_tokens", "prompt_tps", "generation_tps", "peak_memory_bytes")}
 
 
-def serve(binary, model, tok, ctx, streams, gen, flags, env, work):
-    """`streams` concurrent chat requests of `ctx` prompt tokens each through the server."""
-    server = serving.Server(f"turbo-{streams}x{ctx}", "ours", serving.ours_argv(binary, model, flags), env, work)
-    server.start()
+def serve(binary, model, waves, gen, flags, env, work):
+    """The chat requests of `waves` (a warm-up wave, then the timed one), each wave's all at
+    once, through the server."""
+    warm, timed = waves
+    server = serving.Server(f"turbo-{len(timed)}", "ours", serving.ours_argv(binary, model, flags), env, work)
     try:
-        def prompts(tag):
-            return [[{"role": "user", "content": serving.make_text(tok, ctx, f"{tag}-{i}")}] for i in range(streams)]
-        serving.run_wave(server.url, prompts(f"warm-{ctx}"), gen)
+        server.start()
+        serving.run_wave(server.url, warm, gen)
         server.reset_peaks()
-        w = serving.run_wave(server.url, prompts(f"timed-{ctx}"), gen)
+        w = serving.run_wave(server.url, timed, gen)
         bad = [r for r in w["requests"] if not serving.request_ok(r)]
         if bad:
-            return {"error": f"{len(bad)} of {streams} requests failed: {bad[0]['status']} {bad[0]['error'] or ''}"[:200]}
+            return {"error": f"{len(bad)} of {len(timed)} requests failed: {bad[0]['status']} {bad[0]['error'] or ''}"[:200]}
         tps = serving.steady_decode_tps(w["requests"])
         if tps is None:
             return {"error": "the streams never all decoded at once"}
         return {"prompt_tokens": w["requests"][0]["prompt_tokens"], "generation_tps": tps,
                 "aggregate_tps": w["aggregate_tps"], "peak_memory_bytes": server.mlx_memory()["peak_bytes"]}
+    except RuntimeError as e:  # the server refused the flags or died: say so in the cell, as `run` does
+        return {"error": str(e)[:200]}
     finally:
         server.stop()
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,14 +78,20 @@ def main():
     results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
     work = Path(tempfile.mkdtemp(prefix="turbo-bench-"))
     for streams, ctx in [(int(n), int(c)) for n in a.streams.split(",") for c in a.contexts.split(",")]:
-        prompt = serving.make_text(tok, ctx, f"turbo-{ctx}")
+        # The prompts, made once per cell: one for `generate`, or a warm-up and a timed wave
+        # of distinct ones (no shared prefix for the prompt cache to reuse).
+        if streams == 1:
+            prompt = serving.make_text(tok, ctx, f"turbo-{ctx}")
+        else:
+            waves = [[[{"role": "user", "content": serving.make_text(tok, ctx, f"{tag}-{ctx}-{i}")}] for i in range(streams)]
+                     for tag in ("warm", "timed")]
         runs = {c: [] for c in configs}
         for _ in range(a.runs):
             for c in configs:
                 if streams == 1:
                     runs[c].append(run(a.mlx_serve, a.model, prompt, a.gen_tokens, FLAGS[c], env))
                 else:
-                    runs[c].append(serve(a.mlx_serve, a.model, tok, ctx, streams, a.gen_tokens, FLAGS[c], env, work))
+                    runs[c].append(serve(a.mlx_serve, a.model, waves, a.gen_tokens, FLAGS[c], env, work))
         for c, rs in runs.items():
             good = [r for r in rs if "error" not in r]
             cell = {"context": ctx, "streams": streams, "config": c, "runs": rs,
