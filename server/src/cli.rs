@@ -326,6 +326,16 @@ pub struct LoadArgs {
     /// when routing changes between prompts).
     #[arg(long, env = "MLX_SERVE_NO_EXPERT_READ_AHEAD", requires = "stream_experts")]
     pub no_expert_read_ahead: bool,
+    /// With --stream-experts: whether decode steps run on the experts the
+    /// slots hold and read every MoE layer's router choice back once, at the
+    /// end (a step that needed a missing expert is undone from that layer and
+    /// runs again, reading back each layer's choice, with the missing experts
+    /// read at once first), instead of one read-back per layer. auto: on a
+    /// GPU (where each read-back drains the device), not on the CPU. Models
+    /// whose caches cannot drop a step's position (a recurrent state, a full
+    /// sliding window, Gemma 4) always read back per layer.
+    #[arg(long, env = "MLX_SERVE_EXPERT_SPECULATION", default_value = "auto", requires = "stream_experts")]
+    pub expert_speculation: String,
     /// With --stream-experts: in decode steps, each MoE layer also runs the
     /// next MoE layer's router on its own input and starts reading up to this
     /// many of the experts it predicts that the next layer lacks (0: off).
@@ -349,6 +359,7 @@ impl LoadArgs {
                 io: crate::experts::IoMode::parse(&self.expert_io)?,
                 readers: self.expert_readers,
                 read_ahead: !self.no_expert_read_ahead,
+                speculate: crate::experts::Speculation::parse(&self.expert_speculation)?,
                 prefetch: self.expert_prefetch,
                 counters: crate::experts::ExpertCounters::default(),
             }),

@@ -11,38 +11,47 @@ mod common;
 use common::configs::{gemma4_moe, gpt_oss, qwen3_5_moe, qwen3_moe_many_experts, qwen3_next, spec};
 use common::engine::check_parity_of;
 use common::fixture;
-use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode};
+use mlx_serve::experts::{CacheBudget, ExpertCounters, ExpertOptions, IoMode, Speculation};
 use mlx_serve::models::LoadOptions;
 use serde_json::json;
 
-fn streaming(budget: &str, io: IoMode, read_ahead: bool, prefetch: usize) -> (LoadOptions, ExpertCounters) {
+fn streaming(budget: &str, io: IoMode, read_ahead: bool, speculate: bool, prefetch: usize) -> (LoadOptions, ExpertCounters) {
     let counters = ExpertCounters::default();
+    let speculate = if speculate { Speculation::On } else { Speculation::Off };
     let budget = Some(CacheBudget::parse(budget).unwrap());
     let opts = LoadOptions {
-        experts: Some(ExpertOptions { budget, io, readers: 8, read_ahead, prefetch, counters: counters.clone() }),
+        experts: Some(ExpertOptions { budget, io, readers: 8, read_ahead, speculate, prefetch, counters: counters.clone() }),
         ..Default::default()
     };
     (opts, counters)
 }
 
 /// Greedy tokens equal mlx-lm's (alone and in a batch of four) with the
-/// experts streamed at `budgets`, and at 25% without read-ahead (then no
-/// expert is read but the misses), and so again with decode steps guessing
-/// the next layer's experts (`--expert-prefetch 4`: every guess read is one
-/// of those).
-fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str]) {
+/// experts streamed at `budgets` (decode steps speculating where the model's
+/// caches allow it: `speculates`), and at 25% without read-ahead or
+/// speculation (then no expert is read but the misses, each layer reading
+/// its router back), and so again with decode steps guessing the next
+/// layer's experts (`--expert-prefetch 4`: every guess read is one of those).
+fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str], speculates: bool) {
     let dir = fixture(name, &spec);
     let runs = budgets.iter().map(|&b| (b, true, 0)).chain([("25%", false, 0), ("25%", false, 4)]);
-    for (budget, read_ahead, prefetch) in runs {
-        let (opts, counters) = streaming(budget, IoMode::Direct, read_ahead, prefetch);
+    for (budget, by_default, prefetch) in runs {
+        let (opts, counters) = streaming(budget, IoMode::Direct, by_default, by_default, prefetch);
         let what = format!(
             "{name} streamed at {budget}{}{}",
-            if read_ahead { "" } else { " without read-ahead" },
+            if by_default { "" } else { " without read-ahead or speculation" },
             if prefetch > 0 { ", guessing" } else { "" }
         );
         check_parity_of(&what, &dir, &dir, &spec, &opts, 1e-3);
         assert!(counters.misses() > 0 && counters.bytes_read() > 0, "{what}: nothing was read from disk");
-        if prefetch == 0 && !read_ahead {
+        if by_default && speculates && budget != "100%" {
+            assert!(counters.speculative_steps() > 0, "{what}: no decode step speculated: {}", counters.summary());
+        }
+        if !(by_default && speculates) {
+            assert_eq!(counters.speculative_steps(), 0, "{what}: {}", counters.summary());
+        }
+        assert!(counters.replayed_steps() <= counters.speculative_steps());
+        if prefetch == 0 && !by_default {
             assert_eq!(counters.prefetch_issued(), 0, "{what}: {}", counters.summary());
         }
         if prefetch > 0 {
@@ -56,13 +65,13 @@ fn check_streamed_parity(name: &str, spec: serde_json::Value, budgets: &[&str]) 
 #[test]
 fn streamed_qwen3_moe_4bit_matches_mlx_lm_at_every_budget() {
     let s = spec(qwen3_moe_many_experts(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
-    check_streamed_parity("qwen3_moe64_q4", s, &["10%", "25%", "50%", "100%"]);
+    check_streamed_parity("qwen3_moe64_q4", s, &["10%", "25%", "50%", "100%"], true);
 }
 
 #[test]
 fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
     let s = spec(qwen3_moe_many_experts(), "float32", None);
-    check_streamed_parity("qwen3_moe64_fp32", s, &["10%", "25%", "50%", "100%"]);
+    check_streamed_parity("qwen3_moe64_fp32", s, &["10%", "25%", "50%", "100%"], true);
 }
 
 // gpt-oss's experts as mlx-community ships them: mxfp4 (one-byte scales, no
@@ -70,7 +79,7 @@ fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
 #[test]
 fn streamed_gpt_oss_mxfp4_with_expert_biases_matches_mlx_lm() {
     let s = spec(gpt_oss(), "bfloat16", Some(json!({"bits": 4, "group_size": 32, "mode": "mxfp4"})));
-    check_streamed_parity("gpt_oss_mxfp4", s, &["25%", "50%"]);
+    check_streamed_parity("gpt_oss_mxfp4", s, &["25%", "50%"], true);
 }
 
 // Gemma 4's MoE block (the 26B-A4B's layout: experts beside a dense MLP, its
@@ -78,7 +87,7 @@ fn streamed_gpt_oss_mxfp4_with_expert_biases_matches_mlx_lm() {
 #[test]
 fn streamed_gemma4_moe_matches_mlx_lm() {
     let s = spec(gemma4_moe(), "bfloat16", Some(json!({"bits": 4, "group_size": 32})));
-    check_streamed_parity("gemma4_moe_q4", s, &["25%", "50%"]);
+    check_streamed_parity("gemma4_moe_q4", s, &["25%", "50%"], false);
 }
 
 // The hybrid families' MoE layers (a shared expert resident beside the
@@ -86,8 +95,8 @@ fn streamed_gemma4_moe_matches_mlx_lm() {
 #[test]
 fn streamed_qwen3_5_moe_and_qwen3_next_match_mlx_lm() {
     let q4 = Some(json!({"bits": 4, "group_size": 32}));
-    check_streamed_parity("qwen3_5_moe_q4", spec(qwen3_5_moe(), "bfloat16", q4.clone()), &["25%", "50%"]);
-    check_streamed_parity("qwen3_next_q4", spec(qwen3_next(), "bfloat16", q4), &["25%"]);
+    check_streamed_parity("qwen3_5_moe_q4", spec(qwen3_5_moe(), "bfloat16", q4.clone()), &["25%", "50%"], false);
+    check_streamed_parity("qwen3_next_q4", spec(qwen3_next(), "bfloat16", q4), &["25%"], false);
 }
 
 // ---- Through the server: counters, the kernel's own count, errors, memory ----
@@ -207,6 +216,52 @@ fn decode_steps_read_the_next_layers_guessed_experts_and_count_them() {
     assert!((os as f64 - disk as f64).abs() <= 0.05 * disk as f64, "the kernel read {os} bytes for {disk} bytes of expert reads");
     let v = mlx_serve::metrics::counter_value(&metrics, "mlx_serve_expert_prefetch_issued_total").unwrap();
     assert!(v >= issued as f64, "/metrics: {v} guessed reads");
+}
+
+/// `--expert-speculation on`: decode steps run on the experts the slots hold
+/// and read the routers' choices back once; a step that lacked an expert runs
+/// again from that layer, its misses read first. The text is the one each
+/// layer reading back gives; every byte is counted as before (the reads
+/// before a replay among the experts read ahead); fewer read-backs where
+/// steps find their experts; the counters on /metrics.
+#[test]
+fn speculative_decode_steps_give_the_same_text_with_fewer_read_backs_and_count_every_read() {
+    let dir = q4_fixture();
+    let prompt = prompt_of(&dir);
+    let run = |budget: &str, speculation: &str| {
+        let flags = ["--stream-experts", "--expert-cache-bytes", budget, "--no-expert-read-ahead", "--prefill-size", "64", "--expert-speculation", speculation];
+        let server = TestServer::start(&dir, &flags);
+        assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
+        let before = experts(&server);
+        let r = complete(&server, &prompt[..120], 48);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let after = experts(&server);
+        let d = |f: &str| n(&after, f) - n(&before, f);
+        let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes", "host_syncs", "speculative_steps", "replayed_steps"];
+        let deltas: Vec<u64> = fields.iter().map(|f| d(f)).collect();
+        eprintln!("{budget}, speculation {speculation}: {:?}", fields.iter().zip(&deltas).collect::<Vec<_>>());
+        (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
+    };
+    for budget in ["25%", "75%"] {
+        let (plain_text, plain, _) = run(budget, "off");
+        assert_eq!((plain[7], plain[8]), (0, 0), "{budget}: no speculative step with speculation off");
+        let (text, s, metrics) = run(budget, "on");
+        let [misses, issued, used, bytes, disk, os, syncs, speculative, replayed] = s[..] else { unreachable!() };
+        assert_eq!(text, plain_text, "{budget}: speculation changed the output");
+        assert_eq!(misses, plain[0], "{budget}: the same experts missed");
+        assert!(speculative >= 47 && replayed <= speculative, "{budget}: {speculative} speculative steps, {replayed} replayed");
+        assert!(used <= issued && used <= misses);
+        assert_eq!(bytes, (misses - used + issued) * Q4_EXPERT_BYTES, "{budget}: bytes read must be (misses read on demand + read ahead) x expert size");
+        assert!((os as f64 - disk as f64).abs() <= 0.05 * disk as f64, "{budget}: the kernel read {os} bytes for {disk} bytes of expert reads");
+        if budget == "75%" {
+            assert!(replayed < speculative, "{budget}: every step lacked an expert");
+            assert!(syncs < plain[6], "{budget}: {syncs} read-backs with speculation, {} without", plain[6]);
+        }
+        for name in ["mlx_serve_expert_speculative_steps_total", "mlx_serve_expert_replayed_steps_total"] {
+            let v = mlx_serve::metrics::counter_value(&metrics, name).unwrap_or_else(|| panic!("no {name} in /metrics"));
+            assert!(v >= if name.contains("speculative") { speculative } else { replayed } as f64, "{name} is {v}");
+        }
+    }
 }
 
 #[test]

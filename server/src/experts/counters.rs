@@ -43,6 +43,8 @@ pub struct ExpertCounters {
     host_syncs: Counter,
     prefetch_issued: Counter,
     prefetch_used: Counter,
+    speculative_steps: Counter,
+    replayed_steps: Counter,
     resident_bytes: Gauge,
     capacity_bytes: Gauge,
     io_mode: Family<ModeLabels, Gauge>,
@@ -75,12 +77,22 @@ impl ExpertCounters {
         );
         r.register(
             "expert_host_syncs",
-            "Router read-backs to the host (one per streamed MoE layer and step; none once a layer holds every expert)",
+            "Router read-backs to the host (one per speculative decode step, or one per streamed MoE layer and step without speculation; none once every layer holds every expert)",
             self.host_syncs.clone(),
         );
         r.register(
+            "expert_speculative_steps",
+            "Decode steps that ran on the experts the slots held, their routers read back once at the end",
+            self.speculative_steps.clone(),
+        );
+        r.register(
+            "expert_replayed_steps",
+            "Speculative decode steps that found a missing expert and ran again from its layer, reading back each layer's router",
+            self.replayed_steps.clone(),
+        );
+        r.register(
             "expert_prefetch_issued",
-            "Experts read ahead for the next MoE layer of a prefill chunk, before its router ran",
+            "Experts read before their layer's router ran (the next layer's in a wide prefill chunk, a speculative step's misses before it runs again, --expert-prefetch guesses)",
             self.prefetch_issued.clone(),
         );
         r.register("expert_prefetch_used", "Experts read ahead that the layer then used (the rest were read in vain)", self.prefetch_used.clone());
@@ -116,6 +128,13 @@ impl ExpertCounters {
         self.prefetch_issued.inc_by(experts);
     }
 
+    pub(crate) fn record_speculative_step(&self, replayed: bool) {
+        self.speculative_steps.inc();
+        if replayed {
+            self.replayed_steps.inc();
+        }
+    }
+
     pub(crate) fn record_prefetch_used(&self, experts: u64) {
         self.prefetch_used.inc_by(experts);
     }
@@ -148,6 +167,14 @@ impl ExpertCounters {
         self.host_syncs.get()
     }
 
+    pub fn speculative_steps(&self) -> u64 {
+        self.speculative_steps.get()
+    }
+
+    pub fn replayed_steps(&self) -> u64 {
+        self.replayed_steps.get()
+    }
+
     pub fn prefetch_issued(&self) -> u64 {
         self.prefetch_issued.get()
     }
@@ -170,6 +197,8 @@ impl ExpertCounters {
             "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
             "stall_seconds": self.stall_seconds.get(),
             "host_syncs": self.host_syncs.get(),
+            "speculative_steps": self.speculative_steps.get(),
+            "replayed_steps": self.replayed_steps.get(),
             "prefetch_issued": self.prefetch_issued.get(),
             "prefetch_used": self.prefetch_used.get(),
             "resident_bytes": self.resident_bytes.get(),

@@ -6,13 +6,17 @@
 //! - [`slots`]: which expert each slot holds; what a step reads and evicts.
 //! - [`budget`]: `--expert-cache-bytes` → slots per layer.
 //! - [`counters`]: the metrics that prove reads happen.
+//! - [`speculation`]: decode steps that run on the slots as they are and read
+//!   every layer's router back once, at the end.
 //!
-//! The MoE layer that uses them is `models::streamed_switch`.
+//! The MoE layer that uses them is `models::streamed_switch`; the layer loop
+//! that runs a step again when it guessed wrong is `models::speculative_step`.
 
 pub mod budget;
 pub mod counters;
 pub mod reader;
 pub mod slots;
+pub mod speculation;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,6 +27,7 @@ use mlx_rs_safe::Array;
 pub use budget::CacheBudget;
 pub use counters::ExpertCounters;
 pub use reader::{ExpertReader, IoMode, PendingReads, ReadJob, Region};
+pub use speculation::Speculation;
 
 use crate::error::{Error, Result};
 
@@ -35,6 +40,9 @@ pub struct ExpertOptions {
     pub readers: usize,
     /// Wide prefill chunks start the next layer's reads early (see `models::streamed_switch`).
     pub read_ahead: bool,
+    /// When decode steps run on the experts the slots hold, checked at the
+    /// end (`--expert-speculation`).
+    pub speculate: Speculation,
     /// Decode steps read up to this many of the next layer's predicted experts
     /// early (`--expert-prefetch`; 0: off).
     pub prefetch: usize,
@@ -42,8 +50,8 @@ pub struct ExpertOptions {
 }
 
 /// A streamed MoE layer as the others see it: one that can start reading its
-/// experts before its router has run.
-pub trait ReadAhead: Send + Sync {
+/// experts before its router has run, and check a speculative step's choice.
+pub trait StreamedLayer: Send + Sync {
     /// Starts reading every expert the layer does not hold (a no-op when such
     /// reads are already under way or the layer holds them all).
     fn read_ahead(&self) -> Result<()>;
@@ -56,6 +64,19 @@ pub trait ReadAhead: Send + Sync {
 
     /// Starts reading up to `cap` of `experts` (predicted) that the layer lacks.
     fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()>;
+
+    /// A speculative step's router chose `ids` (row-major, token order): if
+    /// the slots held them all, records the step's hits and returns true; if
+    /// any was missing, changes nothing and returns false.
+    fn confirm(&self, ids: &[u32]) -> Result<bool>;
+
+    /// Starts reading up to `cap` of the experts in `ids` the layer lacks,
+    /// before the step runs again (nothing when reads are already under way);
+    /// returns how many reads it started.
+    fn read_before_replay(&self, ids: &[u32], cap: usize) -> Result<usize>;
+
+    /// Bytes of one expert's tensors.
+    fn expert_bytes(&self) -> u64;
 }
 
 /// What a model's MoE layers share while streaming: the readers, how many
@@ -66,8 +87,11 @@ pub struct ExpertStream {
     budget: CacheBudget,
     /// Bytes of every routed expert of the model.
     total_bytes: u64,
-    layers: Mutex<BTreeMap<u32, Weak<dyn ReadAhead>>>,
+    layers: Mutex<BTreeMap<u32, Weak<dyn StreamedLayer>>>,
     read_ahead: bool,
+    speculate: Speculation,
+    /// The speculative step under way, if any.
+    step: Mutex<Option<speculation::StepRecord>>,
     /// `--expert-prefetch`: experts read ahead per layer and decode step.
     pub prefetch: usize,
 }
@@ -100,6 +124,8 @@ impl ExpertStream {
             total_bytes,
             layers: Mutex::new(BTreeMap::new()),
             read_ahead: opts.read_ahead,
+            speculate: opts.speculate,
+            step: Mutex::new(None),
             prefetch: opts.prefetch,
         })
     }
@@ -120,12 +146,18 @@ impl ExpertStream {
     }
 
     /// Makes streamed layer `layer` known to [`ExpertStream::read_ahead_after`].
-    pub fn register(&self, layer: u32, target: Weak<dyn ReadAhead>) {
+    pub fn register(&self, layer: u32, target: Weak<dyn StreamedLayer>) {
         self.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(layer, target);
     }
 
+    /// Streamed layer `layer`, if it is one.
+    pub fn layer(&self, layer: u32) -> Option<Arc<dyn StreamedLayer>> {
+        let layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
+        layers.get(&layer).and_then(Weak::upgrade)
+    }
+
     /// The first streamed layer after `layer`, if any.
-    pub fn next_layer(&self, layer: u32) -> Option<Arc<dyn ReadAhead>> {
+    pub fn next_layer(&self, layer: u32) -> Option<Arc<dyn StreamedLayer>> {
         let layers = self.layers.lock().unwrap_or_else(|e| e.into_inner());
         layers.range(layer + 1..).next().and_then(|(_, l)| l.upgrade())
     }

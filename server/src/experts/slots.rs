@@ -56,9 +56,11 @@ impl SlotTable {
         self.resident() == self.slot_of.len()
     }
 
-    /// The slot of every expert (complete tables only).
-    pub fn slot_map(&self) -> Option<Vec<u32>> {
-        self.slot_of.iter().copied().collect()
+    /// The slot of every expert, slot 0 for those not in the pool: what a
+    /// step routes through on the device without asking the host (exact once
+    /// the table is complete; a speculative step checks its choice after).
+    pub fn device_map(&self) -> Vec<u32> {
+        self.slot_of.iter().map(|s| s.unwrap_or(0)).collect()
     }
 
     /// The plan for a step whose tokens chose `ids` (row-major, token order).
@@ -177,15 +179,24 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_is_complete_and_maps_every_expert() {
+    fn a_full_table_is_complete_and_maps_every_expert_to_its_own_slot() {
         let mut t = SlotTable::new(3, 3);
         assert!(!t.is_complete());
         let p = t.plan(&[2, 0, 1]);
         t.commit(&p);
         assert!(t.is_complete());
-        let map = t.slot_map().unwrap();
-        let mut sorted = map.clone();
+        let mut sorted = t.device_map();
         sorted.sort();
         assert_eq!(sorted, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn the_device_map_sends_experts_not_in_the_pool_to_slot_0() {
+        let mut t = SlotTable::new(4, 2);
+        let p = t.plan(&[3, 1]);
+        t.commit(&p);
+        let map = t.device_map();
+        assert_eq!((map[0], map[2]), (0, 0));
+        assert_eq!([map[1], map[3]].iter().copied().collect::<std::collections::BTreeSet<_>>(), [0, 1].into());
     }
 }

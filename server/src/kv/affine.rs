@@ -64,6 +64,10 @@ impl KvStore for AffineStore {
         Ok(self.rows.trim(n))
     }
 
+    fn can_undo_append(&self, _n: i32) -> bool {
+        true
+    }
+
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         Ok(None)
     }

@@ -214,6 +214,12 @@ impl LayerCache {
         Ok(dropped)
     }
 
+    /// Whether every row's next `n` positions can be dropped again (see
+    /// [`KvStore::can_undo_append`]).
+    pub fn can_undo_append(&self, n: i32) -> bool {
+        self.parts.iter().all(|p| p.can_undo_append(n))
+    }
+
     pub fn state(&self) -> Vec<Array> {
         self.parts.iter().flat_map(|p| p.state()).collect()
     }

@@ -94,6 +94,10 @@ impl KvStore for RecurrentStore {
         }
     }
 
+    fn can_undo_append(&self, _n: i32) -> bool {
+        false
+    }
+
     fn compress(&self, _: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         Ok(None)
     }

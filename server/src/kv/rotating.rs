@@ -235,6 +235,11 @@ impl KvStore for RotatingStore {
         Ok(n)
     }
 
+    /// While the window has not filled: the write then takes a new slot.
+    fn can_undo_append(&self, n: i32) -> bool {
+        self.idx == self.total && self.total + n <= self.max_size
+    }
+
     /// Sliding-window layers stay unquantized (mlx-lm cannot quantize them at all).
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         Ok(None)

@@ -76,6 +76,11 @@ pub trait KvStore: Send {
     fn row(&self, b: usize) -> Result<KvRow>;
     /// Drops the newest `n` positions of every row; returns how many went.
     fn trim(&mut self, n: i32) -> Result<i32>;
+    /// Whether `n` positions appended next can be dropped again by `trim`,
+    /// leaving every row as it was: how a decode step that ran on guessed
+    /// experts is undone (`models::speculative_step`). Not a recurrent state,
+    /// nor a sliding window whose write would overwrite a position it keeps.
+    fn can_undo_append(&self, n: i32) -> bool;
     /// These rows converted to `target` (the compression hook: a dense store
     /// becomes affine today), or None when this kind does not convert to it.
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>>;

@@ -188,6 +188,34 @@ fn trimmed_positions_are_forgotten_and_can_be_written_again() {
     }
 }
 
+/// What a speculative decode step relies on: where a cache says a step can
+/// be undone, a step of wrong keys and values, trimmed, then the right one
+/// attends as if the wrong one never happened; a sliding window says no once
+/// its write would overwrite a position it keeps.
+#[test]
+fn a_step_a_cache_can_undo_leaves_no_trace() {
+    for kind in kinds() {
+        let (a, wrong) = (row(14, 90), row(14, 95));
+        let want = alone(&kind, &a, 3, 14);
+        let mut cache = prefilled(&kind, &a, 3);
+        let mut undone = 0;
+        for p in 3..14 {
+            let undoable = cache.can_undo_append(1);
+            if let KvKind::Rotating { max_size } = kind {
+                assert_eq!(undoable, p < max_size, "{kind:?} at {p}");
+            }
+            if undoable {
+                step(&mut cache, &[&wrong], &[p]);
+                assert_eq!(cache.trim(1).unwrap(), 1);
+                undone += 1;
+            }
+            let got = step(&mut cache, &[&a], &[p]).remove(0);
+            assert_close(&got, want[p as usize].as_ref().unwrap(), &format!("{kind:?}: position {p} after an undone step"));
+        }
+        assert!(undone >= 5, "{kind:?}: undid {undone} steps");
+    }
+}
+
 #[test]
 fn a_rotating_cache_that_dropped_positions_refuses_to_trim() {
     let a = row(20, 80);

@@ -130,7 +130,7 @@ impl Decoder {
         if let Some(sanitize) = spec.sanitize {
             sanitize(&mut w, spec)?;
         }
-        let stage = PipelineStage::of(w.sharding(), spec.num_layers as usize)?;
+        let stage = PipelineStage::of(w.sharding(), spec.num_layers as usize)?.with_experts(w.streaming());
         w.discard(|k| stage.foreign(k));
         let eps = spec.rms_norm_eps;
         let (h, v) = (spec.hidden_size, spec.vocab_size);

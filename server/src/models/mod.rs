@@ -26,6 +26,7 @@ mod qwen3;
 mod qwen3_moe;
 mod qwen3_next;
 mod rope;
+mod speculative_step;
 mod streamed_switch;
 mod switch;
 pub mod weights;

@@ -6,12 +6,15 @@
 //! compute the same logits (and sample the same tokens).
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{ops, Array};
 
+use super::speculative_step::run_layers;
 use super::weights::Sharding;
 use crate::error::{Error, Result};
+use crate::experts::ExpertStream;
 use crate::kv::{LayerCache, ModelCache, StepMemo};
 
 /// How a stage hands its output to the next stage.
@@ -26,11 +29,14 @@ pub enum Transfer {
 }
 
 /// This rank's part of the pipeline (all layers when there is none).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PipelineStage {
     group: Option<(Group, Transfer)>,
     /// The layers this rank holds and runs, by their index in the model.
     pub layers: Range<usize>,
+    /// The model's streamed experts, whose decode steps may run
+    /// speculatively (`models::speculative_step`).
+    experts: Option<Arc<ExpertStream>>,
 }
 
 impl PipelineStage {
@@ -38,7 +44,7 @@ impl PipelineStage {
     pub fn of(sharding: &Sharding, num_layers: usize) -> Result<PipelineStage> {
         let (group, transfer) = match sharding {
             Sharding::Pipeline(g, transfer) if g.size() > 1 => (g, *transfer),
-            _ => return Ok(PipelineStage { group: None, layers: 0..num_layers }),
+            _ => return Ok(PipelineStage { group: None, layers: 0..num_layers, experts: None }),
         };
         let (rank, size) = (group.rank(), group.size());
         if num_layers < size {
@@ -47,7 +53,13 @@ impl PipelineStage {
             )));
         }
         let layers = Self::split(size, num_layers).swap_remove(rank);
-        Ok(PipelineStage { group: Some((group.clone(), transfer)), layers })
+        Ok(PipelineStage { group: Some((group.clone(), transfer)), layers, experts: None })
+    }
+
+    /// The stage of a model whose routed experts stream from disk (`stream`,
+    /// from `Weights::streaming`): its forward passes may speculate.
+    pub fn with_experts(self, stream: Option<Arc<ExpertStream>>) -> PipelineStage {
+        PipelineStage { experts: stream, ..self }
     }
 
     /// Every stage's layers, by rank, over `size` ranks (at least one layer
@@ -151,8 +163,9 @@ impl PipelineStage {
 impl PipelineStage {
     /// A forward pass over this rank's layers (see [`Self::run`]): `layer(i,
     /// h, cache, masks)` applies layer `i` (its index in the model) with its
-    /// cache. The transfer that must run is kept in `cache`'s pending work.
-    /// Returns the model's last hidden state.
+    /// cache; a decode step over streamed experts may apply some layers twice
+    /// (`models::speculative_step`). The transfer that must run is kept in
+    /// `cache`'s pending work. Returns the model's last hidden state.
     pub fn forward(
         &self,
         h: Array,
@@ -160,12 +173,8 @@ impl PipelineStage {
         mut layer: impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
     ) -> Result<Array> {
         let (caches, masks) = cache.for_forward();
-        let (h, pending) = self.run(h, |mut h| {
-            for (i, c) in self.layers.clone().zip(caches.iter_mut()) {
-                h = layer(i, h, c, masks)?;
-            }
-            Ok(h)
-        })?;
+        let first = self.layers.start;
+        let (h, pending) = self.run(h, |h| run_layers(self.experts.as_deref(), first, caches, masks, h, &mut layer))?;
         if let Some(p) = pending {
             cache.keep_pending(p);
         }

@@ -458,7 +458,7 @@ impl Qwen3Next {
         cfg.kv_layout()?;
         let local = cfg.sharded(w.tensor_parallel().map_or(1, |g| g.size() as i32))?;
         let mut layout = local.kv_layout()?;
-        let stage = PipelineStage::of(w.sharding(), cfg.num_hidden_layers as usize)?;
+        let stage = PipelineStage::of(w.sharding(), cfg.num_hidden_layers as usize)?.with_experts(w.streaming());
         // As mlx-lm's sanitize: the multi-token-prediction head and a tied head go.
         w.discard(|k| k.starts_with("mtp.") || k.contains(".mtp."));
         if cfg.tie_word_embeddings {

@@ -7,7 +7,9 @@
 //!
 //! A step reads its router's ids back to the host (the one sync a streamed
 //! layer makes), reads each expert it lacks once, and writes them into free or
-//! evicted slots with a scatter. The pools are MLX arrays, updated
+//! evicted slots with a scatter. A speculative decode step
+//! (`experts::speculation`) does not: it routes through the layer's expert →
+//! slot map on the device and records its choice, checked at the step's end. The pools are MLX arrays, updated
 //! functionally: a graph still queued on the old pool keeps reading the old
 //! bytes (MLX copies instead of updating in place while anything references
 //! it), so no slot is overwritten under queued work. Once a layer holds every
@@ -44,7 +46,7 @@ use super::switch::{GluActivation, StackLayout, SwitchGlu};
 use super::weights::{Stored, Weights};
 use crate::error::{Error, Result};
 use crate::experts::slots::{Plan, SlotTable};
-use crate::experts::{ExpertStream, PendingReads, ReadAhead, ReadJob, Region};
+use crate::experts::{ExpertStream, PendingReads, ReadJob, Region, StreamedLayer};
 
 /// One stacked tensor of the layer (e.g. `up_proj.scales`), per expert.
 struct ExpertTensor {
@@ -59,8 +61,11 @@ struct State {
     table: SlotTable,
     /// Per tensor: [slots, ...shape].
     pools: Vec<Array>,
-    /// Expert → slot on the device, once every expert is resident.
-    slot_map: Option<Array>,
+    /// Every expert is in the pool: steps route on the device, no lookups.
+    complete: bool,
+    /// Expert → slot on the device (slot 0 for experts not in the pool, see
+    /// `SlotTable::device_map`); None when the table changed since it was made.
+    map: Option<Array>,
     /// Reads started before this layer's router ran, by the layer before.
     ahead: Option<Ahead>,
     /// The experts the layer's last wide step used: what the next one reads ahead.
@@ -74,7 +79,8 @@ struct State {
 struct Ahead {
     experts: Vec<u32>,
     reads: PendingReads,
-    /// Guessed by the layer before in a narrow step (else read ahead in a wide one).
+    /// Guessed by the layer before in a narrow step (`--expert-prefetch`);
+    /// else read ahead in a wide step, or before a speculative step runs again.
     guessed: bool,
 }
 
@@ -204,7 +210,8 @@ impl StreamedSwitchGlu {
             state: Mutex::new(State {
                 table: SlotTable::new(e as usize, slots),
                 pools,
-                slot_map: None,
+                complete: false,
+                map: None,
                 ahead: None,
                 wide_used: None,
                 guesses: GuessRecord::default(),
@@ -215,7 +222,7 @@ impl StreamedSwitchGlu {
             layer.preload()?;
         }
         let layer = Arc::new(layer);
-        let weak: Weak<dyn ReadAhead> = Arc::downgrade(&layer) as Weak<dyn ReadAhead>;
+        let weak: Weak<dyn StreamedLayer> = Arc::downgrade(&layer) as Weak<dyn StreamedLayer>;
         layer.stream.register(layer.layer, weak);
         Ok(layer)
     }
@@ -239,10 +246,7 @@ impl StreamedSwitchGlu {
         let pools = self.install(&st.pools, &plan, &read)?;
         // One layer at a time: the reads are freed before the next layer's.
         mlx_rs_safe::eval(&pools.iter().collect::<Vec<_>>())?;
-        let filled = st.table.commit(&plan);
-        st.pools = pools;
-        self.stream.reader.counters().add_resident((filled as u64 * self.expert_bytes) as i64);
-        st.slot_map = st.table.slot_map().map(|m| Array::from_vec(&m)).transpose()?;
+        st.commit(&plan, pools, self.expert_bytes, &self.stream);
         Ok(())
     }
 
@@ -250,8 +254,12 @@ impl StreamedSwitchGlu {
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *guard;
-        if let Some(map) = &st.slot_map {
-            let slots = ops::take(map, indices, 0)?;
+        let speculating = !st.complete && self.stream.speculating();
+        if st.complete || speculating {
+            if speculating {
+                self.stream.record_choice(self.layer, indices)?;
+            }
+            let slots = ops::take(st.device_map()?, indices, 0)?;
             return SwitchGlu::from_stacks(&st.pools, &self.layouts, self.activation)?.forward(x, &slots);
         }
         let counters = self.stream.reader.counters();
@@ -295,12 +303,7 @@ impl StreamedSwitchGlu {
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
         let pools = self.install(&st.pools, &plan, &read)?;
-        let filled = st.table.commit(&plan);
-        st.pools = pools;
-        counters.add_resident((filled as u64 * self.expert_bytes) as i64);
-        if let Some(map) = st.table.slot_map() {
-            st.slot_map = Some(Array::from_vec(&map)?);
-        }
+        st.commit(&plan, pools, self.expert_bytes, &self.stream);
         let (stacks, index) = match staged {
             Some((stacks, position)) => (stacks, ids.iter().map(|&e| position[e as usize]).collect::<Vec<u32>>()),
             None => {
@@ -391,10 +394,31 @@ impl StreamedSwitchGlu {
     }
 }
 
-impl ReadAhead for StreamedSwitchGlu {
+impl State {
+    /// The expert → slot map on the device, made again after the table changed.
+    fn device_map(&mut self) -> Result<&Array> {
+        if self.map.is_none() {
+            self.map = Some(Array::from_vec(&self.table.device_map())?);
+        }
+        self.map.as_ref().ok_or(Error::Internal("an expert map just made is missing"))
+    }
+
+    /// Records that `plan` ran, its installs written into `pools`.
+    fn commit(&mut self, plan: &Plan, pools: Vec<Array>, expert_bytes: u64, stream: &ExpertStream) {
+        let filled = self.table.commit(plan);
+        self.pools = pools;
+        stream.reader.counters().add_resident((filled as u64 * expert_bytes) as i64);
+        if !plan.installs.is_empty() {
+            self.map = None;
+            self.complete = self.table.is_complete();
+        }
+    }
+}
+
+impl StreamedLayer for StreamedSwitchGlu {
     fn read_ahead(&self) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.slot_map.is_some() {
+        if st.ahead.is_some() || st.complete {
             return Ok(());
         }
         let Some(likely) = &st.wide_used else { return Ok(()) };
@@ -411,7 +435,7 @@ impl ReadAhead for StreamedSwitchGlu {
     fn predict(&self, x: &Array) -> Result<Option<Array>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(g) = &st.guesser else { return Ok(None) };
-        if st.slot_map.is_some() || st.ahead.is_some() || st.guesses.stopped {
+        if st.complete || st.ahead.is_some() || st.guesses.stopped {
             return Ok(None);
         }
         let h = match &g.norm {
@@ -426,9 +450,46 @@ impl ReadAhead for StreamedSwitchGlu {
         Ok(Some(ops::reshape(&ops::astype(&top, Dtype::Uint32)?, &[-1])?))
     }
 
+    fn confirm(&self, ids: &[u32]) -> Result<bool> {
+        let experts = self.tensors[0].regions.len();
+        if let Some(bad) = ids.iter().find(|&&e| e as usize >= experts) {
+            return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
+        }
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = st.table.plan(ids);
+        if !plan.misses.is_empty() {
+            return Ok(false);
+        }
+        self.stream.reader.counters().record_lookup(self.layer, plan.hits() as u64, 0);
+        st.table.commit(&plan);
+        Ok(true)
+    }
+
+    fn read_before_replay(&self, ids: &[u32], cap: usize) -> Result<usize> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.ahead.is_some() || st.complete || cap == 0 {
+            return Ok(0);
+        }
+        let experts = self.tensors[0].regions.len();
+        let valid: Vec<u32> = ids.iter().copied().filter(|&e| (e as usize) < experts).collect();
+        let lacking: Vec<u32> = st.table.plan(&valid).misses.into_iter().take(cap).collect();
+        if lacking.is_empty() {
+            return Ok(0);
+        }
+        let reads = self.stream.reader.submit(self.jobs(&lacking))?;
+        self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
+        let started = lacking.len();
+        st.ahead = Some(Ahead { experts: lacking, reads, guessed: false });
+        Ok(started)
+    }
+
+    fn expert_bytes(&self) -> u64 {
+        self.expert_bytes
+    }
+
     fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.slot_map.is_some() || st.guesses.stopped {
+        if st.ahead.is_some() || st.complete || st.guesses.stopped {
             return Ok(());
         }
         // The batch's most guessed experts first.

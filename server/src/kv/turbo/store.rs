@@ -180,6 +180,10 @@ impl KvStore for TurboStore {
         Ok(self.body.trim(n))
     }
 
+    fn can_undo_append(&self, _n: i32) -> bool {
+        true
+    }
+
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         Ok(None)
     }

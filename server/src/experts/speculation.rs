@@ -1,0 +1,154 @@
+//! Speculative decode steps: a streamed layer that reads its router's choice
+//! back to the host before it can run waits for the device to drain, once per
+//! layer and token (on a GPU this, not the disk, bounds decoding when nearly
+//! every expert is cached). A speculative step instead runs every layer on the
+//! experts its slots hold, routing on the device through each layer's
+//! expert → slot map, and reads all the layers' choices back once, with the
+//! step's output. If every chosen expert was in its slot, the step is exactly
+//! the one the per-layer path computes (the same kernels on the same slots).
+//! Otherwise the first layer that lacked one computed a wrong output from then
+//! on: the step is undone from that layer and runs again there, reading back
+//! each layer's choice as without speculation (`models::speculative_step`).
+//!
+//! Before the step runs again, what it now knows is read at once: the missing
+//! experts of the first layer that lacked some (its choice was right: its
+//! input was), and those the later layers chose on their slightly wrong input
+//! (most of them what they choose again), up to [`REPLAY_READ_BYTES`]. A
+//! later layer uses what it chose of them and drops the rest.
+//!
+//! Where it pays: a step that runs again costs the layers after the miss
+//! twice, and the read-backs it saves cost little on the CPU, where MLX
+//! computes on the calling thread's stream anyway. So by default
+//! (`--expert-speculation auto`) decode steps speculate on a GPU only.
+
+use mlx_rs_safe::{ops, Array, Dtype};
+
+use super::ExpertStream;
+use crate::error::{Error, Result};
+
+/// Bytes of experts read ahead of a replay beyond the first missing layer's
+/// own: reads of guesses are bounded like the staging they need.
+pub const REPLAY_READ_BYTES: u64 = 512 << 20;
+
+/// When decode steps speculate (`--expert-speculation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculation {
+    /// On a GPU, not on the CPU.
+    Auto,
+    On,
+    Off,
+}
+
+impl Speculation {
+    pub fn parse(s: &str) -> Result<Speculation> {
+        match s {
+            "auto" => Ok(Speculation::Auto),
+            "on" => Ok(Speculation::On),
+            "off" => Ok(Speculation::Off),
+            _ => Err(Error::Config(format!("--expert-speculation must be auto, on or off, got {s:?}"))),
+        }
+    }
+
+    /// Whether a step on the engine thread's current device speculates.
+    fn now(self) -> bool {
+        match self {
+            Speculation::On => true,
+            Speculation::Off => false,
+            Speculation::Auto => mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu),
+        }
+    }
+}
+
+/// The layers' choices of a speculative step, queued on the device.
+#[derive(Default)]
+pub struct StepRecord {
+    /// (layer, its router's expert ids as flat uint32), in the order run.
+    choices: Vec<(u32, Array)>,
+}
+
+/// What the end of a speculative step found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every layer's experts were in their slots: the output stands.
+    Confirmed,
+    /// Layer `from` lacked an expert: undo the step from that layer and run
+    /// it again from there.
+    Replay { from: u32 },
+}
+
+impl ExpertStream {
+    /// Whether a decode step run now may speculate (`--expert-speculation`).
+    pub fn speculates(&self) -> bool {
+        self.speculate.now()
+    }
+
+    /// Starts a speculative step: until [`Self::end_speculation`], streamed
+    /// layers route on the device and record their choice.
+    pub fn begin_speculation(&self) {
+        *self.step.lock().unwrap_or_else(|e| e.into_inner()) = Some(StepRecord::default());
+    }
+
+    /// Whether a speculative step is under way.
+    pub fn speculating(&self) -> bool {
+        self.step.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Records layer `layer`'s router choice (`indices`, any shape) in the
+    /// step under way.
+    pub fn record_choice(&self, layer: u32, indices: &Array) -> Result<()> {
+        let flat = ops::reshape(&ops::astype(indices, Dtype::Uint32)?, &[-1])?;
+        match self.step.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            Some(step) => {
+                step.choices.push((layer, flat));
+                Ok(())
+            }
+            None => Err(Error::Internal("a speculative choice outside a speculative step")),
+        }
+    }
+
+    /// Ends the step without a verdict (it failed): nothing is recorded.
+    pub fn abandon_speculation(&self) {
+        self.step.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Ends the step: evaluates `out` (the step's last hidden state) with
+    /// every recorded choice, in one read-back, and checks each layer's choice
+    /// against its slots in layer order. Layers before the first that lacked
+    /// an expert record their hits; from that one on, reads of what they lack
+    /// start now.
+    pub fn end_speculation(&self, out: &Array) -> Result<Verdict> {
+        let step = self.step.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(StepRecord { choices }) = step else { return Err(Error::Internal("a speculative step ended that never began")) };
+        if choices.is_empty() {
+            // Every streamed layer holds all its experts: nothing was guessed.
+            return Ok(Verdict::Confirmed);
+        }
+        let parts: Vec<&Array> = choices.iter().map(|(_, ids)| ids).collect();
+        let all = ops::concatenate(&parts, 0)?;
+        self.reader.counters().record_host_sync();
+        mlx_rs_safe::eval(&[&all, out])?;
+        let ids = all.to_vec::<u32>()?;
+        let mut at = 0;
+        let mut first_miss = None;
+        let mut budget = REPLAY_READ_BYTES;
+        for (layer, choice) in &choices {
+            let mine = ids.get(at..at + choice.size()).ok_or(Error::Internal("a speculative step's choices came back short"))?;
+            at += choice.size();
+            let streamed = self.layer(*layer).ok_or(Error::Internal("a speculative choice of a layer that does not stream"))?;
+            match first_miss {
+                None if streamed.confirm(mine)? => {}
+                None => {
+                    first_miss = Some(*layer);
+                    streamed.read_before_replay(mine, usize::MAX)?;
+                }
+                Some(_) => {
+                    let cap = (budget / streamed.expert_bytes().max(1)) as usize;
+                    let started = streamed.read_before_replay(mine, cap)?;
+                    budget = budget.saturating_sub(started as u64 * streamed.expert_bytes());
+                }
+            }
+        }
+        self.reader.counters().record_speculative_step(first_miss.is_some());
+        Ok(first_miss.map_or(Verdict::Confirmed, |from| Verdict::Replay { from }))
+    }
+}

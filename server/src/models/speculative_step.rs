@@ -1,0 +1,73 @@
+//! The layer loop of a forward pass, with speculative decode steps over
+//! streamed experts (`experts::speculation`): a decode step runs every layer
+//! on the experts the slots hold and checks the routers' choices once at the
+//! end; if a layer lacked one, the step is undone from that layer (each later
+//! layer's cache drops the position it appended) and runs again from that
+//! layer's input, every streamed layer then reading its choice back and
+//! reading what it lacks, as without speculation. The output is the same
+//! either way, token for token.
+//!
+//! A step speculates only when undoing it is possible: one token per row and
+//! every layer's cache able to drop it (not a recurrent state, nor a sliding
+//! window that has filled).
+
+use mlx_rs_safe::Array;
+
+use crate::error::{Error, Result};
+use crate::experts::speculation::Verdict;
+use crate::experts::ExpertStream;
+use crate::kv::{LayerCache, StepMemo};
+
+/// Applies layer `first + j` with `caches[j]` to `h`, for every cache in
+/// turn, speculatively where `experts` allows it (see the module's text).
+pub fn run_layers(
+    experts: Option<&ExpertStream>,
+    first: usize,
+    caches: &mut [LayerCache],
+    masks: &StepMemo,
+    h: Array,
+    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+) -> Result<Array> {
+    let stream = match experts {
+        Some(s) if s.speculates() && h.dim(1)? == 1 && caches.iter().all(|c| c.can_undo_append(1)) => s,
+        _ => return run_from(0, first, caches, masks, h, layer),
+    };
+    // Each layer's input, kept for a step that runs again from that layer.
+    let mut inputs = Vec::with_capacity(caches.len());
+    stream.begin_speculation();
+    let ran = (|| -> Result<(Array, Verdict)> {
+        let mut h = h;
+        for (j, c) in caches.iter_mut().enumerate() {
+            inputs.push(h.clone());
+            h = layer(first + j, h, c, masks)?;
+        }
+        let verdict = stream.end_speculation(&h)?;
+        Ok((h, verdict))
+    })();
+    let (h, verdict) = ran.inspect_err(|_| stream.abandon_speculation())?;
+    let Verdict::Replay { from } = verdict else { return Ok(h) };
+    let from = (from as usize).checked_sub(first).filter(|&j| j < caches.len()).ok_or(Error::Internal("a speculative step missed in a layer this stage does not run"))?;
+    for c in caches[from..].iter_mut() {
+        if c.trim(1)? != 1 {
+            return Err(Error::Internal("a speculative step's position could not be dropped"));
+        }
+    }
+    let input = inputs.swap_remove(from);
+    drop(inputs);
+    run_from(from, first, caches, masks, input, layer)
+}
+
+/// Applies the layers from `caches[from]` on, without speculation.
+fn run_from(
+    from: usize,
+    first: usize,
+    caches: &mut [LayerCache],
+    masks: &StepMemo,
+    mut h: Array,
+    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+) -> Result<Array> {
+    for (j, c) in caches.iter_mut().enumerate().skip(from) {
+        h = layer(first + j, h, c, masks)?;
+    }
+    Ok(h)
+}
