@@ -2,7 +2,7 @@
 routed expert resident, then streamed from disk at several cache budgets, in one
 run on one machine; plus the disk itself (O_DIRECT reads of one expert's size).
 
-usage: python expert_bench.py --model DIR --bin mlx-serve [--runs resident,100%,75%,50%,25%,25%-noahead]
+usage: python expert_bench.py --model DIR --bin mlx-serve [--runs resident,100%,75%,50%,25%,25%-noahead,25%-nospec]
        [--prompt-kind words|random]
        [--prompt-tokens 2048] [--gen-tokens 128] [--temp 0.8] [--out results.json]
 
@@ -89,10 +89,13 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     cmd = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen), "--ignore-chat-template",
            "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json"]
     if budget != "resident":
-        # "25%-noahead": the same budget without prefill read-ahead.
-        cmd += ["--stream-experts", "--expert-cache-bytes", budget.removesuffix("-noahead"), "--expert-readers", str(readers)]
-        if budget.endswith("-noahead"):
-            cmd.append("--no-expert-read-ahead")
+        # "25%-noahead": the same budget without prefill read-ahead; "-nospec" /
+        # "-spec": decode steps without / with speculation (default: auto).
+        share, *options = budget.split("-")
+        cmd += ["--stream-experts", "--expert-cache-bytes", share, "--expert-readers", str(readers)]
+        flags = {"noahead": ["--no-expert-read-ahead"], "nospec": ["--expert-speculation", "off"], "spec": ["--expert-speculation", "on"]}
+        for o in options:
+            cmd += flags[o]
     t0 = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     r = json.loads(out.stdout)
@@ -142,7 +145,11 @@ def main():
                        prefill_gb_read=p["bytes_read"] / 1e9,
                        prefill_read_gbps=p["bytes_read"] / 1e9 / (r["prompt_tokens"] / r["prompt_tps"]),
                        read_ahead=p.get("prefetch_issued", 0), read_ahead_used=p.get("prefetch_used", 0),
-                       stall_s=z["stall_seconds"], syncs=z["host_syncs"],
+                       stall_s=z["stall_seconds"], syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
+                       speculative_steps=z.get("speculative_steps", 0) - p.get("speculative_steps", 0),
+                       replayed_steps=z.get("replayed_steps", 0) - p.get("replayed_steps", 0),
+                       decode_read_ahead=z["prefetch_issued"] - p["prefetch_issued"],
+                       decode_read_ahead_used=z["prefetch_used"] - p["prefetch_used"],
                        io=z["io_mode"], disk_vs_os=(z["os_read_bytes"] or 0) / max(1, z["disk_bytes_read"]),
                        capacity_gb=z["capacity_bytes"] / 1e9)
             if resident:

@@ -220,10 +220,11 @@ fn decode_steps_read_the_next_layers_guessed_experts_and_count_them() {
 
 /// `--expert-speculation on`: decode steps run on the experts the slots hold
 /// and read the routers' choices back once; a step that lacked an expert runs
-/// again from that layer, its misses read first. The text is the one each
-/// layer reading back gives; every byte is counted as before (the reads
-/// before a replay among the experts read ahead); fewer read-backs where
-/// steps find their experts; the counters on /metrics.
+/// again from that layer, the experts it chose installed first (which changes
+/// what the cache evicts, so the misses are not those of the per-layer path).
+/// The text is the one each layer reading back gives; every byte is counted
+/// (the reads before a replay among the experts read ahead); fewer read-backs
+/// where steps find their experts; the counters on /metrics.
 #[test]
 fn speculative_decode_steps_give_the_same_text_with_fewer_read_backs_and_count_every_read() {
     let dir = q4_fixture();
@@ -237,7 +238,7 @@ fn speculative_decode_steps_give_the_same_text_with_fewer_read_backs_and_count_e
         assert_eq!(r.status, 200, "{}", r.body);
         let after = experts(&server);
         let d = |f: &str| n(&after, f) - n(&before, f);
-        let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes", "host_syncs", "speculative_steps", "replayed_steps"];
+        let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes", "host_syncs", "speculative_steps", "replayed_steps", "speculative_passes"];
         let deltas: Vec<u64> = fields.iter().map(|f| d(f)).collect();
         eprintln!("{budget}, speculation {speculation}: {:?}", fields.iter().zip(&deltas).collect::<Vec<_>>());
         (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
@@ -246,10 +247,10 @@ fn speculative_decode_steps_give_the_same_text_with_fewer_read_backs_and_count_e
         let (plain_text, plain, _) = run(budget, "off");
         assert_eq!((plain[7], plain[8]), (0, 0), "{budget}: no speculative step with speculation off");
         let (text, s, metrics) = run(budget, "on");
-        let [misses, issued, used, bytes, disk, os, syncs, speculative, replayed] = s[..] else { unreachable!() };
+        let [misses, issued, used, bytes, disk, os, syncs, speculative, replayed, passes] = s[..] else { unreachable!() };
         assert_eq!(text, plain_text, "{budget}: speculation changed the output");
-        assert_eq!(misses, plain[0], "{budget}: the same experts missed");
         assert!(speculative >= 47 && replayed <= speculative, "{budget}: {speculative} speculative steps, {replayed} replayed");
+        assert!(passes >= speculative + replayed.min(1) && passes <= 3 * speculative, "{budget}: {passes} passes of {speculative} steps");
         assert!(used <= issued && used <= misses);
         assert_eq!(bytes, (misses - used + issued) * Q4_EXPERT_BYTES, "{budget}: bytes read must be (misses read on demand + read ahead) x expert size");
         assert!((os as f64 - disk as f64).abs() <= 0.05 * disk as f64, "{budget}: the kernel read {os} bytes for {disk} bytes of expert reads");

@@ -44,6 +44,7 @@ pub struct ExpertCounters {
     prefetch_issued: Counter,
     prefetch_used: Counter,
     speculative_steps: Counter,
+    speculative_passes: Counter,
     replayed_steps: Counter,
     resident_bytes: Gauge,
     capacity_bytes: Gauge,
@@ -86,8 +87,13 @@ impl ExpertCounters {
             self.speculative_steps.clone(),
         );
         r.register(
+            "expert_speculative_passes",
+            "Passes of speculative decode steps over their layers (a step that lacked an expert runs again from that layer, its missing experts installed first)",
+            self.speculative_passes.clone(),
+        );
+        r.register(
             "expert_replayed_steps",
-            "Speculative decode steps that found a missing expert and ran again from its layer, reading back each layer's router",
+            "Speculative decode steps that found a missing expert and ran again from its layer",
             self.replayed_steps.clone(),
         );
         r.register(
@@ -128,8 +134,11 @@ impl ExpertCounters {
         self.prefetch_issued.inc_by(experts);
     }
 
-    pub(crate) fn record_speculative_step(&self, replayed: bool) {
+    /// A speculative step that ran `passes` speculative passes over (some
+    /// of) its layers, and ran again at least once (`replayed`).
+    pub(crate) fn record_speculative_step(&self, passes: u64, replayed: bool) {
         self.speculative_steps.inc();
+        self.speculative_passes.inc_by(passes);
         if replayed {
             self.replayed_steps.inc();
         }
@@ -171,6 +180,10 @@ impl ExpertCounters {
         self.speculative_steps.get()
     }
 
+    pub fn speculative_passes(&self) -> u64 {
+        self.speculative_passes.get()
+    }
+
     pub fn replayed_steps(&self) -> u64 {
         self.replayed_steps.get()
     }
@@ -198,6 +211,7 @@ impl ExpertCounters {
             "stall_seconds": self.stall_seconds.get(),
             "host_syncs": self.host_syncs.get(),
             "speculative_steps": self.speculative_steps.get(),
+            "speculative_passes": self.speculative_passes.get(),
             "replayed_steps": self.replayed_steps.get(),
             "prefetch_issued": self.prefetch_issued.get(),
             "prefetch_used": self.prefetch_used.get(),

@@ -70,10 +70,16 @@ pub trait StreamedLayer: Send + Sync {
     /// any was missing, changes nothing and returns false.
     fn confirm(&self, ids: &[u32]) -> Result<bool>;
 
-    /// Starts reading up to `cap` of the experts in `ids` the layer lacks,
-    /// before the step runs again (nothing when reads are already under way);
-    /// returns how many reads it started.
-    fn read_before_replay(&self, ids: &[u32], cap: usize) -> Result<usize>;
+    /// Before a speculative step runs again: starts reading the experts in
+    /// `ids` (this layer's choice in the pass that failed) that the layer
+    /// lacks, if they are at most `cap` (nothing when other reads are under
+    /// way); returns how many reads it started.
+    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<usize>;
+
+    /// Waits for the reads [`Self::read_for_replay`] started and writes them
+    /// into the slots, so the step's next pass finds them there. They count
+    /// as misses (and as read ahead and used) when a step uses them.
+    fn install_for_replay(&self) -> Result<()>;
 
     /// Bytes of one expert's tensors.
     fn expert_bytes(&self) -> u64;

@@ -10,11 +10,13 @@
 //! on: the step is undone from that layer and runs again there, reading back
 //! each layer's choice as without speculation (`models::speculative_step`).
 //!
-//! Before the step runs again, what it now knows is read at once: the missing
-//! experts of the first layer that lacked some (its choice was right: its
-//! input was), and those the later layers chose on their slightly wrong input
-//! (most of them what they choose again), up to [`REPLAY_READ_BYTES`]. A
-//! later layer uses what it chose of them and drops the rest.
+//! Before the step runs again, what it now knows is read at once and written
+//! into the slots: the missing experts of the first layer that lacked some
+//! (its choice was right: its input was), and those the later layers chose on
+//! their slightly wrong input (most of them what they choose again), up to
+//! [`REPLAY_READ_BYTES`]. So the next pass, again speculative, usually finds
+//! every expert; a step runs at most [`SPECULATIVE_PASSES`] such passes, then
+//! the rest per layer.
 //!
 //! Where it pays: a step that runs again costs the layers after the miss
 //! twice, and the read-backs it saves cost little on the CPU, where MLX
@@ -26,9 +28,13 @@ use mlx_rs_safe::{ops, Array, Dtype};
 use super::ExpertStream;
 use crate::error::{Error, Result};
 
-/// Bytes of experts read ahead of a replay beyond the first missing layer's
-/// own: reads of guesses are bounded like the staging they need.
+/// Bytes of experts read before a step runs again, beyond the first missing
+/// layer's own: reads of guesses are bounded like the staging they need.
 pub const REPLAY_READ_BYTES: u64 = 512 << 20;
+
+/// Speculative passes of one step at most; a step still lacking an expert
+/// after them runs its remaining layers reading back per layer.
+pub const SPECULATIVE_PASSES: u64 = 3;
 
 /// When decode steps speculate (`--expert-speculation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,11 +117,11 @@ impl ExpertStream {
         self.step.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
-    /// Ends the step: evaluates `out` (the step's last hidden state) with
+    /// Ends a speculative pass: evaluates `out` (its last hidden state) with
     /// every recorded choice, in one read-back, and checks each layer's choice
     /// against its slots in layer order. Layers before the first that lacked
-    /// an expert record their hits; from that one on, reads of what they lack
-    /// start now.
+    /// an expert record their hits; from that one on, the experts the pass
+    /// chose and the slots lack are read and installed for the next.
     pub fn end_speculation(&self, out: &Array) -> Result<Verdict> {
         let step = self.step.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(StepRecord { choices }) = step else { return Err(Error::Internal("a speculative step ended that never began")) };
@@ -130,25 +136,28 @@ impl ExpertStream {
         let ids = all.to_vec::<u32>()?;
         let mut at = 0;
         let mut first_miss = None;
+        let mut replaying = Vec::new();
         let mut budget = REPLAY_READ_BYTES;
         for (layer, choice) in &choices {
             let mine = ids.get(at..at + choice.size()).ok_or(Error::Internal("a speculative step's choices came back short"))?;
             at += choice.size();
             let streamed = self.layer(*layer).ok_or(Error::Internal("a speculative choice of a layer that does not stream"))?;
-            match first_miss {
-                None if streamed.confirm(mine)? => {}
+            let cap = match first_miss {
+                None if streamed.confirm(mine)? => continue,
                 None => {
                     first_miss = Some(*layer);
-                    streamed.read_before_replay(mine, usize::MAX)?;
+                    usize::MAX
                 }
-                Some(_) => {
-                    let cap = (budget / streamed.expert_bytes().max(1)) as usize;
-                    let started = streamed.read_before_replay(mine, cap)?;
-                    budget = budget.saturating_sub(started as u64 * streamed.expert_bytes());
-                }
-            }
+                Some(_) => (budget / streamed.expert_bytes().max(1)) as usize,
+            };
+            let started = streamed.read_for_replay(mine, cap)?;
+            budget = budget.saturating_sub(started as u64 * streamed.expert_bytes());
+            replaying.push(streamed);
         }
-        self.reader.counters().record_speculative_step(first_miss.is_some());
+        // All reads were started before any is waited for.
+        for streamed in &replaying {
+            streamed.install_for_replay()?;
+        }
         Ok(first_miss.map_or(Verdict::Confirmed, |from| Verdict::Replay { from }))
     }
 }

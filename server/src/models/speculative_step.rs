@@ -2,10 +2,11 @@
 //! streamed experts (`experts::speculation`): a decode step runs every layer
 //! on the experts the slots hold and checks the routers' choices once at the
 //! end; if a layer lacked one, the step is undone from that layer (each later
-//! layer's cache drops the position it appended) and runs again from that
-//! layer's input, every streamed layer then reading its choice back and
-//! reading what it lacks, as without speculation. The output is the same
-//! either way, token for token.
+//! layer's cache drops the position it appended), the experts it now knows of
+//! are installed, and it runs again from that layer's input, speculatively up
+//! to `SPECULATIVE_PASSES` passes in all, then per layer (each streamed layer
+//! reading its choice back and reading what it lacks). The output is the
+//! same either way, token for token.
 //!
 //! A step speculates only when undoing it is possible: one token per row and
 //! every layer's cache able to drop it (not a recurrent state, nor a sliding
@@ -14,7 +15,7 @@
 use mlx_rs_safe::Array;
 
 use crate::error::{Error, Result};
-use crate::experts::speculation::Verdict;
+use crate::experts::speculation::{Verdict, SPECULATIVE_PASSES};
 use crate::experts::ExpertStream;
 use crate::kv::{LayerCache, StepMemo};
 
@@ -32,29 +33,53 @@ pub fn run_layers(
         Some(s) if s.speculates() && h.dim(1)? == 1 && caches.iter().all(|c| c.can_undo_append(1)) => s,
         _ => return run_from(0, first, caches, masks, h, layer),
     };
-    // Each layer's input, kept for a step that runs again from that layer.
+    // Each layer's input in the latest pass: where a step runs again from.
     let mut inputs = Vec::with_capacity(caches.len());
-    stream.begin_speculation();
-    let ran = (|| -> Result<(Array, Verdict)> {
-        let mut h = h;
-        for (j, c) in caches.iter_mut().enumerate() {
-            inputs.push(h.clone());
-            h = layer(first + j, h, c, masks)?;
+    let mut h = h;
+    let mut from = 0;
+    for pass in 1..=SPECULATIVE_PASSES {
+        stream.begin_speculation();
+        let ran = speculative_pass(stream, from, first, caches, masks, h, &mut inputs, layer);
+        let (out, verdict) = ran.inspect_err(|_| stream.abandon_speculation())?;
+        let miss = match verdict {
+            Verdict::Confirmed => {
+                stream.reader.counters().record_speculative_step(pass, pass > 1);
+                return Ok(out);
+            }
+            Verdict::Replay { from } => from,
+        };
+        from = (miss as usize).checked_sub(first).filter(|&j| j < caches.len()).ok_or(Error::Internal("a speculative step missed in a layer this stage does not run"))?;
+        for c in caches[from..].iter_mut() {
+            if c.trim(1)? != 1 {
+                return Err(Error::Internal("a speculative step's position could not be dropped"));
+            }
         }
-        let verdict = stream.end_speculation(&h)?;
-        Ok((h, verdict))
-    })();
-    let (h, verdict) = ran.inspect_err(|_| stream.abandon_speculation())?;
-    let Verdict::Replay { from } = verdict else { return Ok(h) };
-    let from = (from as usize).checked_sub(first).filter(|&j| j < caches.len()).ok_or(Error::Internal("a speculative step missed in a layer this stage does not run"))?;
-    for c in caches[from..].iter_mut() {
-        if c.trim(1)? != 1 {
-            return Err(Error::Internal("a speculative step's position could not be dropped"));
-        }
+        inputs.truncate(from + 1);
+        h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;
     }
-    let input = inputs.swap_remove(from);
-    drop(inputs);
-    run_from(from, first, caches, masks, input, layer)
+    stream.reader.counters().record_speculative_step(SPECULATIVE_PASSES, true);
+    run_from(from, first, caches, masks, h, layer)
+}
+
+/// One speculative pass over the layers from `caches[from]` on, their inputs
+/// appended to `inputs`; the pass's output and what its end found.
+#[allow(clippy::too_many_arguments)]
+fn speculative_pass(
+    stream: &ExpertStream,
+    from: usize,
+    first: usize,
+    caches: &mut [LayerCache],
+    masks: &StepMemo,
+    mut h: Array,
+    inputs: &mut Vec<Array>,
+    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+) -> Result<(Array, Verdict)> {
+    for (j, c) in caches.iter_mut().enumerate().skip(from) {
+        inputs.push(h.clone());
+        h = layer(first + j, h, c, masks)?;
+    }
+    let verdict = stream.end_speculation(&h)?;
+    Ok((h, verdict))
 }
 
 /// Applies the layers from `caches[from]` on, without speculation.

@@ -66,8 +66,13 @@ struct State {
     /// Expert → slot on the device (slot 0 for experts not in the pool, see
     /// `SlotTable::device_map`); None when the table changed since it was made.
     map: Option<Array>,
-    /// Reads started before this layer's router ran, by the layer before.
+    /// Reads begun before the layer's router ran, by the layer before.
     ahead: Option<Ahead>,
+    /// Reads for a speculative step's next pass, and the plan they install.
+    replay: Option<(Plan, PendingReads)>,
+    /// Experts installed for a speculative step's next pass, not yet used or
+    /// passed over by it: counted as misses when used.
+    replay_installed: Vec<u32>,
     /// The experts the layer's last wide step used: what the next one reads ahead.
     wide_used: Option<Vec<u32>>,
     guesses: GuessRecord,
@@ -213,6 +218,8 @@ impl StreamedSwitchGlu {
                 complete: false,
                 map: None,
                 ahead: None,
+                replay: None,
+                replay_installed: Vec::new(),
                 wide_used: None,
                 guesses: GuessRecord::default(),
                 guesser: None,
@@ -282,7 +289,7 @@ impl StreamedSwitchGlu {
             return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
         }
         let plan = st.table.plan(ids);
-        counters.record_lookup(self.layer, plan.hits() as u64, plan.misses.len() as u64);
+        st.record_lookup(&plan, self.layer, &self.stream);
         // A failed read leaves table and pools as they were.
         let ahead = st.ahead.take();
         let was_guessed = ahead.as_ref().is_some_and(|a| a.guessed);
@@ -403,6 +410,17 @@ impl State {
         self.map.as_ref().ok_or(Error::Internal("an expert map just made is missing"))
     }
 
+    /// Records a step's lookups: its hits and misses, experts installed for
+    /// this step's replay (`replay_installed`) counted as misses (they were
+    /// not in the slots when the step began) and as read ahead and used.
+    fn record_lookup(&mut self, plan: &Plan, layer: u32, stream: &ExpertStream) {
+        let installed = std::mem::take(&mut self.replay_installed);
+        let early = plan.used.iter().filter(|e| installed.contains(e)).count();
+        let counters = stream.reader.counters();
+        counters.record_lookup(layer, (plan.hits() - early) as u64, (plan.misses.len() + early) as u64);
+        counters.record_prefetch_used(early as u64);
+    }
+
     /// Records that `plan` ran, its installs written into `pools`.
     fn commit(&mut self, plan: &Plan, pools: Vec<Array>, expert_bytes: u64, stream: &ExpertStream) {
         let filled = self.table.commit(plan);
@@ -460,27 +478,40 @@ impl StreamedLayer for StreamedSwitchGlu {
         if !plan.misses.is_empty() {
             return Ok(false);
         }
-        self.stream.reader.counters().record_lookup(self.layer, plan.hits() as u64, 0);
+        st.record_lookup(&plan, self.layer, &self.stream);
         st.table.commit(&plan);
         Ok(true)
     }
 
-    fn read_before_replay(&self, ids: &[u32], cap: usize) -> Result<usize> {
+    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<usize> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.complete || cap == 0 {
+        if st.ahead.is_some() || st.replay.is_some() || st.complete {
             return Ok(0);
         }
         let experts = self.tensors[0].regions.len();
         let valid: Vec<u32> = ids.iter().copied().filter(|&e| (e as usize) < experts).collect();
-        let lacking: Vec<u32> = st.table.plan(&valid).misses.into_iter().take(cap).collect();
-        if lacking.is_empty() {
+        let plan = st.table.plan(&valid);
+        let n = plan.misses.len();
+        if n == 0 || n > cap {
             return Ok(0);
         }
-        let reads = self.stream.reader.submit(self.jobs(&lacking))?;
-        self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
-        let started = lacking.len();
-        st.ahead = Some(Ahead { experts: lacking, reads, guessed: false });
-        Ok(started)
+        let reads = self.stream.reader.submit(self.jobs(&plan.misses))?;
+        self.stream.reader.counters().record_prefetch_issued(n as u64);
+        st.replay = Some((plan, reads));
+        Ok(n)
+    }
+
+    fn install_for_replay(&self) -> Result<()> {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        let Some((plan, reads)) = st.replay.take() else { return Ok(()) };
+        let read = reads.wait()?;
+        let pools = self.install(&st.pools, &plan, &read)?;
+        // Installed, not used: the pass that uses them touches them.
+        let installs_only = Plan { used: Vec::new(), ..plan };
+        st.replay_installed.extend(installs_only.installs.iter().map(|&(i, _)| installs_only.misses[i]));
+        st.commit(&installs_only, pools, self.expert_bytes, &self.stream);
+        Ok(())
     }
 
     fn expert_bytes(&self) -> u64 {
