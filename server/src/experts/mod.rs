@@ -98,6 +98,7 @@ pub struct ExpertStream {
     speculate: Speculation,
     /// The speculative step under way, if any.
     step: Mutex<Option<speculation::StepRecord>>,
+    miss_rate: Mutex<speculation::MissRate>,
     /// `--expert-prefetch`: experts read ahead per layer and decode step.
     pub prefetch: usize,
 }
@@ -132,6 +133,7 @@ impl ExpertStream {
             read_ahead: opts.read_ahead,
             speculate: opts.speculate,
             step: Mutex::new(None),
+            miss_rate: Mutex::new(speculation::MissRate::default()),
             prefetch: opts.prefetch,
         })
     }

@@ -30,9 +30,16 @@ pub fn run_layers(
     layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
 ) -> Result<Array> {
     let stream = match experts {
-        Some(s) if s.speculates() && h.dim(1)? == 1 && caches.iter().all(|c| c.can_undo_append(1)) => s,
+        Some(s) if h.dim(1)? == 1 && caches.iter().all(|c| c.can_undo_append(1)) => s,
         _ => return run_from(0, first, caches, masks, h, layer),
     };
+    if !stream.speculates() {
+        // Whether this step would have run again, for the next ones' choice.
+        let misses = stream.reader.counters().misses();
+        let out = run_from(0, first, caches, masks, h, layer)?;
+        stream.observe_step(stream.reader.counters().misses() > misses);
+        return Ok(out);
+    }
     // Each layer's input in the latest pass: where a step runs again from.
     let mut inputs = Vec::with_capacity(caches.len());
     let mut h = h;
@@ -44,6 +51,7 @@ pub fn run_layers(
         let miss = match verdict {
             Verdict::Confirmed => {
                 stream.reader.counters().record_speculative_step(pass, pass > 1);
+                stream.observe_step(pass > 1);
                 return Ok(out);
             }
             Verdict::Replay { from } => from,
@@ -58,6 +66,7 @@ pub fn run_layers(
         h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;
     }
     stream.reader.counters().record_speculative_step(SPECULATIVE_PASSES, true);
+    stream.observe_step(true);
     run_from(from, first, caches, masks, h, layer)
 }
 
