@@ -71,10 +71,20 @@ impl Speculation {
 }
 
 /// The share of recent decode steps that lacked an expert (in some layer),
-/// an exponential average over about the last [`MissRate::WINDOW`] steps.
-#[derive(Debug, Default)]
+/// an exponential average over about the last [`MissRate::WINDOW`] steps. It
+/// starts at one, as if every step had lacked one: a cache just filled by a
+/// prefill misses most at first, and a step that runs again where most do
+/// costs more than speculation saves (its guesses read and evict in vain), so
+/// speculation begins once about a dozen steps in a row found every expert.
+#[derive(Debug)]
 pub struct MissRate {
     share: f64,
+}
+
+impl Default for MissRate {
+    fn default() -> MissRate {
+        MissRate { share: 1.0 }
+    }
 }
 
 impl MissRate {
@@ -200,6 +210,10 @@ mod tests {
     #[test]
     fn auto_speculation_stops_once_most_recent_steps_lacked_an_expert_and_resumes() {
         let mut rate = MissRate::default();
+        assert!(!Speculation::Auto.now(rate.share()), "no step seen yet");
+        for _ in 0..12 {
+            rate.observe(false);
+        }
         assert!(Speculation::Auto.now(rate.share()) == (mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu)));
         // One step in six lacking: stays below.
         for i in 0..60 {
