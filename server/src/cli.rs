@@ -328,12 +328,13 @@ pub struct LoadArgs {
     pub no_expert_read_ahead: bool,
     /// With --stream-experts: whether decode steps run on the experts the
     /// slots hold and read every MoE layer's router choice back once, at the
-    /// end (a step that needed a missing expert is undone from that layer and
-    /// runs again, reading back each layer's choice, with the missing experts
-    /// read at once first), instead of one read-back per layer. auto: on a
-    /// GPU (where each read-back drains the device), not on the CPU. Models
-    /// whose caches cannot drop a step's position (a recurrent state, a full
-    /// sliding window, Gemma 4) always read back per layer.
+    /// end, instead of once per layer (a step that lacked an expert is undone
+    /// from that layer and runs again, the experts it chose read and installed
+    /// first). auto: on a GPU (where each read-back drains the device) while
+    /// fewer than half of the recent decode steps lacked an expert; never on
+    /// the CPU. on: always; off: never. Models whose caches cannot drop a
+    /// step's position (a recurrent state, a filled sliding window) and Gemma
+    /// 4 always read back per layer.
     #[arg(long, env = "MLX_SERVE_EXPERT_SPECULATION", default_value = "auto", requires = "stream_experts")]
     pub expert_speculation: String,
     /// With --stream-experts: in decode steps, each MoE layer also runs the

@@ -324,6 +324,35 @@ fn a_corrupt_or_truncated_shard_fails_the_request_naming_file_and_tensor_and_ser
     assert_eq!(r.status, 200, "the server serves again once the file is whole: {}", r.body);
 }
 
+/// A read that fails inside a speculative decode step (the experts read
+/// before it runs again) fails the request naming the file, and the server
+/// serves again once the file is whole.
+#[test]
+fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() {
+    let dir = copy_of(&q4_fixture(), "damaged-speculative");
+    let shard = dir.join("model.safetensors");
+    let good = std::fs::read(&shard).unwrap();
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "10%", "--expert-speculation", "on"]);
+    let prompt = prompt_of(&dir);
+    assert_eq!(complete(&server, &prompt[..20], 4).status, 200);
+    let before = experts(&server);
+    // Every expert tensor runs past the cut: whatever a step lacks fails to read.
+    let first = SafetensorsFile::open(&shard).unwrap().info("model.layers.0.mlp.switch_mlp.down_proj.weight").unwrap().offset;
+    std::fs::write(&shard, &good[..first as usize + 100]).unwrap();
+    // The same prompt again: its prefill comes from the prompt cache, so the
+    // reads that fail are the decode steps'.
+    let r = complete(&server, &prompt[..20], 48);
+    assert_ne!(r.status, 200, "decoding 48 tokens from 10% of the experts read nothing: {}", r.body);
+    for needle in ["model.safetensors", "truncated"] {
+        assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
+    }
+    let after = experts(&server);
+    assert!(n(&after, "speculative_steps") > n(&before, "speculative_steps"), "no decode step speculated: {after}");
+    std::fs::write(&shard, &good).unwrap();
+    let r = complete(&server, &prompt[100..400], 8);
+    assert_eq!(r.status, 200, "the server serves again once the file is whole: {}", r.body);
+}
+
 fn generate_stderr(dir: &Path, flags: &[&str]) -> String {
     let out = std::process::Command::new(common::server::binary())
         .args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "1"])

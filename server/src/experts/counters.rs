@@ -134,12 +134,13 @@ impl ExpertCounters {
         self.prefetch_issued.inc_by(experts);
     }
 
-    /// A speculative step that ran `passes` speculative passes over (some
-    /// of) its layers, and ran again at least once (`replayed`).
-    pub(crate) fn record_speculative_step(&self, passes: u64, replayed: bool) {
-        self.speculative_steps.inc();
-        self.speculative_passes.inc_by(passes);
-        if replayed {
+    /// A speculative pass begins: `pass` 1 begins a step, pass 2 a step's
+    /// first run again.
+    pub(crate) fn record_speculative_pass(&self, pass: u64) {
+        self.speculative_passes.inc();
+        if pass == 1 {
+            self.speculative_steps.inc();
+        } else if pass == 2 {
             self.replayed_steps.inc();
         }
     }

@@ -7,8 +7,8 @@
 //! step's output. If every chosen expert was in its slot, the step is exactly
 //! the one the per-layer path computes (the same kernels on the same slots).
 //! Otherwise the first layer that lacked one computed a wrong output from then
-//! on: the step is undone from that layer and runs again there, reading back
-//! each layer's choice as without speculation (`models::speculative_step`).
+//! on: the step is undone from that layer and runs again there
+//! (`models::speculative_step`).
 //!
 //! Before the step runs again, what it now knows is read at once and written
 //! into the slots: the missing experts of the first layer that lacked some
@@ -43,7 +43,8 @@ pub const SPECULATIVE_PASSES: u64 = 3;
 /// When decode steps speculate (`--expert-speculation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Speculation {
-    /// On a GPU, not on the CPU.
+    /// On a GPU while fewer than half of the recent decode steps lacked an
+    /// expert ([`MissRate`]); never on the CPU.
     Auto,
     On,
     Off,
@@ -195,10 +196,10 @@ impl ExpertStream {
             budget = budget.saturating_sub(started as u64 * streamed.expert_bytes());
             replaying.push(streamed);
         }
-        // All reads were started before any is waited for.
-        for streamed in &replaying {
-            streamed.install_for_replay()?;
-        }
+        // All reads were started before any is waited for; every layer's are
+        // collected even if one failed, so none is left pending.
+        let installed: Vec<Result<()>> = replaying.iter().map(|l| l.install_for_replay()).collect();
+        installed.into_iter().collect::<Result<()>>()?;
         Ok(first_miss.map_or(Verdict::Confirmed, |from| Verdict::Replay { from }))
     }
 }

@@ -62,12 +62,12 @@ impl KvStore for DenseStore {
         Ok(self.rows.trim(n))
     }
 
-    /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.
-    /// To TurboQuant: rotated and encoded, each row's first tokens kept as sinks.
     fn can_undo_append(&self, _n: i32) -> bool {
         true
     }
 
+    /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.
+    /// To TurboQuant: rotated and encoded, each row's first tokens kept as sinks.
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
         match *target {
             KvKind::Affine { group_size, bits } => {

@@ -45,12 +45,12 @@ pub fn run_layers(
     let mut h = h;
     let mut from = 0;
     for pass in 1..=SPECULATIVE_PASSES {
+        stream.reader.counters().record_speculative_pass(pass);
         stream.begin_speculation();
         let ran = speculative_pass(stream, from, first, caches, masks, h, &mut inputs, layer);
         let (out, verdict) = ran.inspect_err(|_| stream.abandon_speculation())?;
         let miss = match verdict {
             Verdict::Confirmed => {
-                stream.reader.counters().record_speculative_step(pass, pass > 1);
                 stream.observe_step(pass > 1);
                 return Ok(out);
             }
@@ -65,7 +65,6 @@ pub fn run_layers(
         inputs.truncate(from + 1);
         h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;
     }
-    stream.reader.counters().record_speculative_step(SPECULATIVE_PASSES, true);
     stream.observe_step(true);
     run_from(from, first, caches, masks, h, layer)
 }

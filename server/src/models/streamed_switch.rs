@@ -9,12 +9,13 @@
 //! layer makes), reads each expert it lacks once, and writes them into free or
 //! evicted slots with a scatter. A speculative decode step
 //! (`experts::speculation`) does not: it routes through the layer's expert →
-//! slot map on the device and records its choice, checked at the step's end. The pools are MLX arrays, updated
-//! functionally: a graph still queued on the old pool keeps reading the old
-//! bytes (MLX copies instead of updating in place while anything references
-//! it), so no slot is overwritten under queued work. Once a layer holds every
-//! expert it stops syncing: ids map to slots on the device. A budget that holds
-//! every expert fills the pools at load, so such layers never sync.
+//! slot map on the device and records its choice, checked at the step's end.
+//! The pools are MLX arrays, updated functionally: a graph still queued on the
+//! old pool keeps reading the old bytes (MLX copies instead of updating in
+//! place while anything references it), so no slot is overwritten under
+//! queued work. Once a layer holds every expert it stops syncing: ids map to
+//! slots on the device. A budget that holds every expert fills the pools at
+//! load, so such layers never sync.
 //!
 //! A wide step (a prefill chunk whose tokens pick every expert several times
 //! over) does not wait for the next layer's router: once its own reads are in
@@ -84,8 +85,7 @@ struct State {
 struct Ahead {
     experts: Vec<u32>,
     reads: PendingReads,
-    /// Guessed by the layer before in a narrow step (`--expert-prefetch`);
-    /// else read ahead in a wide step, or before a speculative step runs again.
+    /// Guessed by the layer before in a narrow step (else read ahead in a wide one).
     guessed: bool,
 }
 
@@ -415,7 +415,7 @@ impl State {
     /// not in the slots when the step began) and as read ahead and used.
     fn record_lookup(&mut self, plan: &Plan, layer: u32, stream: &ExpertStream) {
         let installed = std::mem::take(&mut self.replay_installed);
-        let early = plan.used.iter().filter(|e| installed.contains(e)).count();
+        let early = plan.used.iter().filter(|e| installed.contains(e) && !plan.misses.contains(e)).count();
         let counters = stream.reader.counters();
         counters.record_lookup(layer, (plan.hits() - early) as u64, (plan.misses.len() + early) as u64);
         counters.record_prefetch_used(early as u64);
