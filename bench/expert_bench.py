@@ -87,7 +87,7 @@ def probe_disk(model, size, depths, seconds=3.0):
 
 def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     cmd = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen), "--ignore-chat-template",
-           "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json"]
+           "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json", "--logprobs", "2"]
     if budget != "resident":
         # "25%-noahead": the same budget without prefill read-ahead; "-nospec" /
         # "-spec": decode steps without / with speculation (default: auto).
@@ -101,6 +101,23 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     r = json.loads(out.stdout)
     r["wall_s"] = time.time() - t0
     return r
+
+
+def compare(run, base):
+    """Where two runs' tokens part and how far apart their logits were: the
+    largest difference of the chosen tokens' log-probabilities before that
+    step, and at it the base run's margin between its token and the run's
+    (a near-tie when tiny). MLX's CUDA build is not run-to-run deterministic,
+    so compare these with two resident runs' own."""
+    a, b = run["generated_logprobs"], base["generated_logprobs"]
+    part = next((i for i, (x, y) in enumerate(zip(a, b)) if x["token"] != y["token"]), None)
+    upto = len(a) if part is None else part
+    out = {"parts_at": part, "max_logprob_diff_before": max((abs(x["logprob"] - y["logprob"]) for x, y in zip(a[:upto], b[:upto])), default=0.0)}
+    if part is not None:
+        theirs = dict((t, lp) for t, lp in b[part]["top"])
+        mine = a[part]["token"]
+        out["margin_at_part"] = b[part]["logprob"] - theirs[mine] if mine in theirs else None
+    return out
 
 
 def main():
@@ -160,9 +177,14 @@ def main():
                     row["serial_bound_tps"] = bound
                     row["pct_of_bound"] = row["decode_tps"] / bound
                 row["same_tokens"] = row["ids"] == resident["ids"]
+        if resident and row is not resident:
+            row["vs_resident"] = compare(r, resident["raw"])
+        row["raw"] = r
         rows.append(row)
-        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k != "ids"}), flush=True)
+        print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ("ids", "raw")}), flush=True)
     if a.out:
+        for row in rows:
+            row["logprobs"] = row.pop("raw")["generated_logprobs"]
         Path(a.out).write_text(json.dumps({"disk_gbps": disk, "expert_bytes": eb, "rows": rows}, indent=1))
 
 

@@ -289,6 +289,11 @@ pub struct GenerateArgs {
     /// Print one JSON object (ids, text, timings, memory) instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// With --json: each generated token's log-probability and this many
+    /// most likely alternatives at its step (`generated_logprobs`), to compare
+    /// two runs' logits where their tokens part.
+    #[arg(long, requires = "json", value_parser = clap::value_parser!(u16).range(0..=20))]
+    pub logprobs: Option<u16>,
 }
 
 /// How the weights are loaded (serve and generate alike).

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::sync::mpsc::unbounded_channel;
 
 use crate::cli::GenerateArgs;
-use crate::engine::{Engine, EngineConfig, Event, FinishReason, Generation, Request, SamplingParams};
+use crate::engine::{Engine, EngineConfig, Event, FinishReason, Generation, Request, SamplingParams, TokenLogprob};
 use crate::error::{Error, Result};
 use crate::hub;
 use crate::kv::KvCompression;
@@ -35,6 +35,10 @@ pub struct GenerateReport {
     /// so a warm-up run is included.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts: Option<serde_json::Value>,
+    /// With --logprobs: per generated token, its log-probability and the
+    /// most likely alternatives ({token, logprob, top: [[token, logprob]]}).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generated_logprobs: Option<Vec<serde_json::Value>>,
 }
 
 /// The prompt's token ids, as mlx_lm.generate builds them.
@@ -62,6 +66,7 @@ pub fn prompt_tokens(tok: &Tokenizer, args: &GenerateArgs) -> Result<Vec<u32>> {
 /// goes in, events come out, one turn at a time.
 struct Run {
     ids: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
     text: String,
     finish: FinishReason,
     /// From the start to the first token (or the end).
@@ -75,7 +80,7 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
     let (tx, mut rx) = unbounded_channel();
     let start = Instant::now();
     engine.submit(Request { params, arrived: start, events: tx });
-    let mut run = Run { ids: Vec::new(), text: String::new(), finish: FinishReason::Length, ttft: 0.0, total: 0.0, experts_at_first_token: None };
+    let mut run = Run { ids: Vec::new(), logprobs: Vec::new(), text: String::new(), finish: FinishReason::Length, ttft: 0.0, total: 0.0, experts_at_first_token: None };
     let mut first = None;
     loop {
         engine.step();
@@ -85,8 +90,9 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
                 start.elapsed()
             });
             match event {
-                Event::Token { token, text, .. } => {
+                Event::Token { token, text, logprob } => {
                     run.ids.push(token);
+                    run.logprobs.extend(logprob);
                     on_text(&text);
                     run.text.push_str(&text);
                 }
@@ -147,7 +153,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         sampling,
         max_tokens: args.max_tokens,
         stop: Vec::new(),
-        logprobs: None,
+        logprobs: args.logprobs.map(usize::from),
         ignore_eos: args.ignore_eos,
         keep_special_tokens: false,
         guide: None,
@@ -178,6 +184,9 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         generation_tps: run.ids.len() as f64 / decode_time,
         ttft_ms: run.ttft * 1e3,
         peak_memory_bytes: memory::peak_memory()?,
+        generated_logprobs: args.logprobs.map(|_| {
+            run.logprobs.iter().map(|l| json!({"token": l.token, "logprob": l.logprob, "top": l.top})).collect()
+        }),
         generated_token_ids: run.ids,
         text: run.text,
         experts: counters.map(|c| serde_json::json!({"after_prefill": run.experts_at_first_token, "at_end": c.summary()})),

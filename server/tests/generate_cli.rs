@@ -42,6 +42,29 @@ fn json_report_has_every_field_and_honours_max_tokens() {
     assert!(r["prompt_tokens"].as_u64() > raw["prompt_tokens"].as_u64(), "{r} vs {raw}");
 }
 
+/// `--logprobs N`: each generated token's log-probability with the N most
+/// likely tokens of its step, the chosen one among them under greedy decoding.
+#[test]
+fn logprobs_name_each_token_and_its_most_likely_alternatives() {
+    let m = model();
+    let r = json_report(&["--model", m.to_str().unwrap(), "--prompt", "the model", "--max-tokens", "6", "--ignore-eos", "--json", "--logprobs", "3"]);
+    let ids = r["generated_token_ids"].as_array().unwrap();
+    let lps = r["generated_logprobs"].as_array().unwrap_or_else(|| panic!("no generated_logprobs in {r}"));
+    assert_eq!(lps.len(), ids.len());
+    for (lp, id) in lps.iter().zip(ids) {
+        assert_eq!(&lp["token"], id);
+        let top = lp["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        let values: Vec<f64> = top.iter().map(|t| t[1].as_f64().unwrap()).collect();
+        assert!(values.windows(2).all(|w| w[0] >= w[1]), "most likely first: {top:?}");
+        assert!(values[0] <= 0.0 && (lp["logprob"].as_f64().unwrap() - values[0]).abs() < 1e-6, "greedy takes the most likely: {lp}");
+    }
+    let plain = json_report(&["--model", m.to_str().unwrap(), "--prompt", "x", "--max-tokens", "1", "--json"]);
+    assert!(plain.get("generated_logprobs").is_none(), "only when asked: {plain}");
+    let out = generate(&["--model", m.to_str().unwrap(), "--logprobs", "2"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--json"), "--logprobs needs --json");
+}
+
 #[test]
 fn the_same_seed_reproduces_a_sampled_generation() {
     let m = model();
