@@ -7,7 +7,7 @@ use mlx_rs_safe::{quantized, Array};
 use super::mask::StepMemo;
 use super::padded::PaddedRows;
 use super::sdpa;
-use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 use crate::error::Result;
 
 pub struct AffineStore {
@@ -64,8 +64,8 @@ impl KvStore for AffineStore {
         Ok(self.rows.trim(n))
     }
 
-    fn can_undo_append(&self, _n: i32) -> bool {
-        true
+    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Trim(n))
     }
 
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {

@@ -7,7 +7,7 @@ use super::affine::AffineStore;
 use super::mask::StepMemo;
 use super::padded::PaddedRows;
 use super::sdpa::Attended;
-use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 use super::turbo::TurboStore;
 use crate::error::Result;
 
@@ -62,8 +62,8 @@ impl KvStore for DenseStore {
         Ok(self.rows.trim(n))
     }
 
-    fn can_undo_append(&self, _n: i32) -> bool {
-        true
+    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Trim(n))
     }
 
     /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.

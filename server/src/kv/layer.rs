@@ -7,7 +7,7 @@
 use mlx_rs_safe::{eval, ops, Array};
 
 use super::mask::{MaskKey, StepMemo};
-use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 use super::Positions;
 use crate::error::{Error, Result};
 
@@ -214,10 +214,18 @@ impl LayerCache {
         Ok(dropped)
     }
 
-    /// Whether every row's next `n` positions can be dropped again (see
-    /// [`KvStore::can_undo_append`]).
-    pub fn can_undo_append(&self, n: i32) -> bool {
-        self.parts.iter().all(|p| p.can_undo_append(n))
+    /// Taken before `n` positions are appended: what [`Self::undo`] needs
+    /// to leave every row as it was (see [`KvStore::undo_point`]).
+    pub fn undo_point(&self, n: i32) -> Option<Vec<UndoPoint>> {
+        self.parts.iter().map(|p| p.undo_point(n)).collect()
+    }
+
+    /// Returns every row to `points` (from [`Self::undo_point`]).
+    pub fn undo(&mut self, points: &[UndoPoint]) -> Result<()> {
+        if points.len() != self.parts.len() {
+            return Err(Error::Internal("undo points of another cache layout"));
+        }
+        self.parts.iter_mut().zip(points).try_for_each(|(p, point)| p.undo(point))
     }
 
     pub fn state(&self) -> Vec<Array> {

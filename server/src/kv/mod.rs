@@ -29,7 +29,7 @@ pub const KV_STEP: usize = padded::STEP as usize;
 pub use prompt_cache::{PromptCache, PromptCacheHit};
 pub use recurrent::RecurrentStore;
 pub use snapshot::KvSnapshot;
-pub use store::{AttendArgs, KvKind, KvRow, KvStore};
+pub use store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 
 use mlx_rs_safe::Array;
 

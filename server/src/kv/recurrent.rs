@@ -9,7 +9,7 @@
 use mlx_rs_safe::{ops, Array};
 
 use super::mask::StepMemo;
-use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 use crate::error::{Error, Result};
 
 pub struct RecurrentStore {
@@ -94,8 +94,22 @@ impl KvStore for RecurrentStore {
         }
     }
 
-    fn can_undo_append(&self, _n: i32) -> bool {
-        false
+    /// The state arrays themselves (each step makes new ones): holding them
+    /// costs a copy where the update would have written in place.
+    fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Restore(vec![self.conv.clone(), self.ssm.clone()], self.offsets.clone()))
+    }
+
+    fn undo(&mut self, point: &UndoPoint) -> Result<()> {
+        match point {
+            UndoPoint::Restore(states, offsets) if states.len() == 2 && offsets.len() == self.offsets.len() => {
+                self.conv = states[0].clone();
+                self.ssm = states[1].clone();
+                self.offsets = offsets.clone();
+                Ok(())
+            }
+            _ => Err(Error::Internal("a recurrent state given an undo point it did not take")),
+        }
     }
 
     fn compress(&self, _: &KvKind) -> Result<Option<Box<dyn KvStore>>> {

@@ -14,7 +14,7 @@ use mlx_rs_safe::{ops, Array};
 use super::mask::{padded_causal_mask, slot_mask, MaskKey, StepMemo};
 use super::padded::STEP;
 use super::sdpa::Attended;
-use super::store::{AttendArgs, KvKind, KvRow, KvStore};
+use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 use crate::error::{Error, Result};
 
 pub struct RotatingStore {
@@ -236,8 +236,8 @@ impl KvStore for RotatingStore {
     }
 
     /// While the window has not filled: the write then takes a new slot.
-    fn can_undo_append(&self, n: i32) -> bool {
-        self.idx == self.total && self.total + n <= self.max_size
+    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
+        (self.idx == self.total && self.total + n <= self.max_size).then_some(UndoPoint::Trim(n))
     }
 
     /// Sliding-window layers stay unquantized (mlx-lm cannot quantize them at all).

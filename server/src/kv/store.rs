@@ -62,6 +62,15 @@ pub struct AttendArgs<'a> {
     pub keep: bool,
 }
 
+/// How a store returns to where it was before an append.
+#[derive(Clone)]
+pub enum UndoPoint {
+    /// Drop the appended positions (stores that keep positions).
+    Trim(i32),
+    /// Put back the state arrays and offsets as they were (a recurrent state).
+    Restore(Vec<Option<Array>>, Vec<i32>),
+}
+
 pub trait KvStore: Send {
     fn kind(&self) -> KvKind;
     /// Sequences held.
@@ -76,11 +85,22 @@ pub trait KvStore: Send {
     fn row(&self, b: usize) -> Result<KvRow>;
     /// Drops the newest `n` positions of every row; returns how many went.
     fn trim(&mut self, n: i32) -> Result<i32>;
-    /// Whether `n` positions appended next can be dropped again by `trim`,
-    /// leaving every row as it was: how a decode step that ran on guessed
-    /// experts is undone (`models::speculative_step`). Not a recurrent state,
-    /// nor a sliding window whose write would overwrite a position it keeps.
-    fn can_undo_append(&self, n: i32) -> bool;
+    /// Taken before `n` positions are appended to every row: what [`undo`]
+    /// needs to leave the rows as they were, as a decode step that ran on
+    /// guessed experts is undone (`models::speculative_step`). None where it
+    /// cannot be: a sliding window whose write would overwrite a position it
+    /// keeps.
+    ///
+    /// [`undo`]: KvStore::undo
+    fn undo_point(&self, n: i32) -> Option<UndoPoint>;
+    /// Returns to `point` (taken by [`KvStore::undo_point`] before the append).
+    fn undo(&mut self, point: &UndoPoint) -> Result<()> {
+        match point {
+            UndoPoint::Trim(n) if self.trim(*n)? == *n => Ok(()),
+            UndoPoint::Trim(_) => Err(Error::Internal("a cache could not drop the positions it was to undo")),
+            UndoPoint::Restore(..) => Err(Error::Internal("a saved state given to a cache that keeps positions")),
+        }
+    }
     /// These rows converted to `target` (the compression hook: a dense store
     /// becomes affine today), or None when this kind does not convert to it.
     fn compress(&self, target: &KvKind) -> Result<Option<Box<dyn KvStore>>>;

@@ -188,10 +188,10 @@ fn trimmed_positions_are_forgotten_and_can_be_written_again() {
     }
 }
 
-/// What a speculative decode step relies on: where a cache says a step can
-/// be undone, a step of wrong keys and values, trimmed, then the right one
-/// attends as if the wrong one never happened; a sliding window says no once
-/// its write would overwrite a position it keeps.
+/// What a speculative decode step relies on: where a cache gives an undo
+/// point, a step of wrong keys and values, undone, then the right one attends
+/// as if the wrong one never happened; a sliding window gives none once its
+/// write would overwrite a position it keeps.
 #[test]
 fn a_step_a_cache_can_undo_leaves_no_trace() {
     for kind in kinds() {
@@ -200,13 +200,14 @@ fn a_step_a_cache_can_undo_leaves_no_trace() {
         let mut cache = prefilled(&kind, &a, 3);
         let mut undone = 0;
         for p in 3..14 {
-            let undoable = cache.can_undo_append(1);
+            let point = cache.undo_point(1);
             if let KvKind::Rotating { max_size } = kind {
-                assert_eq!(undoable, p < max_size, "{kind:?} at {p}");
+                assert_eq!(point.is_some(), p < max_size, "{kind:?} at {p}");
             }
-            if undoable {
+            if let Some(point) = point {
                 step(&mut cache, &[&wrong], &[p]);
-                assert_eq!(cache.trim(1).unwrap(), 1);
+                cache.undo(&point).unwrap();
+                assert_eq!(cache.offsets(), vec![p], "{kind:?}: undone at {p}");
                 undone += 1;
             }
             let got = step(&mut cache, &[&a], &[p]).remove(0);

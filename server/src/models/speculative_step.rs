@@ -2,22 +2,22 @@
 //! streamed experts (`experts::speculation`): a decode step runs every layer
 //! on the experts the slots hold and checks the routers' choices once at the
 //! end; if a layer lacked one, the step is undone from that layer (each later
-//! layer's cache drops the position it appended), the experts it now knows of
+//! layer's cache returns to where it was: it drops the position it appended,
+//! or a recurrent state takes back its arrays), the experts it now knows of
 //! are installed, and it runs again from that layer's input, speculatively up
 //! to `SPECULATIVE_PASSES` passes in all, then per layer (each streamed layer
 //! reading its choice back and reading what it lacks). The output is the
 //! same either way, token for token.
 //!
 //! A step speculates only when undoing it is possible: one token per row and
-//! every layer's cache able to drop it (not a recurrent state, nor a sliding
-//! window that has filled).
+//! every layer's cache able to return (not a sliding window that has filled).
 
 use mlx_rs_safe::Array;
 
 use crate::error::{Error, Result};
 use crate::experts::speculation::{Verdict, SPECULATIVE_PASSES};
 use crate::experts::ExpertStream;
-use crate::kv::{LayerCache, StepMemo};
+use crate::kv::{LayerCache, StepMemo, UndoPoint};
 
 /// Applies layer `first + j` with `caches[j]` to `h`, for every cache in
 /// turn, speculatively where `experts` allows it (see the module's text).
@@ -29,17 +29,17 @@ pub fn run_layers(
     h: Array,
     layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
 ) -> Result<Array> {
-    let stream = match experts {
-        Some(s) if h.dim(1)? == 1 && caches.iter().all(|c| c.can_undo_append(1)) => s,
-        _ => return run_from(0, first, caches, masks, h, layer),
+    let Some(stream) = experts.filter(|_| h.dim(1).is_ok_and(|l| l == 1)) else {
+        return run_from(0, first, caches, masks, h, layer);
     };
-    if !stream.speculates() {
+    let undo: Option<Vec<Vec<UndoPoint>>> = if stream.speculates() { caches.iter().map(|c| c.undo_point(1)).collect() } else { None };
+    let Some(undo) = undo else {
         // Whether this step would have run again, for the next ones' choice.
         let misses = stream.reader.counters().misses();
         let out = run_from(0, first, caches, masks, h, layer)?;
         stream.observe_step(stream.reader.counters().misses() > misses);
         return Ok(out);
-    }
+    };
     // Each layer's input in the latest pass: where a step runs again from.
     let mut inputs = Vec::with_capacity(caches.len());
     let mut h = h;
@@ -57,10 +57,8 @@ pub fn run_layers(
             Verdict::Replay { from } => from,
         };
         from = (miss as usize).checked_sub(first).filter(|&j| j < caches.len()).ok_or(Error::Internal("a speculative step missed in a layer this stage does not run"))?;
-        for c in caches[from..].iter_mut() {
-            if c.trim(1)? != 1 {
-                return Err(Error::Internal("a speculative step's position could not be dropped"));
-            }
+        for (c, points) in caches[from..].iter_mut().zip(&undo[from..]) {
+            c.undo(points)?;
         }
         inputs.truncate(from + 1);
         h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;

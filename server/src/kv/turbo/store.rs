@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::kv::mask::{AttentionMask, MaskKey, StepMemo};
 use crate::kv::padded::PaddedRows;
 use crate::kv::sdpa;
-use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore};
+use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
 
 pub struct TurboStore {
     codec: Codec,
@@ -180,8 +180,8 @@ impl KvStore for TurboStore {
         Ok(self.body.trim(n))
     }
 
-    fn can_undo_append(&self, _n: i32) -> bool {
-        true
+    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Trim(n))
     }
 
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
