@@ -60,6 +60,13 @@ impl RecurrentStore {
     }
 }
 
+/// A recurrent store as it was (see [`KvStore::undo_point`]).
+struct Saved {
+    conv: Option<Array>,
+    ssm: Option<Array>,
+    offsets: Vec<i32>,
+}
+
 impl KvStore for RecurrentStore {
     fn kind(&self) -> KvKind {
         KvKind::Recurrent { state_bytes: self.state_bytes }
@@ -97,19 +104,16 @@ impl KvStore for RecurrentStore {
     /// The state arrays themselves (each step makes new ones): holding them
     /// costs a copy where the update would have written in place.
     fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
-        Some(UndoPoint::Restore(vec![self.conv.clone(), self.ssm.clone()], self.offsets.clone()))
+        Some(UndoPoint::Restore(Box::new(Saved { conv: self.conv.clone(), ssm: self.ssm.clone(), offsets: self.offsets.clone() })))
     }
 
     fn undo(&mut self, point: &UndoPoint) -> Result<()> {
-        match point {
-            UndoPoint::Restore(states, offsets) if states.len() == 2 && offsets.len() == self.offsets.len() => {
-                self.conv = states[0].clone();
-                self.ssm = states[1].clone();
-                self.offsets = offsets.clone();
-                Ok(())
-            }
-            _ => Err(Error::Internal("a recurrent state given an undo point it did not take")),
-        }
+        let UndoPoint::Restore(saved) = point else { return Err(Error::Internal("a recurrent state given positions to drop")) };
+        let saved = saved.downcast_ref::<Saved>().ok_or(Error::Internal("a recurrent state given another store's undo point"))?;
+        self.conv = saved.conv.clone();
+        self.ssm = saved.ssm.clone();
+        self.offsets = saved.offsets.clone();
+        Ok(())
     }
 
     fn compress(&self, _: &KvKind) -> Result<Option<Box<dyn KvStore>>> {

@@ -161,6 +161,16 @@ impl RotatingStore {
     }
 }
 
+/// A rotating store as it was (see [`KvStore::undo_point`]).
+struct Saved {
+    keys: Option<Array>,
+    values: Option<Array>,
+    total: i32,
+    idx: i32,
+    first: Vec<i32>,
+    offsets: Vec<i32>,
+}
+
 impl KvStore for RotatingStore {
     fn kind(&self) -> KvKind {
         KvKind::Rotating { max_size: self.max_size }
@@ -235,9 +245,39 @@ impl KvStore for RotatingStore {
         Ok(n)
     }
 
-    /// While the window has not filled: the write then takes a new slot.
+    /// While the window has not filled, the write takes a new slot: dropping
+    /// it undoes it. After, it overwrites a kept position: the buffers as
+    /// they were are kept (holding them costs a copy of the window where the
+    /// write would have been in place).
     fn undo_point(&self, n: i32) -> Option<UndoPoint> {
-        (self.idx == self.total && self.total + n <= self.max_size).then_some(UndoPoint::Trim(n))
+        if self.idx == self.total && self.total + n <= self.max_size {
+            return Some(UndoPoint::Trim(n));
+        }
+        Some(UndoPoint::Restore(Box::new(Saved {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            total: self.total,
+            idx: self.idx,
+            first: self.first.clone(),
+            offsets: self.offsets.clone(),
+        })))
+    }
+
+    fn undo(&mut self, point: &UndoPoint) -> Result<()> {
+        match point {
+            UndoPoint::Trim(n) if self.trim(*n)? == *n => Ok(()),
+            UndoPoint::Trim(_) => Err(Error::Internal("a sliding-window cache could not drop the positions it was to undo")),
+            UndoPoint::Restore(saved) => {
+                let s = saved.downcast_ref::<Saved>().ok_or(Error::Internal("a sliding-window cache given another store's undo point"))?;
+                self.keys = s.keys.clone();
+                self.values = s.values.clone();
+                (self.total, self.idx) = (s.total, s.idx);
+                self.first = s.first.clone();
+                self.offsets = s.offsets.clone();
+                self.last = None;
+                Ok(())
+            }
+        }
     }
 
     /// Sliding-window layers stay unquantized (mlx-lm cannot quantize them at all).

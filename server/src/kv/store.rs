@@ -63,12 +63,13 @@ pub struct AttendArgs<'a> {
 }
 
 /// How a store returns to where it was before an append.
-#[derive(Clone)]
 pub enum UndoPoint {
-    /// Drop the appended positions (stores that keep positions).
+    /// Drop the appended positions (stores that keep every position).
     Trim(i32),
-    /// Put back the state arrays and offsets as they were (a recurrent state).
-    Restore(Vec<Option<Array>>, Vec<i32>),
+    /// Put back the store's state as it was (a recurrent state; a sliding
+    /// window whose write overwrites a kept position): its own record, whose
+    /// arrays are the earlier arrays themselves, not copies.
+    Restore(Box<dyn std::any::Any + Send>),
 }
 
 pub trait KvStore: Send {
@@ -88,8 +89,7 @@ pub trait KvStore: Send {
     /// Taken before `n` positions are appended to every row: what [`undo`]
     /// needs to leave the rows as they were, as a decode step that ran on
     /// guessed experts is undone (`models::speculative_step`). None where it
-    /// cannot be: a sliding window whose write would overwrite a position it
-    /// keeps.
+    /// cannot be.
     ///
     /// [`undo`]: KvStore::undo
     fn undo_point(&self, n: i32) -> Option<UndoPoint>;
