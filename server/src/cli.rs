@@ -337,8 +337,7 @@ pub struct LoadArgs {
     /// from that layer and runs again, the experts it chose read and installed
     /// first). auto: on a GPU (where each read-back drains the device) while
     /// fewer than half of the recent decode steps lacked an expert; never on
-    /// the CPU. on: always; off: never. Gemma 4 (its own layer loop) always
-    /// reads back per layer.
+    /// the CPU. on: always; off: never.
     #[arg(long, env = "MLX_SERVE_EXPERT_SPECULATION", default_value = "auto", requires = "stream_experts")]
     pub expert_speculation: String,
     /// With --stream-experts: in decode steps, each MoE layer also runs the

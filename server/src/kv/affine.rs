@@ -64,8 +64,8 @@ impl KvStore for AffineStore {
         Ok(self.rows.trim(n))
     }
 
-    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
-        Some(UndoPoint::Trim(n))
+    fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Rewind(self.offsets()))
     }
 
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {

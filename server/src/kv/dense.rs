@@ -62,8 +62,8 @@ impl KvStore for DenseStore {
         Ok(self.rows.trim(n))
     }
 
-    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
-        Some(UndoPoint::Trim(n))
+    fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Rewind(self.offsets()))
     }
 
     /// To affine: the whole buffers quantized, as mlx-lm's `KVCache.to_quantized`.

@@ -251,7 +251,7 @@ impl KvStore for RotatingStore {
     /// write would have been in place).
     fn undo_point(&self, n: i32) -> Option<UndoPoint> {
         if self.idx == self.total && self.total + n <= self.max_size {
-            return Some(UndoPoint::Trim(n));
+            return Some(UndoPoint::Rewind(self.offsets.clone()));
         }
         Some(UndoPoint::Restore(Box::new(Saved {
             keys: self.keys.clone(),
@@ -265,8 +265,7 @@ impl KvStore for RotatingStore {
 
     fn undo(&mut self, point: &UndoPoint) -> Result<()> {
         match point {
-            UndoPoint::Trim(n) if self.trim(*n)? == *n => Ok(()),
-            UndoPoint::Trim(_) => Err(Error::Internal("a sliding-window cache could not drop the positions it was to undo")),
+            UndoPoint::Rewind(before) => super::store::rewind(self, before),
             UndoPoint::Restore(saved) => {
                 let s = saved.downcast_ref::<Saved>().ok_or(Error::Internal("a sliding-window cache given another store's undo point"))?;
                 self.keys = s.keys.clone();

@@ -64,12 +64,26 @@ pub struct AttendArgs<'a> {
 
 /// How a store returns to where it was before an append.
 pub enum UndoPoint {
-    /// Drop the appended positions (stores that keep every position).
-    Trim(i32),
+    /// Drop what was appended since the rows stood at these offsets (stores
+    /// that keep every position; nothing if nothing was appended).
+    Rewind(Vec<i32>),
     /// Put back the store's state as it was (a recurrent state; a sliding
     /// window whose write overwrites a kept position): its own record, whose
     /// arrays are the earlier arrays themselves, not copies.
     Restore(Box<dyn std::any::Any + Send>),
+}
+
+/// Drops what `store` appended since its rows stood at `before`.
+pub fn rewind(store: &mut (impl KvStore + ?Sized), before: &[i32]) -> Result<()> {
+    let now = store.offsets();
+    let n = now.first().zip(before.first()).map_or(0, |(a, b)| a - b);
+    if now.len() != before.len() || now.iter().zip(before).any(|(a, b)| a - b != n) || n < 0 {
+        return Err(Error::Internal("a cache's rows moved unevenly since its undo point"));
+    }
+    if n > 0 && store.trim(n)? != n {
+        return Err(Error::Internal("a cache could not drop the positions it was to undo"));
+    }
+    Ok(())
 }
 
 pub trait KvStore: Send {
@@ -96,8 +110,7 @@ pub trait KvStore: Send {
     /// Returns to `point` (taken by [`KvStore::undo_point`] before the append).
     fn undo(&mut self, point: &UndoPoint) -> Result<()> {
         match point {
-            UndoPoint::Trim(n) if self.trim(*n)? == *n => Ok(()),
-            UndoPoint::Trim(_) => Err(Error::Internal("a cache could not drop the positions it was to undo")),
+            UndoPoint::Rewind(before) => rewind(self, before),
             UndoPoint::Restore(..) => Err(Error::Internal("a saved state given to a cache that keeps positions")),
         }
     }

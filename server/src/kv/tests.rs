@@ -191,7 +191,8 @@ fn trimmed_positions_are_forgotten_and_can_be_written_again() {
 /// What a speculative decode step relies on: where a cache gives an undo
 /// point, a step of wrong keys and values, undone, then the right one attends
 /// as if the wrong one never happened, also once a sliding window's write
-/// overwrites a position it keeps.
+/// overwrites a position it keeps; undone with nothing appended, nothing
+/// changes.
 #[test]
 fn a_step_a_cache_can_undo_leaves_no_trace() {
     for kind in kinds() {
@@ -200,6 +201,9 @@ fn a_step_a_cache_can_undo_leaves_no_trace() {
         let mut cache = prefilled(&kind, &a, 3);
         let mut undone = 0;
         for p in 3..14 {
+            // Undone with nothing appended (a layer that read another's cache): no change.
+            let idle = cache.undo_point(1).unwrap_or_else(|| panic!("{kind:?}: no undo point at {p}"));
+            cache.undo(&idle).unwrap();
             let point = cache.undo_point(1).unwrap_or_else(|| panic!("{kind:?}: no undo point at {p}"));
             step(&mut cache, &[&wrong], &[p]);
             cache.undo(&point).unwrap();

@@ -310,7 +310,7 @@ impl Gemma4Text {
         }
         let kv_sources = cfg.kv_sources(&full)?;
         let first_shared = cfg.first_shared();
-        let stage = PipelineStage::of(w.sharding(), full.len())?;
+        let stage = PipelineStage::of(w.sharding(), full.len())?.with_experts(w.streaming());
         // A KV-shared layer reads its source layer's cache: both on one rank.
         // Every rank checks every stage, so all refuse alike.
         for layers in PipelineStage::all_of(w.sharding(), full.len()) {
@@ -573,35 +573,33 @@ impl LanguageModel for Gemma4Text {
         let (caches, masks) = cache.for_forward();
         // Rope positions of each of this rank's layers with a cache, before this step appends.
         let positions: Vec<crate::kv::Positions> = caches.iter().map(|c| c.positions(masks)).collect::<Result<_>>()?;
-        let (h, pending) = self.stage.run(h, |mut h| {
-            for i in self.stage.layers.clone() {
-                let layer = &self.layers[i - start];
-                // Caches are this rank's, from its first layer.
-                let src = self.kv_sources[i] - start;
-                let window = (!layer.full).then_some(self.cfg.sliding_window);
-                h = self.placement.run(i, || {
-                    let target = if src == i - start { Target::Own(&mut caches[src]) } else { Target::Shared(&caches[src]) };
-                    let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src], self.shared[i])?;
-                    let hh = ops::add(&h, &layer.post_attn_norm.forward(&r)?)?;
-                    let ff = match &layer.moe {
-                        Some(moe) => {
-                            let dense = moe.post_norm_1.forward(&layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?)?;
-                            let routed = moe.post_norm_2.forward(&moe.forward(&hh)?)?;
-                            ops::add(&dense, &routed)?
-                        }
-                        None => layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?,
-                    };
-                    let mut out = ops::add(&hh, &layer.post_ffn_norm.forward(&ff)?)?;
-                    if let (Some(g), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
-                        let this = ops::squeeze(&ops::slice_axis(inputs, 2, i as i32, i as i32 + 1)?, &[2])?;
-                        let gate = ops::multiply(&gelu_approx_compiled(&g.gate.forward(&out)?)?, &this)?;
-                        out = ops::add(&out, &g.norm.forward(&g.projection.forward(&gate)?)?)?;
+        let mut apply = |i: usize, h: Array, caches: &mut [LayerCache], masks: &StepMemo| -> Result<Array> {
+            let layer = &self.layers[i - start];
+            // Caches are this rank's, from its first layer.
+            let src = self.kv_sources[i] - start;
+            let window = (!layer.full).then_some(self.cfg.sliding_window);
+            self.placement.run(i, || {
+                let target = if src == i - start { Target::Own(&mut caches[src]) } else { Target::Shared(&caches[src]) };
+                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, target, masks, window, &positions[src], self.shared[i])?;
+                let hh = ops::add(&h, &layer.post_attn_norm.forward(&r)?)?;
+                let ff = match &layer.moe {
+                    Some(moe) => {
+                        let dense = moe.post_norm_1.forward(&layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?)?;
+                        let routed = moe.post_norm_2.forward(&moe.forward(&hh)?)?;
+                        ops::add(&dense, &routed)?
                     }
-                    Ok(ops::multiply(&out, &layer.layer_scalar)?)
-                })?;
-            }
-            Ok(h)
-        })?;
+                    None => layer.mlp.forward(&layer.pre_ffn_norm.forward(&hh)?)?,
+                };
+                let mut out = ops::add(&hh, &layer.post_ffn_norm.forward(&ff)?)?;
+                if let (Some(g), Some(inputs)) = (&layer.per_layer, &per_layer_inputs) {
+                    let this = ops::squeeze(&ops::slice_axis(inputs, 2, i as i32, i as i32 + 1)?, &[2])?;
+                    let gate = ops::multiply(&gelu_approx_compiled(&g.gate.forward(&out)?)?, &this)?;
+                    out = ops::add(&out, &g.norm.forward(&g.projection.forward(&gate)?)?)?;
+                }
+                Ok(ops::multiply(&out, &layer.layer_scalar)?)
+            })
+        };
+        let (h, pending) = self.stage.run(h, |h| self.stage.apply_layers(caches, masks, h, &mut apply))?;
         if let Some(p) = pending {
             cache.keep_pending(p);
         }

@@ -161,6 +161,21 @@ impl PipelineStage {
 }
 
 impl PipelineStage {
+    /// This rank's layers over `h`, inside [`Self::run`]: `layer(i, h,
+    /// caches, masks)` applies layer `i` (its index in the model; its cache
+    /// is `caches[i - layers.start]`, the others there for a layer that reads
+    /// another's); a decode step over streamed experts may apply some layers
+    /// twice (`models::speculative_step`).
+    pub fn apply_layers(
+        &self,
+        caches: &mut [LayerCache],
+        masks: &StepMemo,
+        h: Array,
+        layer: &mut impl FnMut(usize, Array, &mut [LayerCache], &StepMemo) -> Result<Array>,
+    ) -> Result<Array> {
+        run_layers(self.experts.as_deref(), self.layers.start, caches, masks, h, layer)
+    }
+
     /// A forward pass over this rank's layers (see [`Self::run`]): `layer(i,
     /// h, cache, masks)` applies layer `i` (its index in the model) with its
     /// cache; a decode step over streamed experts may apply some layers twice
@@ -174,7 +189,8 @@ impl PipelineStage {
     ) -> Result<Array> {
         let (caches, masks) = cache.for_forward();
         let first = self.layers.start;
-        let (h, pending) = self.run(h, |h| run_layers(self.experts.as_deref(), first, caches, masks, h, &mut layer))?;
+        let mut own = |i: usize, h: Array, caches: &mut [LayerCache], masks: &StepMemo| layer(i, h, &mut caches[i - first], masks);
+        let (h, pending) = self.run(h, |h| self.apply_layers(caches, masks, h, &mut own))?;
         if let Some(p) = pending {
             cache.keep_pending(p);
         }

@@ -20,15 +20,16 @@ use crate::experts::speculation::{Verdict, SPECULATIVE_PASSES};
 use crate::experts::ExpertStream;
 use crate::kv::{LayerCache, StepMemo, UndoPoint};
 
-/// Applies layer `first + j` with `caches[j]` to `h`, for every cache in
-/// turn, speculatively where `experts` allows it (see the module's text).
+/// Applies layer `first + j` (whose cache is `caches[j]`; `layer` gets them
+/// all, for a layer that reads another's) to `h`, for every cache in turn,
+/// speculatively where `experts` allows it (see the module's text).
 pub fn run_layers(
     experts: Option<&ExpertStream>,
     first: usize,
     caches: &mut [LayerCache],
     masks: &StepMemo,
     h: Array,
-    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+    layer: &mut impl FnMut(usize, Array, &mut [LayerCache], &StepMemo) -> Result<Array>,
 ) -> Result<Array> {
     let Some(stream) = experts.filter(|_| h.dim(1).is_ok_and(|l| l == 1)) else {
         return run_from(0, first, caches, masks, h, layer);
@@ -79,11 +80,11 @@ fn speculative_pass(
     masks: &StepMemo,
     mut h: Array,
     inputs: &mut Vec<Array>,
-    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+    layer: &mut impl FnMut(usize, Array, &mut [LayerCache], &StepMemo) -> Result<Array>,
 ) -> Result<(Array, Verdict)> {
-    for (j, c) in caches.iter_mut().enumerate().skip(from) {
+    for j in from..caches.len() {
         inputs.push(h.clone());
-        h = layer(first + j, h, c, masks)?;
+        h = layer(first + j, h, caches, masks)?;
     }
     let verdict = stream.end_speculation(&h)?;
     Ok((h, verdict))
@@ -96,10 +97,10 @@ fn run_from(
     caches: &mut [LayerCache],
     masks: &StepMemo,
     mut h: Array,
-    layer: &mut impl FnMut(usize, Array, &mut LayerCache, &StepMemo) -> Result<Array>,
+    layer: &mut impl FnMut(usize, Array, &mut [LayerCache], &StepMemo) -> Result<Array>,
 ) -> Result<Array> {
-    for (j, c) in caches.iter_mut().enumerate().skip(from) {
-        h = layer(first + j, h, c, masks)?;
+    for j in from..caches.len() {
+        h = layer(first + j, h, caches, masks)?;
     }
     Ok(h)
 }

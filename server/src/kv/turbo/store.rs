@@ -180,8 +180,8 @@ impl KvStore for TurboStore {
         Ok(self.body.trim(n))
     }
 
-    fn undo_point(&self, n: i32) -> Option<UndoPoint> {
-        Some(UndoPoint::Trim(n))
+    fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
+        Some(UndoPoint::Rewind(self.offsets()))
     }
 
     fn compress(&self, _target: &KvKind) -> Result<Option<Box<dyn KvStore>>> {
