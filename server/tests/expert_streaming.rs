@@ -183,6 +183,20 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
     }
 }
 
+/// A server started with `flags` over `dir`, warmed up, decodes 48 tokens
+/// after `prompt[..120]`: the text, how much each of `fields` (of /health's
+/// experts) moved over that request, and /metrics after it.
+fn decode_48(dir: &Path, prompt: &[u32], flags: &[&str], fields: &[&str]) -> (String, Vec<u64>, String) {
+    let server = TestServer::start(dir, flags);
+    assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
+    let before = experts(&server);
+    let r = complete(&server, &prompt[..120], 48);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = experts(&server);
+    let deltas = fields.iter().map(|f| n(&after, f) - n(&before, f)).collect();
+    (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
+}
+
 /// `--expert-prefetch`: decode steps read the next layer's guessed experts;
 /// the reads are counted like any other (bytes = (misses read on demand +
 /// guesses) x expert size, what the kernel counts too), the guesses the next
@@ -191,18 +205,11 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
 fn decode_steps_read_the_next_layers_guessed_experts_and_count_them() {
     let dir = q4_fixture();
     let prompt = prompt_of(&dir);
+    let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes"];
     let run = |extra: &[&str]| {
         let mut flags = vec!["--stream-experts", "--expert-cache-bytes", "25%", "--no-expert-read-ahead", "--prefill-size", "64"];
         flags.extend_from_slice(extra);
-        let server = TestServer::start(&dir, &flags);
-        assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
-        let before = experts(&server);
-        let r = complete(&server, &prompt[..120], 48);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let after = experts(&server);
-        let d = |f: &str| n(&after, f) - n(&before, f);
-        let deltas: Vec<u64> = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes"].iter().map(|f| d(f)).collect();
-        (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
+        decode_48(&dir, &prompt, &flags, &fields)
     };
     let (plain_text, plain, _) = run(&[]);
     assert_eq!(plain[1], 0, "nothing is read ahead without guessing");
@@ -229,19 +236,12 @@ fn decode_steps_read_the_next_layers_guessed_experts_and_count_them() {
 fn speculative_decode_steps_give_the_same_text_with_fewer_read_backs_and_count_every_read() {
     let dir = q4_fixture();
     let prompt = prompt_of(&dir);
+    let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes", "host_syncs", "speculative_steps", "replayed_steps", "speculative_passes"];
     let run = |budget: &str, speculation: &str| {
         let flags = ["--stream-experts", "--expert-cache-bytes", budget, "--no-expert-read-ahead", "--prefill-size", "64", "--expert-speculation", speculation];
-        let server = TestServer::start(&dir, &flags);
-        assert_eq!(complete(&server, &prompt[..40], 4).status, 200);
-        let before = experts(&server);
-        let r = complete(&server, &prompt[..120], 48);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let after = experts(&server);
-        let d = |f: &str| n(&after, f) - n(&before, f);
-        let fields = ["misses", "prefetch_issued", "prefetch_used", "bytes_read", "disk_bytes_read", "os_read_bytes", "host_syncs", "speculative_steps", "replayed_steps", "speculative_passes"];
-        let deltas: Vec<u64> = fields.iter().map(|f| d(f)).collect();
+        let (text, deltas, metrics) = decode_48(&dir, &prompt, &flags, &fields);
         eprintln!("{budget}, speculation {speculation}: {:?}", fields.iter().zip(&deltas).collect::<Vec<_>>());
-        (r.json()["choices"][0]["text"].as_str().unwrap().to_string(), deltas, server.metrics())
+        (text, deltas, metrics)
     };
     for budget in ["25%", "75%"] {
         let (plain_text, plain, _) = run(budget, "off");
