@@ -4,11 +4,11 @@
 //! end; if a layer lacked one, the step is undone from that layer (each later
 //! layer's cache returns to where it was: it drops the position it appended,
 //! or takes back its earlier arrays: a recurrent state, a sliding window that
-//! overwrote a position), the experts it now knows of
-//! are installed, and it runs again from that layer's input, speculatively up
-//! to `SPECULATIVE_PASSES` passes in all, then per layer (each streamed layer
-//! reading its choice back and reading what it lacks). The output is the
-//! same either way, token for token.
+//! overwrote a position), the experts it now knows of are installed, and it
+//! runs again from that layer's input, speculatively up to
+//! `SPECULATIVE_PASSES` passes in all, then per layer (each streamed layer
+//! reading its choice back and reading what it lacks). The output is the same
+//! either way, token for token.
 //!
 //! A step speculates only with one token per row and every layer's cache able
 //! to return (`KvStore::undo_point`).
