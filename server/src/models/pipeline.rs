@@ -162,10 +162,10 @@ impl PipelineStage {
 
 impl PipelineStage {
     /// This rank's layers over `h`, inside [`Self::run`]: `layer(i, h,
-    /// caches, masks)` applies layer `i` (its index in the model; its cache
-    /// is `caches[i - layers.start]`, the others there for a layer that reads
-    /// another's); a decode step over streamed experts may apply some layers
-    /// twice (`models::speculative_step`).
+    /// caches, masks)` applies layer `i` (its index in the model; its cache,
+    /// if it has one, is `caches[i - layers.start]`, the others there for a
+    /// layer that reads another's); a decode step over streamed experts may
+    /// apply some layers twice (`models::speculative_step`).
     pub fn apply_layers(
         &self,
         caches: &mut [LayerCache],
@@ -173,7 +173,7 @@ impl PipelineStage {
         h: Array,
         layer: &mut impl FnMut(usize, Array, &mut [LayerCache], &StepMemo) -> Result<Array>,
     ) -> Result<Array> {
-        run_layers(self.experts.as_deref(), self.layers.start, caches, masks, h, layer)
+        run_layers(self.experts.as_deref(), self.layers.clone(), caches, masks, h, layer)
     }
 
     /// A forward pass over this rank's layers (see [`Self::run`]): `layer(i,
