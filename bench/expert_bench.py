@@ -182,6 +182,16 @@ def main():
         row["raw"] = r
         rows.append(row)
         print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items() if k not in ("ids", "raw")}), flush=True)
+    # The bound against the fastest resident run as well: on CUDA the first
+    # run also compiles kernels, and resident speed varies from run to run.
+    fastest = max((r["decode_tps"] for r in rows if r["run"] == "resident"), default=None)
+    if fastest and bw:
+        for row in rows:
+            if "decode_mb_per_token" in row:
+                bound = 1 / (1 / fastest + row["decode_mb_per_token"] / 1e3 / bw)
+                row["pct_of_bound_fastest_resident"] = row["decode_tps"] / bound
+                print(f"{row['run']}: {row['decode_tps']:.1f} tok/s = {100 * row['decode_tps'] / bound:.0f}% of {bound:.1f} "
+                      f"(the bound with the fastest resident run, {fastest:.1f} tok/s)")
     if a.out:
         for row in rows:
             row["logprobs"] = row.pop("raw")["generated_logprobs"]
