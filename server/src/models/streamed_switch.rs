@@ -285,9 +285,7 @@ impl StreamedSwitchGlu {
             None => own.to_vec::<u32>()?,
         };
         let (ids, guessed) = read_back.split_at(indices.size());
-        if let Some(bad) = ids.iter().find(|&&e| e as usize >= experts) {
-            return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
-        }
+        self.check_choice(ids)?;
         let plan = st.table.plan(ids);
         st.record_lookup(&plan, self.layer, &self.stream);
         // A failed read leaves table and pools as they were.
@@ -320,6 +318,15 @@ impl StreamedSwitchGlu {
         };
         let index = Array::from_slice(&index, &indices.shape())?;
         SwitchGlu::from_stacks(&stacks, &self.layouts, self.activation)?.forward(x, &index)
+    }
+
+    /// A router's choice read back: every id names one of the layer's experts.
+    fn check_choice(&self, ids: &[u32]) -> Result<()> {
+        let experts = self.tensors[0].regions.len();
+        match ids.iter().find(|&&e| e as usize >= experts) {
+            Some(bad) => Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer))),
+            None => Ok(()),
+        }
     }
 
     /// Reads every tensor of each expert in `misses`, all at once: the arrays
@@ -469,10 +476,7 @@ impl StreamedLayer for StreamedSwitchGlu {
     }
 
     fn confirm(&self, ids: &[u32]) -> Result<bool> {
-        let experts = self.tensors[0].regions.len();
-        if let Some(bad) = ids.iter().find(|&&e| e as usize >= experts) {
-            return Err(Error::Engine(format!("layer {}: the router chose expert {bad} of {experts}", self.layer)));
-        }
+        self.check_choice(ids)?;
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let plan = st.table.plan(ids);
         if !plan.misses.is_empty() {
