@@ -8,10 +8,26 @@
 //! whether queueing ahead makes building or launching slower.
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
-//!       [--turbo-kv PRESET]
+//!       [--passes 1] [--turbo-kv PRESET] [--engine-loop] [--alternate]
+//!
+//! Each row count first runs one untimed pass of the same length, so every
+//! kernel and CUDA graph the timed passes need (the cache grows every 256
+//! positions) is compiled and instantiated before timing; `--passes` timed
+//! passes follow. Besides the medians, a line per pass gives the pipelined
+//! steps' spread (p50, p90, max) and the steps over 3x the median.
+//!
+//! `--engine-loop` pipelines as the engine does (engine/batch.rs): sampling
+//! is a graph of its own, queued before the next model call.
 //!
 //! `--turbo-kv` compresses the cache when decoding starts, as the engine
 //! does (the prompt stays under the prefill threshold).
+//!
+//! `--alternate` adds one no-op (the tokens plus zero) in front of every
+//! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
+//! nodes and updates the executable graph of the same key in place; with the
+//! no-op, consecutive steps' graphs have other keys (every graph boundary
+//! moves by one node), so a step never updates the graphs of the step still
+//! running before it. Comparing the two shows what that in-place update costs.
 //!
 //! Run it once with `MLX_SERVE_QMM_KERNEL=0` and once without to compare
 //! MLX's quantized kernels with ours (the switch is read once a process).
@@ -34,6 +50,24 @@ const PREFILL_CHUNK: usize = 2048;
 fn median_ms(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2] * 1e3
+}
+
+fn mean_ms(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64 * 1e3
+}
+
+fn max_ms(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max) * 1e3
+}
+
+/// Step `i`'s input: `tokens`, or with `alternate` on odd steps `tokens + 0`
+/// (one more node, so the step's CUDA graphs differ from its neighbours').
+fn step_input(tokens: &Array, i: usize, alternate: bool) -> Res<Array> {
+    if alternate && i % 2 == 1 {
+        Ok(ops::add(tokens, &Array::from_slice(&[0i32], &[1])?)?)
+    } else {
+        Ok(tokens.clone())
+    }
 }
 
 /// A step's graph: the model over `tokens` ([rows, 1]) and the greedy pick,
@@ -60,8 +94,89 @@ fn prefill_row(model: &dyn LanguageModel, kinds: &[mlx_serve::kv::KvKind], r: i3
     Ok((cache, picked.ok_or("an empty prompt")?))
 }
 
-/// Timings of `steps` decode steps of `rows` sequences after a `prompt`-token prefill.
-fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: Option<&KvCompression>, report: bool) -> Res<()> {
+/// Where the host's time goes in pipelined steps, each a Vec of seconds per
+/// step: building the step's graph (in the engine's order, queueing the
+/// sampling too), launching it, waiting for the previous token, and the
+/// whole step.
+#[derive(Default)]
+struct Phases {
+    build: Vec<f64>,
+    launch: Vec<f64>,
+    wait: Vec<f64>,
+    step: Vec<f64>,
+}
+
+impl Phases {
+    fn push(&mut self, start: Instant, launched: Instant, waited: Instant) {
+        let now = Instant::now();
+        self.build.push((launched - start).as_secs_f64());
+        self.launch.push((waited - launched).as_secs_f64());
+        self.wait.push((now - waited).as_secs_f64());
+        self.step.push((now - start).as_secs_f64());
+    }
+}
+
+/// `steps` steps, each (model + greedy pick) one graph queued before the
+/// previous step's token is read.
+fn pipelined(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache, steps: usize, alternate: bool) -> Res<Phases> {
+    let mut phases = Phases::default();
+    let mut pending = step(model, tokens, cache)?;
+    async_eval(&[&pending])?;
+    for i in 1..=steps {
+        let start = Instant::now();
+        let next = step(model, &step_input(&pending, i, alternate)?, cache)?;
+        let launched = Instant::now();
+        async_eval(&[&next])?;
+        let waited = Instant::now();
+        pending.to_vec::<i32>()?;
+        phases.push(start, launched, waited);
+        pending = next;
+    }
+    pending.to_vec::<i32>()?;
+    Ok(phases)
+}
+
+/// `steps` steps in the engine's order (engine/batch.rs): the previous
+/// model call's sampling (log-probabilities and argmax over the vocabulary)
+/// is queued as a graph of its own, the next model call is built from its
+/// tokens and queued, then the sampled tokens are read.
+fn pipelined_as_engine(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache, rows: i32, steps: usize, alternate: bool) -> Res<Phases> {
+    let forward = |input: &Array, cache: &mut ModelCache| -> Res<Array> {
+        let logits = model.forward(input, cache)?;
+        let v = logits.dim(-1)?;
+        Ok(ops::reshape(&logits, &[rows, v])?)
+    };
+    let mut phases = Phases::default();
+    let mut logits = forward(tokens, cache)?;
+    async_eval(&[&logits])?;
+    for i in 1..=steps {
+        let start = Instant::now();
+        let logprobs = ops::subtract(&logits, &ops::logsumexp(&logits, &[-1], true)?)?;
+        let picked = ops::astype(&ops::argmax(&logprobs, -1, false)?, mlx_rs_safe::Dtype::Uint32)?;
+        async_eval(&[&picked, &logprobs])?;
+        logits = forward(&step_input(&ops::reshape(&picked, &[-1, 1])?, i, alternate)?, cache)?;
+        let launched = Instant::now();
+        async_eval(&[&logits])?;
+        let waited = Instant::now();
+        picked.to_vec::<u32>()?;
+        phases.push(start, launched, waited);
+    }
+    eval(&[&logits])?;
+    Ok(phases)
+}
+
+/// What a pass runs: `steps` decode steps after a `prompt`-token prefill.
+struct Pass<'a> {
+    prompt: i32,
+    steps: usize,
+    turbo: Option<&'a KvCompression>,
+    alternate: bool,
+    engine_loop: bool,
+}
+
+/// Timings of a pass over `rows` sequences, printed when `report`.
+fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool) -> Res<()> {
+    let Pass { prompt, steps, turbo, alternate, engine_loop } = *pass;
     let kinds = model.kv_layout().kinds;
     // Each row prefilled on its own, then joined, as the engine batches.
     let (mut cache, first) = prefill_row(model, &kinds, 0, prompt)?;
@@ -81,7 +196,7 @@ fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: O
     let (mut single, mut build, mut launch) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..steps + 4 {
         let t = Instant::now();
-        let next = step(model, &tokens, &mut cache)?;
+        let next = step(model, &step_input(&tokens, i, alternate)?, &mut cache)?;
         let b = t.elapsed().as_secs_f64();
         async_eval(&[&next])?;
         let l = t.elapsed().as_secs_f64() - b;
@@ -93,39 +208,52 @@ fn run(model: &dyn LanguageModel, rows: i32, prompt: i32, steps: usize, turbo: O
         }
         tokens = next;
     }
-    // Pipelined, as the engine decodes: queue step i+1, then read step i.
-    // Where the host's time goes: building, launching, waiting for the token.
-    let (mut p_build, mut p_launch, mut p_wait) = (Vec::new(), Vec::new(), Vec::new());
+    // Pipelined: queue step i+1, then read step i's token.
     let t = Instant::now();
-    let mut pending = step(model, &tokens, &mut cache)?;
-    async_eval(&[&pending])?;
-    for _ in 0..steps {
-        let s = Instant::now();
-        let next = step(model, &pending, &mut cache)?;
-        p_build.push(s.elapsed().as_secs_f64());
-        let s = Instant::now();
-        async_eval(&[&next])?;
-        p_launch.push(s.elapsed().as_secs_f64());
-        let s = Instant::now();
-        pending.to_vec::<i32>()?;
-        p_wait.push(s.elapsed().as_secs_f64());
-        pending = next;
-    }
-    pending.to_vec::<i32>()?;
+    let p = if engine_loop {
+        pipelined_as_engine(model, &tokens, &mut cache, rows, steps, alternate)?
+    } else {
+        pipelined(model, &tokens, &mut cache, steps, alternate)?
+    };
+    let (p_build, p_launch, p_wait, p_step) = (p.build, p.launch, p.wait, p.step);
     let piped = t.elapsed().as_secs_f64() / (steps + 1) as f64;
     if !report {
         return Ok(memory::clear_cache()?);
     }
     println!(
-        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.0} |",
+        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.0} |",
         median_ms(build),
         median_ms(launch),
         median_ms(single),
         piped * 1e3,
-        median_ms(p_build),
-        median_ms(p_launch),
-        median_ms(p_wait),
+        median_ms(p_build.clone()),
+        median_ms(p_launch.clone()),
+        median_ms(p_wait.clone()),
+        mean_ms(&p_build),
+        mean_ms(&p_launch),
+        mean_ms(&p_wait),
+        max_ms(&p_launch),
+        max_ms(&p_wait),
         rows as f64 / piped
+    );
+    let median = median_ms(p_step.clone());
+    let mut sorted = p_step.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let slow: Vec<String> = p_step
+        .iter()
+        .enumerate()
+        .filter(|(_, &v)| v * 1e3 > 3.0 * median)
+        .take(12)
+        .map(|(i, v)| format!("{}:{:.1}", i + 1, v * 1e3))
+        .collect();
+    println!(
+        "|   | pipelined step ms p50 {:.2} p90 {:.2} max {:.2}; {} of {} steps over 3x the median (step:ms) {} |",
+        median,
+        sorted[sorted.len() * 9 / 10] * 1e3,
+        sorted[sorted.len() - 1] * 1e3,
+        p_step.iter().filter(|&&v| v * 1e3 > 3.0 * median).count(),
+        p_step.len(),
+        slow.join(" ")
     );
     memory::clear_cache()?;
     Ok(())
@@ -142,6 +270,9 @@ fn main() -> Res<()> {
     let prompt: i32 = arg(&args, "--prompt", 128)?;
     let steps: usize = arg(&args, "--steps", 64)?;
     let turbo_name: String = arg(&args, "--turbo-kv", String::new())?;
+    let alternate = args.iter().any(|a| a == "--alternate");
+    let engine_loop = args.iter().any(|a| a == "--engine-loop");
+    let passes: usize = arg(&args, "--passes", 1)?;
     let model = models::load(&dir)?.model;
     let turbo = match turbo_name.as_str() {
         "" => None,
@@ -151,17 +282,23 @@ fn main() -> Res<()> {
         }
     };
     println!(
-        "{} (quantized matmul kernel: {}; KV cache: {})",
+        "{} (quantized matmul kernel: {}; KV cache: {}; consecutive steps' graphs: {}{})",
         dir.display(),
         if models::quant_kernel::in_use() { "ours" } else { "MLX's" },
-        if turbo_name.is_empty() { "16-bit" } else { &turbo_name }
+        if turbo_name.is_empty() { "16-bit" } else { &turbo_name },
+        if alternate { "alternating" } else { "alike" },
+        if engine_loop { "; pipelined as the engine: sampling its own graph" } else { "" }
     );
-    println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms | tok/s pipelined |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let pass = Pass { prompt, steps, turbo: turbo.as_ref(), alternate, engine_loop };
     for &r in &rows {
-        // The first pass compiles the GPU kernels this row count uses.
-        run(model.as_ref(), r, prompt, 8, turbo.as_ref(), false)?;
-        run(model.as_ref(), r, prompt, steps, turbo.as_ref(), true)?;
+        // The first pass compiles the GPU kernels this row count uses, for
+        // every cache length the timed passes reach.
+        run(model.as_ref(), r, &pass, false)?;
+        for _ in 0..passes {
+            run(model.as_ref(), r, &pass, true)?;
+        }
     }
     Ok(())
 }
