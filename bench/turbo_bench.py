@@ -20,6 +20,9 @@ from tokenizers import Tokenizer
 
 import serving
 
+# The server's default --prefill-size: prompt tokens a stream prefills per turn.
+PREFILL_CHUNK = 512
+
 FLAGS = {"fp16": [], "balanced": ["--turbo-kv", "balanced"], "compact": ["--turbo-kv", "compact"],
          "paper": ["--turbo-kv", "paper"], "kv8": ["--kv-bits", "8", "--quantized-kv-start", "0"]}
 
@@ -85,16 +88,17 @@ def main():
         else:
             waves = [[[{"role": "user", "content": serving.make_text(tok, ctx, f"{tag}-{ctx}-{i}")}] for i in range(streams)]
                      for tag in ("warm", "timed")]
+        gen = a.gen_tokens if streams == 1 else a.gen_tokens + streams * -(-ctx // PREFILL_CHUNK)
         runs = {c: [] for c in configs}
         for _ in range(a.runs):
             for c in configs:
                 if streams == 1:
-                    runs[c].append(run(a.mlx_serve, a.model, prompt, a.gen_tokens, FLAGS[c], env))
+                    runs[c].append(run(a.mlx_serve, a.model, prompt, gen, FLAGS[c], env))
                 else:
-                    runs[c].append(serve(a.mlx_serve, a.model, waves, a.gen_tokens, FLAGS[c], env, work))
+                    runs[c].append(serve(a.mlx_serve, a.model, waves, gen, FLAGS[c], env, work))
         for c, rs in runs.items():
             good = [r for r in rs if "error" not in r]
-            cell = {"context": ctx, "streams": streams, "config": c, "runs": rs,
+            cell = {"context": ctx, "streams": streams, "config": c, "gen_tokens": gen, "runs": rs,
                     "generation_tps": statistics.median([r["generation_tps"] for r in good]) if good else None,
                     "peak_gb": max(r["peak_memory_bytes"] for r in good) / 1e9 if good else None,
                     "error": None if good else rs[0].get("error")}
