@@ -9,7 +9,8 @@
 # usage: bash bench/quant_kernel_gpu.sh STAGE...
 #   tests   server/tests/quant_kernel.rs against MLX (dense, every tiling, gathered, fallbacks)
 #   steps   benches/decode_step.rs on Llama-3.1-8B and Qwen3-30B-A3B 4-bit, rows 1,2,4,8,16,
-#           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel
+#           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel; then 8 Llama rows of
+#           one length and of other lengths (--ragged) at 128 and 4096 prompt tokens
 #   server  bench/server_bench.py, Llama-3.1-8B 4-bit, 1 and 8 streams, mlx-serve vs mlx_lm.server
 # env: BIN_DIR (default .device/bin), MODELS (default /tmp/bench-models), OUT (default /tmp/qmm-out)
 set -uo pipefail
@@ -47,9 +48,14 @@ for stage in "$@"; do
         dir=$(model $m)
         for kernel in 0 1; do
           echo "-- $m, MLX_SERVE_QMM_KERNEL=$kernel"
-          MLX_SERVE_QMM_KERNEL=$kernel timeout 600 "$BIN_DIR/decode_step" "$dir" --rows 1,2,4,8,16 --prompt 128 --steps 64 2>&1 | tail -8 || status=1
+          MLX_SERVE_QMM_KERNEL=$kernel timeout 600 "$BIN_DIR/decode_step" "$dir" --rows 1,2,4,8,16 --prompt 128 --steps 64 2>&1 | tail -11 || status=1
         done
-      done ;;
+      done
+      # Rows of other lengths, as the server batches them: a left-padded cache, attention with an array mask.
+      echo "-- llama-3.1-8b-4bit, 8 rows of other lengths, prompt 128 and 4096"
+      timeout 300 "$BIN_DIR/decode_step" "$(model llama-3.1-8b-4bit)" --rows 8 --prompt 128 --steps 64 --ragged 2>&1 | tail -2 || status=1
+      timeout 300 "$BIN_DIR/decode_step" "$(model llama-3.1-8b-4bit)" --rows 8 --prompt 4096 --steps 64 2>&1 | tail -2 || status=1
+      timeout 300 "$BIN_DIR/decode_step" "$(model llama-3.1-8b-4bit)" --rows 8 --prompt 4096 --steps 64 --ragged 2>&1 | tail -2 || status=1 ;;
     server)
       dir=$(model llama-3.1-8b-4bit)
       python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \

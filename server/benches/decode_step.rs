@@ -8,7 +8,7 @@
 //! whether queueing ahead makes building or launching slower.
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
-//!       [--passes 1] [--turbo-kv PRESET] [--engine-loop] [--alternate]
+//!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -18,6 +18,11 @@
 //!
 //! `--engine-loop` pipelines as the engine does (engine/batch.rs): sampling
 //! is a graph of its own, queued before the next model call.
+//!
+//! `--ragged` gives row r a prompt 8·r tokens shorter than `--prompt`, as
+//! sequences of other lengths share a batch in the server: the joined cache
+//! is left-padded and attention takes an array mask (which, on CUDA, no fused
+//! MLX attention kernel takes at one query position).
 //!
 //! `--turbo-kv` compresses the cache when decoding starts, as the engine
 //! does (the prompt stays under the prefill threshold).
@@ -170,19 +175,21 @@ struct Pass<'a> {
     prompt: i32,
     steps: usize,
     turbo: Option<&'a KvCompression>,
+    ragged: bool,
     alternate: bool,
     engine_loop: bool,
 }
 
 /// Timings of a pass over `rows` sequences, printed when `report`.
 fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool) -> Res<()> {
-    let Pass { prompt, steps, turbo, alternate, engine_loop } = *pass;
+    let Pass { prompt, steps, turbo, ragged, alternate, engine_loop } = *pass;
+    let row_prompt = |r: i32| if ragged { (prompt - 8 * r).max(1) } else { prompt };
     let kinds = model.kv_layout().kinds;
     // Each row prefilled on its own, then joined, as the engine batches.
     let (mut cache, first) = prefill_row(model, &kinds, 0, prompt)?;
     let mut last = vec![first];
     for r in 1..rows {
-        let (row_cache, picked) = prefill_row(model, &kinds, r, prompt)?;
+        let (row_cache, picked) = prefill_row(model, &kinds, r, row_prompt(r))?;
         cache.extend(row_cache)?;
         last.push(picked);
     }
@@ -271,6 +278,7 @@ fn main() -> Res<()> {
     let steps: usize = arg(&args, "--steps", 64)?;
     let turbo_name: String = arg(&args, "--turbo-kv", String::new())?;
     let alternate = args.iter().any(|a| a == "--alternate");
+    let ragged = args.iter().any(|a| a == "--ragged");
     let engine_loop = args.iter().any(|a| a == "--engine-loop");
     let passes: usize = arg(&args, "--passes", 1)?;
     let model = models::load(&dir)?.model;
@@ -282,16 +290,17 @@ fn main() -> Res<()> {
         }
     };
     println!(
-        "{} (quantized matmul kernel: {}; KV cache: {}; consecutive steps' graphs: {}{})",
+        "{} (quantized matmul kernel: {}; KV cache: {}{}; consecutive steps' graphs: {}{})",
         dir.display(),
         if models::quant_kernel::in_use() { "ours" } else { "MLX's" },
         if turbo_name.is_empty() { "16-bit" } else { &turbo_name },
+        if ragged { ", rows of other lengths (left-padded)" } else { "" },
         if alternate { "alternating" } else { "alike" },
         if engine_loop { "; pipelined as the engine: sampling its own graph" } else { "" }
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let pass = Pass { prompt, steps, turbo: turbo.as_ref(), alternate, engine_loop };
+    let pass = Pass { prompt, steps, turbo: turbo.as_ref(), ragged, alternate, engine_loop };
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
