@@ -72,9 +72,15 @@ pub trait StreamedLayer: Send + Sync {
 
     /// Before a speculative step runs again: starts reading the experts in
     /// `ids` (this layer's choice in the pass that failed) that the layer
-    /// lacks, if they are at most `cap` (nothing when other reads are under
-    /// way); returns how many reads it started.
-    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<usize>;
+    /// lacks, if they are at most `cap`, taking over reads begun ahead of its
+    /// router; returns how many reads it started, or None when `ids` holds
+    /// more experts than the layer has slots (no pass can run it on its
+    /// slots alone: the step goes on per layer from there).
+    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<Option<usize>>;
+
+    /// Waits for and drops the reads [`Self::read_for_replay`] started, for a
+    /// speculative step that failed before installing them.
+    fn abandon_replay(&self);
 
     /// Waits for the reads [`Self::read_for_replay`] started and writes them
     /// into the slots, so the step's next pass finds them there. They count

@@ -29,7 +29,9 @@
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
-use super::ExpertStream;
+use std::sync::Arc;
+
+use super::{ExpertStream, StreamedLayer};
 use crate::error::{Error, Result};
 
 /// Bytes of experts read before a step runs again, beyond the first missing
@@ -117,6 +119,10 @@ pub enum Verdict {
     /// Layer `from` lacked an expert: undo the step from that layer and run
     /// it again from there.
     Replay { from: u32 },
+    /// Layer `from` chose more experts than it has slots (a batch's union):
+    /// no speculative pass can run it, so the step is undone from there and
+    /// goes on per layer.
+    PerLayer { from: u32 },
 }
 
 impl ExpertStream {
@@ -176,11 +182,39 @@ impl ExpertStream {
         self.reader.counters().record_host_sync();
         mlx_rs_safe::eval(&[&all, out])?;
         let ids = all.to_vec::<u32>()?;
+        let mut replaying = Vec::new();
+        let first_miss = match self.start_replay_reads(&choices, &ids, &mut replaying) {
+            Ok(m) => m,
+            Err(e) => {
+                // No reads are left pending for a step that will not come.
+                for l in &replaying {
+                    l.abandon_replay();
+                }
+                return Err(e);
+            }
+        };
+        // All reads were started before any is waited for; every layer's are
+        // collected even if one failed, so none is left pending.
+        let installed: Vec<Result<()>> = replaying.iter().map(|l| l.install_for_replay()).collect();
+        installed.into_iter().collect::<Result<()>>()?;
+        Ok(match first_miss {
+            None => Verdict::Confirmed,
+            Some((from, true)) => Verdict::Replay { from },
+            Some((from, false)) => Verdict::PerLayer { from },
+        })
+    }
+
+    /// Checks each layer's choice (`ids`, the choices' read-back, in their
+    /// order) against its slots: layers before the first that lacked an
+    /// expert record their hits; from that one on, the reads of what the
+    /// layers chose and lack are started (the layers that started any are
+    /// pushed to `replaying`). Returns the first layer that lacked an expert
+    /// and whether a pass can run it on its slots (else nothing is read).
+    fn start_replay_reads(&self, choices: &[(u32, Array)], ids: &[u32], replaying: &mut Vec<Arc<dyn StreamedLayer>>) -> Result<Option<(u32, bool)>> {
         let mut at = 0;
         let mut first_miss = None;
-        let mut replaying = Vec::new();
         let mut budget = REPLAY_READ_BYTES;
-        for (layer, choice) in &choices {
+        for (layer, choice) in choices {
             let mine = ids.get(at..at + choice.size()).ok_or(Error::Internal("a speculative step's choices came back short"))?;
             at += choice.size();
             let streamed = self.layer(*layer).ok_or(Error::Internal("a speculative choice of a layer that does not stream"))?;
@@ -192,15 +226,16 @@ impl ExpertStream {
                 }
                 Some(_) => (budget / streamed.expert_bytes().max(1)) as usize,
             };
-            let started = streamed.read_for_replay(mine, cap)?;
-            budget = budget.saturating_sub(started as u64 * streamed.expert_bytes());
+            match streamed.read_for_replay(mine, cap)? {
+                Some(started) => budget = budget.saturating_sub(started as u64 * streamed.expert_bytes()),
+                // The first missing layer cannot run on its slots: nothing
+                // is read for a pass that will not run.
+                None if first_miss == Some(*layer) => return Ok(Some((*layer, false))),
+                None => continue,
+            }
             replaying.push(streamed);
         }
-        // All reads were started before any is waited for; every layer's are
-        // collected even if one failed, so none is left pending.
-        let installed: Vec<Result<()>> = replaying.iter().map(|l| l.install_for_replay()).collect();
-        installed.into_iter().collect::<Result<()>>()?;
-        Ok(first_miss.map_or(Verdict::Confirmed, |from| Verdict::Replay { from }))
+        Ok(first_miss.map(|from| (from, true)))
     }
 }
 

@@ -189,7 +189,10 @@ impl PipelineStage {
     ) -> Result<Array> {
         let (caches, masks) = cache.for_forward();
         let first = self.layers.start;
-        let mut own = |i: usize, h: Array, caches: &mut [LayerCache], masks: &StepMemo| layer(i, h, &mut caches[i - first], masks);
+        let mut own = |i: usize, h: Array, caches: &mut [LayerCache], masks: &StepMemo| {
+            let cache = caches.get_mut(i - first).ok_or(Error::Internal("a layer without its cache in the model's cache"))?;
+            layer(i, h, cache, masks)
+        };
         let (h, pending) = self.run(h, |h| self.apply_layers(caches, masks, h, &mut own))?;
         if let Some(p) = pending {
             cache.keep_pending(p);

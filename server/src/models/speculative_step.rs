@@ -7,8 +7,10 @@
 //! overwrote a position), the experts it now knows of are installed, and it
 //! runs again from that layer's input, speculatively up to
 //! `SPECULATIVE_PASSES` passes in all, then per layer (each streamed layer
-//! reading its choice back and reading what it lacks). The output is the same
-//! either way, token for token.
+//! reading its choice back and reading what it lacks) — at once where that
+//! layer chose more experts than it has slots (a batch's union), which only
+//! the per-layer path runs. The output is the same either way, token for
+//! token.
 //!
 //! A step speculates only with one token per row and every layer's cache able
 //! to return (`KvStore::undo_point`).
@@ -54,12 +56,13 @@ pub fn run_layers(
         stream.begin_speculation();
         let ran = speculative_pass(stream, from..layers.end, caches, masks, h, &mut inputs, layer);
         let (out, verdict) = ran.inspect_err(|_| stream.abandon_speculation())?;
-        let miss = match verdict {
+        let (miss, again) = match verdict {
             Verdict::Confirmed => {
                 stream.observe_step(pass > 1);
                 return Ok(out);
             }
-            Verdict::Replay { from } => from as usize,
+            Verdict::Replay { from } => (from as usize, true),
+            Verdict::PerLayer { from } => (from as usize, false),
         };
         if !layers.contains(&miss) {
             return Err(Error::Internal("a speculative step missed in a layer this stage does not run"));
@@ -73,6 +76,9 @@ pub fn run_layers(
         }
         inputs.truncate(from - layers.start + 1);
         h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;
+        if !again {
+            break;
+        }
     }
     stream.observe_step(true);
     run_from(from..layers.end, caches, masks, h, layer)

@@ -70,7 +70,7 @@ struct State {
     /// Reads begun before the layer's router ran, by the layer before.
     ahead: Option<Ahead>,
     /// Reads for a speculative step's next pass, and the plan they install.
-    replay: Option<(Plan, PendingReads)>,
+    replay: Option<(Plan, MissReads)>,
     /// Experts installed for a speculative step's next pass, not yet used or
     /// passed over by it: counted as misses when used.
     replay_installed: Vec<u32>,
@@ -353,12 +353,19 @@ impl StreamedSwitchGlu {
     /// router ran) does not cover; collecting the result waits for both.
     /// Also returns how many misses the reads ahead cover.
     fn submit_misses(&self, misses: &[u32], ahead: Option<Ahead>) -> Result<(MissReads, usize)> {
+        let (reads, started) = self.start_reads(misses, ahead)?;
+        let used = misses.len() - started;
+        self.stream.reader.counters().record_prefetch_used(used as u64);
+        Ok((reads, used))
+    }
+
+    /// Starts the reads of `misses` that `ahead` does not cover; returns the
+    /// reads (collecting them waits for both) and how many it started.
+    fn start_reads(&self, misses: &[u32], ahead: Option<Ahead>) -> Result<(MissReads, usize)> {
         let begun = ahead.as_ref().map_or(&[][..], |a| a.experts.as_slice());
         let rest: Vec<u32> = misses.iter().copied().filter(|e| !begun.contains(e)).collect();
-        let used = misses.len() - rest.len();
-        self.stream.reader.counters().record_prefetch_used(used as u64);
         let reads = MissReads { rest: self.stream.reader.submit(self.jobs(&rest))?, ahead, misses: misses.to_vec(), tensors: self.tensors.len() };
-        Ok((reads, used))
+        Ok((reads, rest.len()))
     }
 
     /// The pools with the plan's installs written into their slots.
@@ -487,22 +494,42 @@ impl StreamedLayer for StreamedSwitchGlu {
         Ok(true)
     }
 
-    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<usize> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.replay.is_some() || st.complete {
-            return Ok(0);
+    fn read_for_replay(&self, ids: &[u32], cap: usize) -> Result<Option<usize>> {
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
+        if st.replay.is_some() || st.complete {
+            return Ok(Some(0));
         }
         let experts = self.tensors[0].regions.len();
         let valid: Vec<u32> = ids.iter().copied().filter(|&e| (e as usize) < experts).collect();
         let plan = st.table.plan(&valid);
+        if !plan.fits {
+            // More experts than slots: only the per-layer path (staging) runs it.
+            return Ok(None);
+        }
         let n = plan.misses.len();
         if n == 0 || n > cap {
-            return Ok(0);
+            return Ok(Some(0));
         }
-        let reads = self.stream.reader.submit(self.jobs(&plan.misses))?;
-        self.stream.reader.counters().record_prefetch_issued(n as u64);
+        // Reads begun ahead of the router (a prefill's read-ahead, a guess)
+        // are taken over: what they cover is not read again.
+        let ahead = st.ahead.take();
+        if let Some(a) = ahead.as_ref().filter(|a| a.guessed) {
+            st.guesses.record_use(self.layer, plan.misses.iter().filter(|e| a.experts.contains(e)).count());
+        }
+        let (reads, started) = self.start_reads(&plan.misses, ahead)?;
+        self.stream.reader.counters().record_prefetch_issued(started as u64);
         st.replay = Some((plan, reads));
-        Ok(n)
+        Ok(Some(started))
+    }
+
+    fn abandon_replay(&self) {
+        let replay = self.state.lock().unwrap_or_else(|e| e.into_inner()).replay.take();
+        if let Some((_, reads)) = replay {
+            // Its reads are left to finish (their bytes stay counted); the
+            // step failed with another error already.
+            let _ = reads.wait();
+        }
     }
 
     fn install_for_replay(&self) -> Result<()> {
