@@ -74,6 +74,28 @@ fn streamed_qwen3_moe_fp32_matches_mlx_lm_at_every_budget() {
     check_streamed_parity("qwen3_moe64_fp32", s, &["10%", "25%", "50%", "100%"], true);
 }
 
+/// A batch's decode step whose layer chose more experts than it has slots
+/// (four sequences' top-4 from 64 experts in 6 slots) cannot run on its
+/// slots in any pass: the step goes on per layer from that layer at once,
+/// reading nothing for passes that would miss again. Speculating then reads
+/// about what the per-layer path reads (before, it read such a layer's
+/// misses once per pass and installed the few that fit: 2.3x the bytes).
+#[test]
+fn a_batch_choosing_more_experts_than_slots_goes_per_layer_without_reading_for_replays() {
+    let s = spec(qwen3_moe_many_experts(), "bfloat16", Some(json!({"bits": 4, "group_size": 64})));
+    let dir = fixture("qwen3_moe64_q4", &s);
+    let mut bytes = Vec::new();
+    for speculate in [false, true] {
+        let (opts, counters) = streaming("10%", IoMode::Direct, false, speculate, 0);
+        let what = format!("qwen3_moe64_q4 at 10%, speculation {}", if speculate { "on" } else { "off" });
+        check_parity_of(&what, &dir, &dir, &s, &opts, 1e-3);
+        eprintln!("{what}: {}", counters.summary());
+        assert_eq!(counters.bytes_read(), (counters.misses() - counters.prefetch_used() + counters.prefetch_issued()) * Q4_EXPERT_BYTES, "{what}: {}", counters.summary());
+        bytes.push(counters.bytes_read());
+    }
+    assert!(bytes[1] as f64 <= 1.3 * bytes[0] as f64, "speculating read {} bytes, the per-layer path {}", bytes[1], bytes[0]);
+}
+
 // gpt-oss's experts as mlx-community ships them: mxfp4 (one-byte scales, no
 // biases per group) with a bias per expert and projection, streamed alike.
 #[test]
@@ -134,6 +156,23 @@ fn experts(server: &TestServer) -> Value {
 
 fn n(v: &Value, field: &str) -> u64 {
     v[field].as_u64().unwrap_or_else(|| panic!("no {field} in {v}"))
+}
+
+/// Once the readers are idle, every expert read is counted, delivered or
+/// failed: bytes read + failed read bytes = (misses − prefetch used +
+/// prefetch issued) × expert size. (Reads started ahead by a request that
+/// failed may still be finishing when it returns: polled for a while.)
+fn assert_every_read_counted(server: &TestServer, expert_bytes: u64) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        last = experts(server);
+        let (done, asked) = (n(&last, "bytes_read") + n(&last, "failed_read_bytes"), (n(&last, "misses") - n(&last, "prefetch_used") + n(&last, "prefetch_issued")) * expert_bytes);
+        if done == asked {
+            return last;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("bytes read and failed do not add up to the experts asked for: {last}");
 }
 
 fn complete(server: &TestServer, prompt: &[u32], max_tokens: usize) -> common::server::Reply {
@@ -322,6 +361,8 @@ fn a_corrupt_or_truncated_shard_fails_the_request_naming_file_and_tensor_and_ser
     std::fs::write(&shard, &good).unwrap();
     let r = complete(&server, &prompt[100..400], 4);
     assert_eq!(r.status, 200, "the server serves again once the file is whole: {}", r.body);
+    let counted = assert_every_read_counted(&server, Q4_EXPERT_BYTES);
+    assert!(n(&counted, "failed_read_bytes") > 0, "no failed read counted: {counted}");
 }
 
 /// A read that fails inside a speculative decode step (the experts read
@@ -351,6 +392,10 @@ fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() 
     std::fs::write(&shard, &good).unwrap();
     let r = complete(&server, &prompt[100..400], 8);
     assert_eq!(r.status, 200, "the server serves again once the file is whole: {}", r.body);
+    let counted = assert_every_read_counted(&server, Q4_EXPERT_BYTES);
+    assert!(n(&counted, "failed_read_bytes") > 0, "no failed read counted: {counted}");
+    let failed = mlx_serve::metrics::counter_value(&server.metrics(), "mlx_serve_expert_failed_read_bytes_total");
+    assert_eq!(failed, Some(n(&counted, "failed_read_bytes") as f64), "/metrics");
 }
 
 fn generate_stderr(dir: &Path, flags: &[&str]) -> String {

@@ -28,9 +28,12 @@ struct ModeLabels {
 
 #[derive(Clone, Debug, Default)]
 pub struct ExpertCounters {
-    /// Bytes of expert tensors delivered by reads: exactly (misses − prefetch
-    /// used + prefetch issued) × expert size.
+    /// Bytes of expert tensors delivered by reads; with `failed_bytes`,
+    /// exactly (misses − prefetch used + prefetch issued) × expert size.
     pub(super) bytes_read: Counter,
+    /// Bytes of expert tensors whose read failed (I/O error, a truncated
+    /// file, NaN or infinity), each failing the request that needed it.
+    pub(super) failed_bytes: Counter,
     /// Bytes the read calls asked the disk for: the tensors' bytes, widened to
     /// whole blocks for O_DIRECT. What `/proc/self/io` should show.
     pub(super) disk_bytes: Counter,
@@ -57,9 +60,15 @@ impl ExpertCounters {
     pub fn register(&self, r: &mut Registry) {
         r.register_with_unit(
             "expert_read",
-            "Bytes of routed-expert tensors read from disk (exactly (misses - prefetch used + prefetch issued) x expert size)",
+            "Bytes of routed-expert tensors read from disk (with the failed ones, exactly (misses - prefetch used + prefetch issued) x expert size)",
             Unit::Bytes,
             self.bytes_read.clone(),
+        );
+        r.register_with_unit(
+            "expert_failed_read",
+            "Bytes of routed-expert tensors whose read failed (an I/O error, a truncated file, NaN or infinity); each failed the request that needed it",
+            Unit::Bytes,
+            self.failed_bytes.clone(),
         );
         r.register_with_unit(
             "expert_disk_read",
@@ -157,6 +166,10 @@ impl ExpertCounters {
         self.capacity_bytes.inc_by(bytes);
     }
 
+    pub fn failed_read_bytes(&self) -> u64 {
+        self.failed_bytes.get()
+    }
+
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.get()
     }
@@ -203,6 +216,7 @@ impl ExpertCounters {
         json!({
             "io_mode": self.mode.get().copied(),
             "bytes_read": self.bytes_read.get(),
+            "failed_read_bytes": self.failed_bytes.get(),
             "disk_bytes_read": self.disk_bytes.get(),
             "os_read_bytes": os_read_bytes(),
             "reads": self.reads.get(),

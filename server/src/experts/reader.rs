@@ -234,7 +234,18 @@ impl Worker {
         Ok(self.files[path].clone())
     }
 
+    /// One job's array, its bytes counted as read or as failed.
     fn read(&mut self, job: &ReadJob) -> std::result::Result<Array, String> {
+        let result = self.read_slab(job);
+        let len = job.region.len as u64;
+        match &result {
+            Ok(_) => self.counters.bytes_read.inc_by(len),
+            Err(_) => self.counters.failed_bytes.inc_by(len),
+        };
+        result
+    }
+
+    fn read_slab(&mut self, job: &ReadJob) -> std::result::Result<Array, String> {
         let Region { file, offset, len } = &job.region;
         let (offset, len) = (*offset, *len);
         // O_DIRECT on Linux reads whole aligned blocks: the region widened to them.
@@ -264,9 +275,7 @@ impl Worker {
             let to = (offset + len as u64).div_ceil(page) * page;
             let _ = uncached::drop_cached(&f, from, to - from);
         }
-        let array = result?;
-        self.counters.bytes_read.inc_by(len as u64);
-        Ok(array)
+        result
     }
 }
 
