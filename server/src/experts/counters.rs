@@ -154,6 +154,12 @@ impl ExpertCounters {
         }
     }
 
+    /// A speculative step's first pass lacked an expert where no pass can
+    /// hold them all: it runs again per layer from there.
+    pub(crate) fn record_replay_per_layer(&self) {
+        self.replayed_steps.inc();
+    }
+
     pub(crate) fn record_prefetch_used(&self, experts: u64) {
         self.prefetch_used.inc_by(experts);
     }

@@ -77,6 +77,9 @@ pub fn run_layers(
         inputs.truncate(from - layers.start + 1);
         h = inputs.pop().ok_or(Error::Internal("a speculative step without the input of the layer it runs again from"))?;
         if !again {
+            if pass == 1 {
+                stream.reader.counters().record_replay_per_layer();
+            }
             break;
         }
     }
