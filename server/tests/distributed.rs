@@ -244,6 +244,21 @@ fn a_moe_model_over_2_and_4_ranks_gives_mlx_lms_tokens_in_both_modes() {
     }
 }
 
+/// Streamed experts in pipeline mode, decode steps speculating: each rank
+/// streams its own layers' experts, a step's read-back ending each rank's
+/// stage; the tokens stay mlx-lm's, alone and batched.
+#[test]
+fn a_moe_model_with_streamed_experts_over_2_ranks_in_pipeline_mode_speculates_and_gives_mlx_lms_tokens() {
+    let model = moe_model(None);
+    let flags = ["--stream-experts", "--expert-cache-bytes", "50%", "--expert-speculation", "on"];
+    let cluster = check_matches_mlx_lm("qwen3_moe fp32, experts streamed", &model, 2, "pipeline", &flags);
+    let experts = cluster.server.get("/health").json()["experts"].clone();
+    for field in ["misses", "bytes_read", "speculative_steps"] {
+        assert!(experts[field].as_u64().is_some_and(|v| v > 0), "rank 0: no {field}: {experts}");
+    }
+    eprintln!("rank 0's experts: {experts}");
+}
+
 #[test]
 fn a_4bit_moe_model_is_sharded_without_dequantizing() {
     let model = moe_model(Some(json!({"bits": 4, "group_size": 32})));
