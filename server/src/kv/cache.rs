@@ -5,7 +5,7 @@
 
 use mlx_rs_safe::Array;
 
-use super::compression::{CompressAt, KvCompression, Phase};
+use super::compression::{attention_ranks, CompressAt, KvCompression, Phase};
 use super::layer::LayerCache;
 use super::mask::StepMemo;
 use super::snapshot::KvSnapshot;
@@ -79,9 +79,9 @@ impl ModelCache {
     /// returns how many sequences converted (in any layer).
     pub fn compress(&mut self, policy: Option<&KvCompression>, phase: Phase) -> Result<usize> {
         let Some(policy) = policy else { return Ok(0) };
-        let layers = self.layers.len();
+        let (ranks, layers) = attention_ranks(self.layers.iter().map(LayerCache::keeps_every_position));
         let mut converted = 0;
-        for (layer, l) in self.layers.iter_mut().enumerate() {
+        for (l, layer) in self.layers.iter_mut().zip(ranks) {
             let at = CompressAt { layer, layers, phase };
             converted = converted.max(l.compress(|kind, tokens| policy.target(kind, tokens, at))?);
         }

@@ -46,7 +46,9 @@ impl TurboPreset {
         }
     }
 
-    /// The format of layer `layer` of `layers`, values at `value_bits`.
+    /// The format of the `layer`-th of a model's `layers` full-attention
+    /// layers (those that keep every position: sliding-window and recurrent
+    /// layers are not counted), values at `value_bits`.
     pub fn format(self, layer: usize, layers: usize, value_bits: u8) -> TurboFormat {
         let key = match self {
             TurboPreset::Balanced => KeyCode::Affine8,
@@ -67,7 +69,8 @@ pub enum Phase {
     Decode,
 }
 
-/// Where a compression decision is made: which layer of how many, and when.
+/// Where a compression decision is made: which full-attention layer of how
+/// many (see [`attention_ranks`]), and when.
 #[derive(Debug, Clone, Copy)]
 pub struct CompressAt {
     pub layer: usize,
@@ -183,7 +186,7 @@ impl KvCompression {
 /// uncompressed, 16-bit norms and scales compressed; sliding-window layers
 /// count in full, though they stop growing at their window).
 pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32) -> f64 {
-    let layers = kinds.len();
+    let (ranks, layers) = attention_ranks(kinds.iter().map(KvKind::keeps_every_position));
     let per_layer = |layer: usize, kind: &KvKind| {
         if let KvKind::Recurrent { .. } = kind {
             // A fixed-size state per sequence, not per token.
@@ -192,7 +195,25 @@ pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_head
         let (k, v) = policy.and_then(|p| p.bits_per_dim(kind, layer, layers, head_dim)).unwrap_or((16.0, 16.0));
         kv_heads as f64 * head_dim as f64 * (k + v) / 8.0
     };
-    kinds.iter().enumerate().map(|(l, k)| per_layer(l, k)).sum()
+    kinds.iter().zip(ranks).map(|(k, rank)| per_layer(rank, k)).sum()
+}
+
+/// Each layer's place among the full-attention layers (`attention`: whether
+/// each layer is one), and how many there are: what a preset that treats the
+/// first and last attention layers apart (`compact`) counts by, so hybrid and
+/// sliding-window models protect their first and last attention layers, not
+/// whatever layers come first. A layer that is not one gets the place of the
+/// next that is. (A pipeline stage counts its own layers.)
+pub fn attention_ranks(attention: impl Iterator<Item = bool>) -> (Vec<usize>, usize) {
+    let mut count = 0;
+    let ranks = attention
+        .map(|a| {
+            let rank = count;
+            count += usize::from(a);
+            rank
+        })
+        .collect();
+    (ranks, count)
 }
 
 #[cfg(test)]
@@ -240,6 +261,41 @@ mod tests {
         let c4 = KeyCode::Codebook(4);
         assert_eq!(keys, vec![a8, a8, c4, c4, c4, c4, a8, a8]);
         assert_eq!(TurboPreset::Paper.format(0, 8, 3), TurboFormat { key: KeyCode::CodebookQjl(3), value_bits: 3 });
+    }
+
+    /// The layers a `compact` model keeps 8-bit keys in, among `kinds`.
+    fn eight_bit_key_layers(kinds: &[KvKind]) -> Vec<usize> {
+        let c = KvCompression::turbo("compact", 8192).unwrap().for_model(128, false, None).unwrap();
+        let (ranks, layers) = attention_ranks(kinds.iter().map(KvKind::keeps_every_position));
+        let at = |layer| CompressAt { layer, layers, phase: Phase::Decode };
+        let eight = |(i, (k, r)): (usize, (&KvKind, usize))| match c.target(k, 100, at(r)) {
+            Some(KvKind::Turbo(f)) if f.key == KeyCode::Affine8 => Some(i),
+            _ => None,
+        };
+        kinds.iter().zip(ranks).enumerate().filter_map(eight).collect()
+    }
+
+    #[test]
+    fn compact_counts_only_full_attention_layers_for_its_first_and_last_two() {
+        // Qwen3-Next / Qwen3.5: full attention every 4th layer, linear between.
+        let hybrid: Vec<KvKind> = (0..48).map(|i| if (i + 1) % 4 == 0 { KvKind::Dense } else { KvKind::Recurrent { state_bytes: 1 } }).collect();
+        assert_eq!(eight_bit_key_layers(&hybrid), vec![3, 7, 43, 47]);
+        // Gemma 3: a global layer after every 5 sliding-window ones.
+        let windowed: Vec<KvKind> = (0..62).map(|i| if (i + 1) % 6 == 0 { KvKind::Dense } else { KvKind::Rotating { max_size: 1024 } }).collect();
+        assert_eq!(eight_bit_key_layers(&windowed), vec![5, 11, 53, 59]);
+        // What a token costs counts the same way: 52 window layers at 16 bits,
+        // 4 global layers with 8-bit keys, 6 with 4-bit codebook keys.
+        let c = KvCompression::turbo("compact", 8192).unwrap().for_model(128, false, None).unwrap();
+        let layer_bytes = |(k, v): (f64, f64)| 8.0 * 128.0 * (k + v) / 8.0;
+        let (a8, c4) = (TurboPreset::Compact.format(0, 10, 3).bits_per_dim(128), TurboPreset::Compact.format(2, 10, 3).bits_per_dim(128));
+        let want = 52.0 * layer_bytes((16.0, 16.0)) + 4.0 * layer_bytes(a8) + 6.0 * layer_bytes(c4);
+        assert_eq!(bytes_per_token(Some(&c), &windowed, 8, 128), want);
+        // A plain decoder: the model's first and last two layers.
+        assert_eq!(eight_bit_key_layers(&[KvKind::Dense; 8]), vec![0, 1, 6, 7]);
+        // Layers already compressed count as full attention too.
+        let mut mixed = vec![KvKind::Dense; 6];
+        mixed[0] = KvKind::Turbo(TurboPreset::Compact.format(0, 6, 3));
+        assert_eq!(attention_ranks(mixed.iter().map(KvKind::keeps_every_position)), ((0..6).collect(), 6));
     }
 
     #[test]

@@ -23,6 +23,12 @@ impl LayerCache {
         Ok(LayerCache { parts: vec![kind.empty_store(1)?], place: vec![(0, 0)] })
     }
 
+    /// Whether the layer keeps every position (full attention, compressed or
+    /// not), as against a sliding window or a recurrent state.
+    pub fn keeps_every_position(&self) -> bool {
+        self.parts.iter().all(|p| p.kind().keeps_every_position())
+    }
+
     /// These rows, in this order, each in the store of its kind.
     pub fn from_rows(rows: &[KvRow]) -> Result<LayerCache> {
         let mut kinds: Vec<KvKind> = Vec::new();

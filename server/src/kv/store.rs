@@ -136,6 +136,12 @@ pub trait KvStore: Send {
 }
 
 impl KvKind {
+    /// Whether the layer keeps every position (full attention, compressed or
+    /// not), as against a sliding window or a recurrent state.
+    pub fn keeps_every_position(&self) -> bool {
+        matches!(self, KvKind::Dense | KvKind::Affine { .. } | KvKind::Turbo(_))
+    }
+
     /// A store of this kind holding `rows` (all of this kind), left-padded to
     /// the longest.
     pub fn store(&self, rows: &[KvRow]) -> Result<Box<dyn KvStore>> {

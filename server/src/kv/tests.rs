@@ -196,11 +196,13 @@ fn trimmed_positions_are_forgotten_and_can_be_written_again() {
 #[test]
 fn a_step_a_cache_can_undo_leaves_no_trace() {
     for kind in kinds() {
-        let (a, wrong) = (row(14, 90), row(14, 95));
-        let want = alone(&kind, &a, 3, 14);
-        let mut cache = prefilled(&kind, &a, 3);
+        let (a, wrong) = (row(16, 90), row(16, 95));
+        // Past the sinks, so a TurboQuant cache is compressed from the start.
+        let want = alone(&kind, &a, 5, 16);
+        let mut cache = prefilled(&kind, &a, 5);
+        assert_eq!(cache.row(0).unwrap().kind, kind, "the cache under test is of its kind");
         let mut undone = 0;
-        for p in 3..14 {
+        for p in 5..16 {
             // Undone with nothing appended (a layer that read another's cache): no change.
             let idle = cache.undo_point(1).unwrap_or_else(|| panic!("{kind:?}: no undo point at {p}"));
             cache.undo(&idle).unwrap();
