@@ -22,7 +22,7 @@ use serde_json::json;
 
 use crate::cli::KvQualityArgs;
 use crate::error::{Error, Result};
-use crate::kv::{bytes_per_token, KvCompression, ModelCache, Phase};
+use crate::kv::{bytes_per_token, KvCompression, ModelCache, Phase, TurboPreset};
 use crate::models::{self, LanguageModel};
 use crate::tokenizer::Tokenizer;
 
@@ -33,13 +33,12 @@ struct Format {
 }
 
 fn format(name: &str) -> Result<Format> {
+    let unknown = || Error::Config(format!("--formats: unknown KV format {name:?}; the formats are fp16, kv2..kv8, balanced, compact and paper"));
     let policy = match name {
         "fp16" => None,
-        n if n.starts_with("kv") => {
-            let bits = n[2..].parse().map_err(|_| Error::Config(format!("unknown KV format {n:?}")))?;
-            Some(KvCompression::affine(bits, 64, 0)?)
-        }
-        preset => Some(KvCompression::turbo(preset, i32::MAX)?),
+        n if n.starts_with("kv") => Some(KvCompression::affine(n[2..].parse().map_err(|_| unknown())?, 64, 0)?),
+        preset if TurboPreset::parse(preset).is_ok() => Some(KvCompression::turbo(preset, i32::MAX)?),
+        _ => return Err(unknown()),
     };
     Ok(Format { name: name.to_string(), policy })
 }

@@ -202,3 +202,21 @@ fn kv_quality_asks_a_base_model_for_the_needle_in_plain_text() {
     assert!(trials[0]["tokens"].as_u64().unwrap() >= 160, "{report}");
     assert_eq!(report["formats"].as_array().unwrap().len(), 2, "{report}");
 }
+
+// A format `kv-quality` does not know is named with the ones it does.
+#[test]
+fn kv_quality_names_an_unknown_format_and_the_known_ones() {
+    let dir = fixture(FIXTURE, &llama());
+    for bad in ["fp32", "kvx"] {
+        let out = std::process::Command::new(common::server::binary())
+            .args(["kv-quality", "--model"])
+            .arg(&dir)
+            .args(["--text", "/dev/null", "--formats"])
+            .arg(format!("fp16,{bad}"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{bad} was taken");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("unknown KV format \"{bad}\"")) && err.contains("balanced, compact and paper"), "{bad}: {err}");
+    }
+}
