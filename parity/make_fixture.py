@@ -7,9 +7,12 @@ SPEC_JSON: {"config": {...HF config.json fields...}, "dtype": "bfloat16",
             "quantize": null | {"bits": 4, "group_size": 64, "mode": "affine" | "mxfp4", "only": "experts"},
             "prompt_tokens": 600, "max_tokens": 64, "seed": 0,
             "batch_prompt_tokens": [530, 200, 40],
-            "kv_bits": null | 8, "kv_group_size": 64, "quantized_kv_start": 0}
+            "kv_bits": null | 8, "kv_group_size": 64, "quantized_kv_start": 0,
+            "penalties": null | {"repetition_penalty": 1.3, "presence_penalty": 0.5,
+                                 "presence_context_size": 15, ...}}
 Writes OUT_DIR/{config.json, model.safetensors(.index.json), tokenizer files,
-reference.json}. reference.json holds the prompt ids, mlx-lm's greedy tokens and
+reference.json}. reference.json holds the prompt ids, mlx-lm's greedy tokens (with
+"penalties", after mlx-lm's logits processors made from them) and
 the logits of the first generated position (float32, for the tolerance check),
 and under "batch" more prompts of other lengths with mlx-lm's greedy tokens for
 each, decoded alone: the engine must give each the same tokens when they share
@@ -26,6 +29,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_logits_processors
 from mlx_lm.utils import _get_classes, quantize_model, save_config, save_model
 
 from make_tokenizer import write_tokenizer
@@ -81,6 +85,7 @@ def main():
             kv_bits=spec.get("kv_bits"),
             kv_group_size=spec.get("kv_group_size", 64),
             quantized_kv_start=spec.get("quantized_kv_start", 0),
+            logits_processors=make_logits_processors(**spec["penalties"]) if spec.get("penalties") else None,
         )
         for token, logprobs in gen:
             if first_logits is None:

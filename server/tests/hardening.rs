@@ -437,7 +437,8 @@ impl Rng {
         }
         let fields = [
             "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-            "repetition_context_size", "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop", "n", "stream",
+            "repetition_context_size", "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size",
+            "logit_bias", "seed", "stop", "n", "stream",
             "stream_options", "logprobs", "top_logprobs", "echo", "tools", "tool_choice", "ignore_eos",
         ];
         for _ in 0..self.below(6) {
@@ -452,7 +453,8 @@ impl Rng {
                 ("stream_options", _) => json!({"include_usage": self.below(2) == 1}),
                 ("stream" | "echo" | "ignore_eos", _) => json!(self.below(2) == 1),
                 ("logprobs", _) if chat => json!(self.below(2) == 1),
-                ("logprobs" | "top_logprobs" | "top_k" | "max_tokens" | "max_completion_tokens" | "n" | "seed" | "repetition_context_size", _) => {
+                ("logprobs" | "top_logprobs" | "top_k" | "max_tokens" | "max_completion_tokens" | "n" | "seed" | "repetition_context_size"
+                | "presence_context_size" | "frequency_context_size", _) => {
                     json!(*self.pick(&[-1i64, 0, 1, 2, 3, 5, 20, 21]))
                 }
                 ("tool_choice", _) => json!(*self.pick(&["none", "auto", "required"])),

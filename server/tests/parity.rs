@@ -34,6 +34,41 @@ fn llama_bf16_greedy_matches_mlx_lm() {
     check_parity("llama_bf16", spec(llama(), "bfloat16", None), TOL);
 }
 
+/// Repetition, presence and frequency penalties, each over its own window of
+/// the newest tokens (prompt included), as mlx-lm's logits processors apply
+/// them: the same greedy tokens alone and for each sequence of a batch.
+#[test]
+fn penalties_over_their_windows_give_mlx_lms_tokens() {
+    let penalties = json!({"repetition_penalty": 1.3, "repetition_context_size": 20, "presence_penalty": 0.7,
+                           "presence_context_size": 15, "frequency_penalty": 0.3, "frequency_context_size": 25});
+    let mut s = spec(llama(), "float32", None);
+    s["penalties"] = penalties.clone();
+    let dir = fixture("llama_fp32_penalties", &s);
+    let r = reference(&dir);
+    let with_penalties = |_: usize, g: &mut mlx_serve::engine::Generation| {
+        g.sampling.repetition_penalty = 1.3;
+        g.sampling.repetition_context_size = 20;
+        g.sampling.presence_penalty = 0.7;
+        g.sampling.presence_context_size = 15;
+        g.sampling.frequency_penalty = 0.3;
+        g.sampling.frequency_context_size = 25;
+    };
+    let mut prompts: Vec<(&[u32], usize)> = vec![(&r.prompt, r.tokens.len())];
+    prompts.extend(r.batch.iter().map(|(p, t)| (p.as_slice(), t.len())));
+    let expected: Vec<&Vec<u32>> = std::iter::once(&r.tokens).chain(r.batch.iter().map(|(_, t)| t)).collect();
+    let (mut alone, _) = engine(&dir, &dir, &s, &models::LoadOptions::default());
+    let out = drive_with(&mut alone, &prompts[..1], &[0], None, with_penalties);
+    assert_eq!(&out[0].tokens, expected[0], "alone: tokens differ from mlx-lm's with {penalties}");
+    let (mut batched, _) = engine(&dir, &dir, &s, &models::LoadOptions::default());
+    let outs = drive_with(&mut batched, &prompts, &[0, 2, 3, 6], None, with_penalties);
+    for (i, (out, want)) in outs.iter().zip(&expected).enumerate() {
+        assert_eq!(&out.tokens, *want, "sequence {i} of the batch differs from mlx-lm's tokens with {penalties}");
+    }
+    // The penalties changed the output: greedy without them gives other tokens.
+    let (mut plain, _) = engine(&dir, &dir, &s, &models::LoadOptions::default());
+    assert_ne!(&drive(&mut plain, &prompts[..1], &[0], None)[0].tokens, expected[0], "the penalties changed nothing");
+}
+
 #[test]
 fn llama_4bit_with_llama3_rope_and_tied_embeddings_matches_mlx_lm() {
     let mut c = llama();

@@ -129,7 +129,9 @@ pub struct CommonParams {
     pub repetition_penalty: Option<f32>,
     pub repetition_context_size: Option<usize>,
     pub presence_penalty: Option<f32>,
+    pub presence_context_size: Option<usize>,
     pub frequency_penalty: Option<f32>,
+    pub frequency_context_size: Option<usize>,
     pub logit_bias: Option<HashMap<String, f32>>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
@@ -175,6 +177,12 @@ impl CommonParams {
         }
         if let Some(v) = self.frequency_penalty {
             p.frequency_penalty = v;
+        }
+        if let Some(v) = self.presence_context_size {
+            p.presence_context_size = v;
+        }
+        if let Some(v) = self.frequency_context_size {
+            p.frequency_context_size = v;
         }
         p.seed = self.seed;
         for (token, bias) in self.logit_bias.iter().flatten() {

@@ -22,10 +22,14 @@ pub struct SamplingParams {
     /// Divide positive / multiply negative logits of recent tokens (1 = off).
     pub repetition_penalty: f32,
     pub repetition_context_size: usize,
-    /// Subtracted once from the logit of every token seen (OpenAI semantics).
+    /// Subtracted once from the logit of every token among the last
+    /// `presence_context_size` (prompt and generated; mlx-lm's semantics).
     pub presence_penalty: f32,
-    /// Subtracted per occurrence of every token seen.
+    pub presence_context_size: usize,
+    /// Subtracted per occurrence of every token among the last
+    /// `frequency_context_size`.
     pub frequency_penalty: f32,
+    pub frequency_context_size: usize,
     pub logit_bias: HashMap<u32, f32>,
     pub seed: Option<u64>,
 }
@@ -40,7 +44,9 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             repetition_context_size: 20,
             presence_penalty: 0.0,
+            presence_context_size: 20,
             frequency_penalty: 0.0,
+            frequency_context_size: 20,
             logit_bias: HashMap::new(),
             seed: None,
         }
@@ -136,19 +142,25 @@ impl Sampler {
             )?;
             logits = ops::put_along_axis(&logits, &idx, &ops::astype(&sel, logits.dtype())?, -1)?;
         }
-        if (p.presence_penalty != 0.0 || p.frequency_penalty != 0.0) && !history.is_empty() {
-            let mut counts: HashMap<u32, f32> = HashMap::new();
-            for &t in history {
-                *counts.entry(t).or_default() += 1.0;
-            }
-            let (ids, sub): (Vec<i32>, Vec<f32>) = counts
-                .iter()
-                .map(|(&t, &c)| (t as i32, p.presence_penalty + p.frequency_penalty * c))
-                .unzip();
+        // As mlx-lm applies them: presence, then frequency, each over its own
+        // window of the newest tokens.
+        let recent = |n: usize| -> Vec<i32> { history[history.len().saturating_sub(n)..].iter().map(|&t| t as i32).collect() };
+        if p.presence_penalty != 0.0 && !history.is_empty() && p.presence_context_size > 0 {
+            // Each token seen once, however often it occurs.
+            let mut ids = recent(p.presence_context_size);
+            ids.sort_unstable();
+            ids.dedup();
             let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
             let cur = ops::take_along_axis(&logits, &idx, -1)?;
-            let sub = ops::astype(&Array::from_slice(&sub, &[1, sub.len() as i32])?, logits.dtype())?;
-            logits = ops::put_along_axis(&logits, &idx, &ops::subtract(&cur, &sub)?, -1)?;
+            let pen = ops::astype(&Array::scalar(p.presence_penalty), logits.dtype())?;
+            logits = ops::put_along_axis(&logits, &idx, &ops::subtract(&cur, &pen)?, -1)?;
+        }
+        if p.frequency_penalty != 0.0 && !history.is_empty() && p.frequency_context_size > 0 {
+            // Once per occurrence: a scatter-add accumulates repeated ids.
+            let ids = recent(p.frequency_context_size);
+            let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+            let minus = ops::astype(&Array::from_slice(&vec![-p.frequency_penalty; ids.len()], &[1, ids.len() as i32])?, logits.dtype())?;
+            logits = ops::scatter_add_axis(&logits, &idx, &minus, -1)?;
         }
         Ok(logits)
     }
@@ -277,6 +289,28 @@ mod tests {
         // frequency: 0.3 per occurrence × 2 = 0.6 off token 0.
         assert_eq!(with(SamplingParams { frequency_penalty: 0.3, ..Default::default() }, &[0, 0]), 1);
         assert_eq!(with(SamplingParams { frequency_penalty: 0.3, ..Default::default() }, &[0]), 0);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_count_only_their_windows_as_mlx_lm_does() {
+        // Values and penalties in eighths: every sum exact.
+        let l = logits(&[1.0, 0.5, 0.375]);
+        let processed = |p: SamplingParams, hist: &[u32]| {
+            let s = Sampler::new(p).unwrap();
+            s.process_logits(hist, &l).unwrap().to_vec::<f32>().unwrap()
+        };
+        // Token 0 fifty times long ago, then 20 other tokens: outside the default window of 20.
+        let mut hist = vec![0u32; 50];
+        hist.extend([1u32, 2].repeat(10));
+        let presence = SamplingParams { presence_penalty: 0.25, ..Default::default() };
+        assert_eq!(processed(presence.clone(), &hist), vec![1.0, 0.25, 0.125]);
+        let frequency = SamplingParams { frequency_penalty: 0.125, ..Default::default() };
+        // 10 occurrences each of 1 and 2 in the window.
+        assert_eq!(processed(frequency.clone(), &hist), vec![1.0, -0.75, -0.875]);
+        // A wider window reaches token 0; presence counts it once, frequency per occurrence.
+        assert_eq!(processed(SamplingParams { presence_context_size: 21, ..presence }, &hist)[0], 0.75);
+        assert_eq!(processed(SamplingParams { frequency_context_size: 22, ..frequency.clone() }, &hist)[0], 0.75);
+        assert_eq!(processed(SamplingParams { frequency_context_size: 0, ..frequency }, &hist), vec![1.0, 0.5, 0.375]);
     }
 
     #[test]
