@@ -360,7 +360,7 @@ fn an_api_key_is_required_when_set() {
 }
 
 #[test]
-fn a_full_queue_answers_503_with_retry_after() {
+fn a_full_queue_answers_503_with_retry_after_and_a_queued_client_that_leaves_frees_its_place() {
     let s = TestServer::start(&long_context_model(), &["--max-concurrency", "1", "--max-queue", "1"]);
     let long = json!({"prompt": "the model", "max_tokens": 100000, "ignore_eos": true, "stream": true}).to_string();
     let addr = s.base.strip_prefix("http://").unwrap().to_string();
@@ -376,15 +376,24 @@ fn a_full_queue_answers_503_with_retry_after() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(20));
     }
-    let _queued = open(&long);
-    while s.get("/health").json()["engine"]["queued"] != 1 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let queued = open(&long);
+    let queued_now = |n: u64| {
+        while s.get("/health").json()["engine"]["queued"] != n {
+            assert!(Instant::now() < deadline, "the queue never held {n}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    queued_now(1);
     let r = s.post("/v1/completions", &long);
     assert_eq!(r.status, 503, "{}", r.body);
     assert_eq!(r.retry_after.as_deref(), Some("1"));
     assert_eq!(r.json()["error"]["type"], "server_error");
+    // A queued client that leaves frees its place while every slot stays
+    // busy: the next request is queued, not refused.
+    drop(queued);
+    queued_now(0);
+    let _next = open(&long);
+    queued_now(1);
 }
 
 #[test]

@@ -244,6 +244,19 @@ impl Engine {
         self.prefill_chunk();
     }
 
+    /// Drops the queued requests whose clients went away, wherever they wait:
+    /// left for their turn they would hold places in the queue (--max-queue)
+    /// and use up admissions while every slot is busy. (In a distributed
+    /// group a request's channel closes on the same turn on every rank.)
+    fn drop_abandoned(&mut self) {
+        let before = self.queue.len();
+        self.queue.retain(|r| !r.events.is_closed());
+        for _ in self.queue.len()..before {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.metrics.record_cancelled();
+        }
+    }
+
     /// Tokens of KV each running sequence reserves.
     fn reserved_tokens(&self) -> Vec<usize> {
         let batch = self.batch.iter().flat_map(|b| b.seqs.iter());
@@ -255,20 +268,17 @@ impl Engine {
     /// Starts prefilling waiting requests while slots are free and their KV
     /// fits the pool, oldest first.
     fn admit(&mut self) {
+        self.drop_abandoned();
         let admissions = self.policy.admissions(self.running(), self.queue.len());
         let mut reserved = self.reserved_tokens();
         for _ in 0..admissions {
             let Some(front) = self.queue.front() else { return };
             let need = Sequence::reservation(&front.params, self.config.context);
-            if !front.events.is_closed() && !self.policy.fits(&reserved, need) {
+            if !self.policy.fits(&reserved, need) {
                 return;
             }
             let Some(request) = self.queue.pop_front() else { return };
             self.waiting.fetch_sub(1, Ordering::SeqCst);
-            if request.events.is_closed() {
-                self.metrics.record_cancelled();
-                continue;
-            }
             if request.params.prompt.is_empty() {
                 let _ = request.events.send(Event::Error("the prompt is empty".into()));
                 continue;
