@@ -217,9 +217,15 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // config and the plan.
     let loaded = Arc::new(Mutex::new(None));
     let handed_back = loaded.clone();
+    let planning_group = group.clone();
     let mut load = move || -> Result<(Box<dyn models::LanguageModel>, EngineConfig)> {
         let files = ModelFiles::open(&load_dir, load_options.quantize)?;
         let plan = plan_for(&files, &machine, &wants, &load_options.sharding)?;
+        // Every rank's engine runs the tightest of the ranks' plans (lockstep).
+        let plan = match &planning_group {
+            Some(g) => plan.agreed(g)?,
+            None => plan,
+        };
         log::info!("{}", plan.describe());
         // MLX frees its buffer cache rather than grow past the budget.
         mlx_rs_safe::memory::set_memory_limit(plan.mlx_memory_limit() as usize)?;

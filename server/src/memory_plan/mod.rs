@@ -13,6 +13,9 @@ use serde::Serialize;
 
 pub use machine::Machine;
 
+use mlx_rs_safe::distributed::Group;
+use mlx_rs_safe::Array;
+
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
 use crate::kv::{bytes_per_token, KvCompression, KvKind};
@@ -97,6 +100,18 @@ pub struct MemoryPlan {
     pub runtime_bytes: u64,
     #[serde(skip)]
     pub kv_compression: Option<KvCompression>,
+    /// The KV formats the plan tried, least compressed first (the one
+    /// chosen among them), for ranks agreeing on one ([`Self::agreed`]).
+    #[serde(skip)]
+    kv_ladder: Vec<KvChoice>,
+}
+
+/// A KV format the plan can choose, and what a token costs in it.
+#[derive(Debug, Clone)]
+struct KvChoice {
+    name: String,
+    compression: Option<KvCompression>,
+    bytes_per_token: f64,
 }
 
 impl MemoryPlan {
@@ -344,7 +359,59 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         from_flags,
         runtime_bytes: machine.runtime_bytes,
         kv_compression,
+        kv_ladder: sized.into_iter().map(|(name, compression, bytes_per_token, _)| KvChoice { name, compression, bytes_per_token }).collect(),
     })
+}
+
+/// The tightest of the ranks' plans, each `[KV format's place in the
+/// ladder, KV tokens, context, prompt cache KiB]`: the most compressed
+/// format, the fewest tokens, the shortest context, the smallest cache.
+fn tightest(ranks: &[[i32; 4]]) -> Option<[i32; 4]> {
+    let first = *ranks.first()?;
+    Some(ranks.iter().fold(first, |t, r| [t[0].max(r[0]), t[1].min(r[1]), t[2].min(r[2]), t[3].min(r[3])]))
+}
+
+impl MemoryPlan {
+    /// The plan this rank's engine runs with in `group`. Each rank plans
+    /// what it holds (its layers, its share of the heads), so the ranks'
+    /// plans can differ (an uneven split of layers, other machines); but
+    /// their engines admit, end and keep prompts alike, turn by turn, so
+    /// every rank takes the tightest of them: the most compressed KV format
+    /// any rank chose (all try the same ones in the same order), the fewest
+    /// KV tokens, the shortest context and the smallest prompt cache. Each
+    /// rank's own plan holds that much in that format.
+    pub fn agreed(self, group: &Group) -> Result<MemoryPlan> {
+        let all = group.all_gather(&Array::from_slice(&self.terms(), &[1, 4])?)?.to_vec::<i32>()?;
+        let ranks: Vec<[i32; 4]> = all.chunks_exact(4).map(|r| [r[0], r[1], r[2], r[3]]).collect();
+        self.adopt(tightest(&ranks).ok_or(Error::Internal("a group of no ranks"))?)
+    }
+
+    /// What ranks agree on: `[KV format's place in the ladder, KV tokens,
+    /// context, prompt cache KiB]` (a format the flags fixed is the ladder's
+    /// only rung: place 0 on every rank).
+    fn terms(&self) -> [i32; 4] {
+        let clamp = |v: u64| v.min(i32::MAX as u64) as i32;
+        [self.kv_place() as i32, clamp(self.kv_tokens), clamp(self.context), clamp(self.prompt_cache_bytes >> 10)]
+    }
+
+    fn kv_place(&self) -> usize {
+        self.kv_ladder.iter().position(|c| c.name == self.kv_format).unwrap_or(0)
+    }
+
+    /// This plan with the group's `terms` (each at most this rank's own: the
+    /// KiB and the clamp round down).
+    fn adopt(mut self, [place, kv_tokens, context, prompt_cache_kib]: [i32; 4]) -> Result<MemoryPlan> {
+        if place as usize != self.kv_place() {
+            let choice = self.kv_ladder.get(place as usize).ok_or(Error::Internal("the ranks' KV formats differ in number"))?;
+            self.kv_format = choice.name.clone();
+            self.kv_compression = choice.compression;
+            self.kv_bytes_per_token = choice.bytes_per_token;
+        }
+        self.kv_tokens = kv_tokens as u64;
+        self.context = context as u64;
+        self.prompt_cache_bytes = (prompt_cache_kib as u64) << 10;
+        Ok(self)
+    }
 }
 
 #[cfg(test)]

@@ -163,3 +163,31 @@ fn recurrent_states_are_planned_per_running_sequence() {
     let e = plan(&cpu(24 * GIB), &hybrid(), None, &Wants { max_sequences: 20_000, ..Wants::default() }).unwrap_err().to_string();
     assert!(e.contains("recurrent states of 20000 sequences"), "{e}");
 }
+
+/// Two pipeline ranks of one model split unevenly (17 and 15 of its 32
+/// layers) on machines of other sizes plan differently; agreed, both run
+/// the tightest: the more compressed KV format, the fewer tokens, the
+/// shorter context, the smaller prompt cache — and each still fits.
+#[test]
+fn ranks_that_plan_differently_agree_on_the_tightest_plan() {
+    let part = |from: usize, to: usize| {
+        let mut s = llama8b();
+        s.weights.layers = s.weights.layers[from..to].to_vec();
+        s.weights.routed = s.weights.routed[from..to].to_vec();
+        s.kv_layout.kinds = s.kv_layout.kinds[from..to].to_vec();
+        s
+    };
+    let a = plan(&cpu(8 * GIB), &part(0, 17), Some(131_072), &Wants::default()).unwrap();
+    let b = plan(&cpu(24 * GIB), &part(17, 32), Some(131_072), &Wants::default()).unwrap();
+    assert_ne!(a.kv_format, b.kv_format, "the ranks' own plans should differ here:\n{}\n{}", a.describe(), b.describe());
+    let terms = tightest(&[a.terms(), b.terms()]).unwrap();
+    let (a, b) = (a.adopt(terms).unwrap(), b.adopt(terms).unwrap());
+    for field in [|p: &MemoryPlan| p.kv_format.clone(), |p: &MemoryPlan| p.kv_tokens.to_string(), |p: &MemoryPlan| p.context.to_string(), |p: &MemoryPlan| p.prompt_cache_bytes.to_string()] {
+        assert_eq!(field(&a), field(&b), "agreed plans differ:\n{}\n{}", a.describe(), b.describe());
+    }
+    assert_eq!(a.kv_compression, b.kv_compression);
+    assert!(a.kv_format.starts_with("turbo"), "the more compressed format wins: {}", a.describe());
+    check_within_budget(&a);
+    check_within_budget(&b);
+    assert_eq!(tightest(&[]), None);
+}
