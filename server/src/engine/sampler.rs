@@ -13,13 +13,15 @@ use crate::error::{Error, Result};
 pub struct SamplingParams {
     /// 0 = greedy.
     pub temperature: f32,
-    /// Keep the smallest set of tokens whose probability adds up to top_p (1 = off).
+    /// Keep the smallest set of tokens whose probability adds up to top_p
+    /// (1 or 0 = off, as in mlx-lm).
     pub top_p: f32,
     /// Keep the k most likely tokens (0 = off).
     pub top_k: i32,
     /// Drop tokens less likely than min_p × the top probability (0 = off).
     pub min_p: f32,
-    /// Divide positive / multiply negative logits of recent tokens (1 = off).
+    /// Divide positive / multiply negative logits of recent tokens (1 or 0 =
+    /// off, as in mlx-lm).
     pub repetition_penalty: f32,
     pub repetition_context_size: usize,
     /// Subtracted once from the logit of every token among the last
@@ -60,8 +62,8 @@ impl SamplingParams {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return bad("temperature", format!("temperature must be >= 0, got {}", self.temperature));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", format!("top_p must be in (0, 1], got {}", self.top_p));
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return bad("top_p", format!("top_p must be in [0, 1], got {}", self.top_p));
         }
         if self.top_k < 0 {
             return bad("top_k", format!("top_k must be >= 0, got {}", self.top_k));
@@ -69,8 +71,8 @@ impl SamplingParams {
         if !(0.0..=1.0).contains(&self.min_p) {
             return bad("min_p", format!("min_p must be in [0, 1], got {}", self.min_p));
         }
-        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
-            return bad("repetition_penalty", format!("repetition_penalty must be > 0, got {}", self.repetition_penalty));
+        if !(self.repetition_penalty >= 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty", format!("repetition_penalty must be >= 0 (0 or 1: off), got {}", self.repetition_penalty));
         }
         for (name, v) in [("presence_penalty", self.presence_penalty), ("frequency_penalty", self.frequency_penalty)] {
             if !(-2.0..=2.0).contains(&v) {
@@ -78,6 +80,11 @@ impl SamplingParams {
             }
         }
         Ok(())
+    }
+
+    /// Whether the repetition penalty acts (mlx-lm skips 0 as well as 1).
+    fn penalizes_repetition(&self) -> bool {
+        self.repetition_penalty != 1.0 && self.repetition_penalty != 0.0
     }
 }
 
@@ -113,7 +120,7 @@ impl Sampler {
 
     /// Whether processing needs the tokens generated so far.
     pub fn uses_history(&self) -> bool {
-        self.params.repetition_penalty != 1.0
+        self.params.penalizes_repetition()
             || self.params.presence_penalty != 0.0
             || self.params.frequency_penalty != 0.0
     }
@@ -129,7 +136,7 @@ impl Sampler {
             let add = ops::astype(&Array::from_slice(&bias, &[1, bias.len() as i32])?, logits.dtype())?;
             logits = ops::put_along_axis(&logits, &idx, &ops::add(&cur, &add)?, -1)?;
         }
-        if p.repetition_penalty != 1.0 && !history.is_empty() {
+        if p.penalizes_repetition() && !history.is_empty() {
             let start = history.len().saturating_sub(p.repetition_context_size);
             let ids: Vec<i32> = history[start..].iter().map(|&t| t as i32).collect();
             let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
@@ -175,7 +182,7 @@ impl Sampler {
         if p.top_k > 0 {
             lp = apply_top_k(&lp, p.top_k)?;
         }
-        if p.top_p < 1.0 {
+        if p.top_p > 0.0 && p.top_p < 1.0 {
             lp = apply_top_p(&lp, p.top_p)?;
         }
         if p.min_p > 0.0 {
@@ -313,14 +320,24 @@ mod tests {
         assert_eq!(processed(SamplingParams { frequency_context_size: 0, ..frequency }, &hist), vec![1.0, 0.5, 0.375]);
     }
 
+    /// mlx_lm.server's own defaults, sent explicitly, turn the filters off.
+    #[test]
+    fn top_p_and_repetition_penalty_of_zero_are_off_as_in_mlx_lm() {
+        let l = [3.0f32, 2.9, 0.0, -1.0, -2.0];
+        let p = SamplingParams { temperature: 1.0, seed: Some(1), top_p: 0.0, repetition_penalty: 0.0, ..Default::default() };
+        assert!(!Sampler::new(p.clone()).unwrap().uses_history());
+        let all = draws(p, &l, 400);
+        assert!(all.iter().any(|&t| t >= 2), "top_p 0 filtered: {all:?}");
+    }
+
     #[test]
     fn invalid_values_are_rejected_with_the_field_name() {
         let bad = [
             SamplingParams { temperature: -1.0, ..Default::default() },
-            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { top_p: 1.5, ..Default::default() },
             SamplingParams { top_k: -3, ..Default::default() },
             SamplingParams { min_p: 1.5, ..Default::default() },
-            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { repetition_penalty: -1.0, ..Default::default() },
             SamplingParams { presence_penalty: 2.5, ..Default::default() },
         ];
         let fields = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty"];
