@@ -300,14 +300,15 @@ fn listening_beyond_loopback_without_a_key_warns_loudly() {
     assert!(!warned(&keyed) && !warned(&local));
 }
 
-/// The CORS headers of a preflight from `origin`.
+/// The CORS headers of a preflight from `origin`, asking for the headers
+/// the OpenAI and Anthropic browser SDKs send.
 fn preflight(s: &TestServer, origin: &str) -> (u16, Option<String>) {
     let addr = s.addr();
     let mut c = TcpStream::connect(&addr).unwrap();
     write!(
         c,
         "OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nOrigin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
-         Access-Control-Request-Headers: content-type, authorization\r\nConnection: close\r\n\r\n"
+         Access-Control-Request-Headers: content-type, authorization, x-stainless-os, x-api-key, anthropic-version\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let reply = read_to_close(&mut c, Duration::from_secs(30));

@@ -11,10 +11,11 @@ pub fn policy(origins: &[String]) -> Option<Cors> {
     if origins.is_empty() {
         return None;
     }
-    let base = Cors::default()
-        .allowed_methods([Method::GET, Method::POST])
-        .allowed_headers([header::AUTHORIZATION, header::CONTENT_TYPE, header::ACCEPT])
-        .max_age(3600);
+    // Any request header: the browser SDKs send their own (OpenAI's
+    // x-stainless-*, Anthropic's x-api-key and anthropic-version), and a
+    // preflight naming one not allowed fails before the POST (mlx_lm.server
+    // allows any too). The origins are what the policy restricts.
+    let base = Cors::default().allowed_methods([Method::GET, Method::POST]).allow_any_header().max_age(3600);
     Some(if origins.contains(&"*") { base.allow_any_origin() } else { origins.into_iter().fold(base, Cors::allowed_origin) })
 }
 
