@@ -82,14 +82,21 @@ impl DecodeBatch {
 
     /// Adds sequences (between steps: nothing pending).
     pub fn join(&mut self, joining: Vec<Joining>) -> Result<()> {
+        // The sequences are the batch's before anything can fail: a failed
+        // join ends the whole batch (`fail_all`), these with the error too,
+        // rather than dropping them unanswered.
+        let mut caches = Vec::with_capacity(joining.len());
+        let mut next = Vec::with_capacity(joining.len());
+        for j in joining {
+            self.seqs.push(j.seq);
+            caches.push(j.cache);
+            next.push(j.next);
+        }
         if self.pending.is_some() {
             return Err(Error::Internal("sequences joined a batch with a step in flight"));
         }
-        let mut next = Vec::with_capacity(joining.len());
-        for j in joining {
-            self.cache.extend(j.cache)?;
-            self.seqs.push(j.seq);
-            next.push(j.next);
+        for cache in caches {
+            self.cache.extend(cache)?;
         }
         self.input = ops::concatenate(&[&self.input, &ids_column(&next)?], 0)?;
         Ok(())
