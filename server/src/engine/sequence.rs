@@ -38,6 +38,17 @@ pub struct Sequence {
 }
 
 /// The `n` most likely tokens of a [vocab] log-probability row, best first.
+/// A log-probability as the APIs report it: -9999 for a token that cannot be
+/// drawn (masked by a grammar, -inf), as OpenAI reports it; JSON has no
+/// infinity, and `null` breaks clients that type the field as a number.
+fn reportable(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        -9999.0
+    }
+}
+
 fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let n = n.min(idx.len());
@@ -48,7 +59,7 @@ fn top_logprobs(row: &[f32], n: usize) -> Vec<(u32, f32)> {
     idx.select_nth_unstable_by(n - 1, by_logprob);
     idx.truncate(n);
     idx.sort_by(by_logprob);
-    idx.into_iter().map(|i| (i, row[i as usize])).collect()
+    idx.into_iter().map(|i| (i, reportable(row[i as usize]))).collect()
 }
 
 impl Sequence {
@@ -142,7 +153,7 @@ impl Sequence {
             (Some(n), Some(row)) => {
                 let row = ops::astype(row, Dtype::Float32)?.to_vec::<f32>()?;
                 let lp = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
-                Some(TokenLogprob { token, logprob: lp, top: top_logprobs(&row, n) })
+                Some(TokenLogprob { token, logprob: reportable(lp), top: top_logprobs(&row, n) })
             }
             _ => None,
         };
@@ -200,5 +211,11 @@ mod tests {
         assert_eq!(top_logprobs(&row, 3), vec![(3, -0.1), (1, -0.5), (2, -2.0)]);
         assert_eq!(top_logprobs(&row, 0), vec![]);
         assert_eq!(top_logprobs(&row, 10).len(), 5);
+        // Tokens a grammar masked (-inf) are reported as -9999, never as null.
+        let masked = [f32::NEG_INFINITY, -0.2, f32::NEG_INFINITY];
+        let mut top = top_logprobs(&masked, 3);
+        assert_eq!(top[0], (1, -0.2));
+        top[1..].sort_by_key(|&(t, _)| t);
+        assert_eq!(top[1..], [(0, -9999.0), (2, -9999.0)]);
     }
 }
