@@ -4,6 +4,8 @@
 //! once, so a burst of huge prompts cannot multiply the peak; after a large
 //! one the freed heap goes back to the system.
 
+use std::sync::Arc;
+
 use actix_web::web;
 use tokio::sync::Semaphore;
 
@@ -14,13 +16,13 @@ use super::error::ApiError;
 const TRIM_FROM_BYTES: usize = 1 << 20;
 
 pub struct TokenizePool {
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
 }
 
 impl TokenizePool {
     /// A pool running at most `size` (at least 1) tasks at once.
     pub fn new(size: usize) -> TokenizePool {
-        TokenizePool { permits: Semaphore::new(size.max(1)) }
+        TokenizePool { permits: Arc::new(Semaphore::new(size.max(1))) }
     }
 
     /// The default size: half the cores (the engine and HTTP workers need the rest), 1 to 4.
@@ -35,9 +37,12 @@ impl TokenizePool {
         T: Send + 'static,
         E: Into<ApiError> + Send + 'static,
     {
-        // The semaphore is never closed, so acquiring only waits.
-        let _slot = self.permits.acquire().await.map_err(|_| ApiError::internal("the tokenizer pool closed"))?;
+        // The semaphore is never closed, so acquiring only waits. The slot
+        // goes with the work: a client that leaves drops this future, not
+        // the blocking task, which holds its slot until it ends.
+        let slot = self.permits.clone().acquire_owned().await.map_err(|_| ApiError::internal("the tokenizer pool closed"))?;
         let task = move || {
+            let _slot = slot;
             let result = work();
             if input_bytes >= TRIM_FROM_BYTES {
                 mlx_rs_safe::process_heap::trim();
@@ -80,5 +85,26 @@ mod tests {
             r.unwrap();
         }
         assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    /// A request dropped while its work runs (the client left) keeps its
+    /// slot until the work ends: the next one waits for it.
+    #[actix_web::test]
+    async fn work_whose_request_was_dropped_keeps_its_slot_until_it_ends() {
+        let pool = Arc::new(TokenizePool::new(1));
+        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let work = |running: Arc<AtomicUsize>, most: Arc<AtomicUsize>| {
+            move || {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(200));
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), ApiError>(())
+            }
+        };
+        let dropped = tokio::time::timeout(Duration::from_millis(50), pool.run(0, work(running.clone(), most.clone()))).await;
+        assert!(dropped.is_err(), "the first request should still be running when dropped");
+        pool.run(0, work(running.clone(), most.clone())).await.unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 1, "a second tokenization ran beside the dropped one's");
     }
 }
