@@ -100,6 +100,13 @@ fn non_stream_objects_have_openai_shape_and_exact_usage() {
         assert!(l.as_f64().unwrap() <= 0.0);
     }
     assert_eq!(lp["text_offset"][0], 9, "offsets count from the end of the echoed prompt");
+    // mlx_lm.server's form: a flag, the count in top_logprobs.
+    let f = s.post_json("/v1/completions", &json!({"prompt": "the model", "max_tokens": 3, "logprobs": true, "top_logprobs": 3, "ignore_eos": true})).json();
+    let lp = &f["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 3, "{f}");
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3, "{f}");
+    let none = s.post_json("/v1/completions", &json!({"prompt": "the model", "max_tokens": 2, "logprobs": false})).json();
+    assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
 
     let models = s.get("/v1/models").json();
     assert_eq!(models["object"], "list");
@@ -325,6 +332,7 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
         ("/v1/completions", json!({"prompt": ["a", "b"]}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"prompt": {"a": 1}}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"prompt": "x", "logprobs": 99}).to_string(), 400, Some("logprobs")),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": true, "top_logprobs": 99}).to_string(), 400, Some("top_logprobs")),
         ("/v1/nothing", "{}".into(), 404, None),
     ];
     for (path, body, status, param) in cases {

@@ -31,7 +31,17 @@ struct CompletionRequest {
     prompt: PromptField,
     #[serde(default)]
     echo: bool,
-    logprobs: Option<i64>,
+    logprobs: Option<LogprobsField>,
+    top_logprobs: Option<i64>,
+}
+
+/// `logprobs`: OpenAI's legacy count of alternatives, or mlx_lm.server's
+/// flag with the count in `top_logprobs` (-1 or absent: none).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum LogprobsField {
+    Count(i64),
+    Flag(bool),
 }
 
 /// The prompt's token ids (text is encoded with the tokenizer's special
@@ -116,10 +126,13 @@ fn legacy_logprobs(tokenizer: &Tokenizer, lps: &[TokenLogprob], mut offset: usiz
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
     let (body, common) = read_request(payload, state).await?;
     let req: CompletionRequest = fields(&body)?;
-    let top = match req.logprobs {
-        Some(n) if !(0..=20).contains(&n) => {
-            return Err(ApiError::bad_param("logprobs", format!("logprobs must be between 0 and 20, got {n}")))
-        }
+    let (top, field) = match req.logprobs {
+        None | Some(LogprobsField::Flag(false)) => (None, "logprobs"),
+        Some(LogprobsField::Count(n)) => (Some(n), "logprobs"),
+        Some(LogprobsField::Flag(true)) => (Some(req.top_logprobs.filter(|&n| n != -1).unwrap_or(0)), "top_logprobs"),
+    };
+    let top = match top {
+        Some(n) if !(0..=20).contains(&n) => return Err(ApiError::bad_param(field, format!("{field} must be between 0 and 20, got {n}"))),
         n => n.map(|n| n as usize),
     };
     let (tokenizer, vocab_size, limit) = (state.tokenizer.clone(), state.vocab_size, state.prompt_limit);
