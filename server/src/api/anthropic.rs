@@ -312,10 +312,12 @@ fn tool_use_block(call: &ToolCall) -> Value {
     json!({"type": "tool_use", "id": call.id, "name": call.name, "input": input})
 }
 
+/// A cut answer is `max_tokens` even when it holds a call: the call may be
+/// incomplete, and a client must not take the turn as done.
 fn stop_reason(finish: FinishReason, called: bool) -> &'static str {
     match (finish, called) {
-        (_, true) => "tool_use",
-        (FinishReason::Length, false) => "max_tokens",
+        (FinishReason::Length, _) => "max_tokens",
+        (FinishReason::Stop, true) => "tool_use",
         (FinishReason::Stop, false) => "end_turn",
     }
 }
@@ -534,5 +536,12 @@ mod tests {
         assert_eq!(events[events.len() - 2]["delta"]["stop_reason"], "tool_use");
         let wire = String::from_utf8(MessageStream::frame(&events[..1], false).to_vec()).unwrap();
         assert!(wire.starts_with("event: message_start\ndata: {"), "{wire}");
+    }
+
+    #[test]
+    fn a_cut_answer_is_max_tokens_even_with_a_call() {
+        assert_eq!(super::stop_reason(FinishReason::Length, true), "max_tokens");
+        assert_eq!(super::stop_reason(FinishReason::Stop, true), "tool_use");
+        assert_eq!(super::stop_reason(FinishReason::Stop, false), "end_turn");
     }
 }

@@ -242,7 +242,18 @@ fn chat_message(shape: OutputShape, text: String, finish: &'static str) -> (Valu
         message["content"] = Value::Null;
     }
     message["tool_calls"] = Value::Array(calls.iter().map(tool_call_json).collect());
-    (message, "tool_calls")
+    (message, calls_finish(finish))
+}
+
+/// The finish reason of an answer that holds tool calls: `tool_calls` where
+/// it stopped, `length` where it was cut (as mlx_lm.server: a cut answer must
+/// not look complete).
+fn calls_finish(finish: &'static str) -> &'static str {
+    if finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    }
 }
 
 /// A whole answer taken apart: its reasoning (when the template thinks), its
@@ -492,7 +503,7 @@ impl ChunkWriter for ChatStream {
             Event::Done { text, finish_reason, usage } => {
                 let items = self.split.push(&text, true);
                 self.text_chunks(items, Value::Null, &mut out);
-                let reason = if self.calls > 0 { "tool_calls" } else { finish_reason.as_str() };
+                let reason = if self.calls > 0 { calls_finish(finish_reason.as_str()) } else { finish_reason.as_str() };
                 out.push(self.chunk(json!({}), Value::Null, json!(reason)));
                 if self.include_usage {
                     out.push(json!({
@@ -611,6 +622,9 @@ mod tests {
         let (msg, finish) = chat_message(OutputShape { tools: Some(ToolCallFormat::Hermes), ..Default::default() }, "no calls here".into(), "length");
         assert_eq!((msg["content"].as_str(), finish), (Some("no calls here"), "length"));
         assert!(msg.get("tool_calls").is_none());
+        // A call in an answer cut at max_tokens: still `length`, as mlx_lm.server says.
+        let (msg, finish) = chat_message(OutputShape { tools: Some(ToolCallFormat::Hermes), ..Default::default() }, text.into(), "length");
+        assert_eq!((msg["tool_calls"][0]["function"]["name"].as_str(), finish), (Some("add"), "length"));
     }
 
     #[test]
