@@ -120,6 +120,12 @@ def compare(run, base):
     return out
 
 
+def serial_bound(resident_tps, mb_per_token, disk_gbps):
+    """Decode tok/s if each token took the resident step plus reading its bytes at the
+    disk's bandwidth, one after the other."""
+    return 1 / (1 / resident_tps + mb_per_token / 1e3 / disk_gbps)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -170,10 +176,9 @@ def main():
                        io=z["io_mode"], disk_vs_os=(z["os_read_bytes"] or 0) / max(1, z["disk_bytes_read"]),
                        capacity_gb=z["capacity_bytes"] / 1e9)
             if resident:
-                t_res = 1 / resident["decode_tps"]
                 row["ratio_to_resident"] = row["decode_tps"] / resident["decode_tps"]
                 if bw:
-                    bound = 1 / (t_res + dec_bytes / len(r["generated_token_ids"]) / (bw * 1e9))
+                    bound = serial_bound(resident["decode_tps"], row["decode_mb_per_token"], bw)
                     row["serial_bound_tps"] = bound
                     row["pct_of_bound"] = row["decode_tps"] / bound
                 row["same_tokens"] = row["ids"] == resident["ids"]
@@ -188,7 +193,7 @@ def main():
     if fastest and bw:
         for row in rows:
             if "decode_mb_per_token" in row:
-                bound = 1 / (1 / fastest + row["decode_mb_per_token"] / 1e3 / bw)
+                bound = serial_bound(fastest, row["decode_mb_per_token"], bw)
                 row["pct_of_bound_fastest_resident"] = row["decode_tps"] / bound
                 print(f"{row['run']}: {row['decode_tps']:.1f} tok/s = {100 * row['decode_tps'] / bound:.0f}% of {bound:.1f} "
                       f"(the bound with the fastest resident run, {fastest:.1f} tok/s)")
