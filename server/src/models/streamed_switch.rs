@@ -514,10 +514,11 @@ impl StreamedLayer for StreamedSwitchGlu {
         // Reads begun ahead of the router (a prefill's read-ahead, a guess)
         // are taken over: what they cover is not read again.
         let ahead = st.ahead.take();
-        if let Some(a) = ahead.as_ref().filter(|a| a.guessed) {
-            st.guesses.record_use(self.layer, plan.misses.iter().filter(|e| a.experts.contains(e)).count());
-        }
+        let was_guessed = ahead.as_ref().is_some_and(|a| a.guessed);
         let (reads, started) = self.start_reads(&plan.misses, ahead)?;
+        if was_guessed {
+            st.guesses.record_use(self.layer, n - started);
+        }
         self.stream.reader.counters().record_prefetch_issued(started as u64);
         st.replay = Some((plan, reads));
         Ok(Some(started))
