@@ -293,7 +293,7 @@ mod tests {
         // A plain decoder: the model's first and last two layers.
         assert_eq!(eight_bit_key_layers(&[KvKind::Dense; 8]), vec![0, 1, 6, 7]);
         // Layers already compressed count as full attention too.
-        let mut mixed = vec![KvKind::Dense; 6];
+        let mut mixed = [KvKind::Dense; 6];
         mixed[0] = KvKind::Turbo(TurboPreset::Compact.format(0, 6, 3));
         assert_eq!(attention_ranks(mixed.iter().map(KvKind::keeps_every_position)), ((0..6).collect(), 6));
     }
