@@ -333,6 +333,7 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
         ("/v1/completions", json!({"prompt": {"a": 1}}).to_string(), 400, Some("prompt")),
         ("/v1/completions", json!({"prompt": "x", "logprobs": 99}).to_string(), 400, Some("logprobs")),
         ("/v1/completions", json!({"prompt": "x", "logprobs": true, "top_logprobs": 99}).to_string(), 400, Some("top_logprobs")),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": "x"}).to_string(), 400, Some("logprobs")),
         ("/v1/nothing", "{}".into(), 404, None),
     ];
     for (path, body, status, param) in cases {

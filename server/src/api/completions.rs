@@ -38,7 +38,7 @@ struct CompletionRequest {
 /// `logprobs`: OpenAI's legacy count of alternatives, or mlx_lm.server's
 /// flag with the count in `top_logprobs` (-1 or absent: none).
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a number of alternatives (0 to 20), or true / false with the number in top_logprobs")]
 enum LogprobsField {
     Count(i64),
     Flag(bool),
