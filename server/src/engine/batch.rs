@@ -49,6 +49,49 @@ pub struct MaskWork {
     pub rows: RowSources,
 }
 
+/// The log-probabilities of the rows whose requests report them ([R, vocab]
+/// float32, queued in the step's graph), and which batch row each is.
+struct ReportedRows {
+    values: Array,
+    batch_rows: Vec<usize>,
+}
+
+/// [`ReportedRows`] read back to the host.
+struct ReportedValues {
+    values: Vec<f32>,
+    vocab: usize,
+    batch_rows: Vec<usize>,
+}
+
+impl ReportedRows {
+    /// Queues the rows of `logprobs` ([B, vocab]) whose sequences asked for
+    /// log-probabilities; None when none did.
+    fn queue(seqs: &[Sequence], logprobs: &Array) -> Result<Option<ReportedRows>> {
+        let batch_rows: Vec<usize> = seqs.iter().enumerate().filter(|(_, s)| s.request.params.logprobs.is_some()).map(|(b, _)| b).collect();
+        if batch_rows.is_empty() {
+            return Ok(None);
+        }
+        let idx: Vec<i32> = batch_rows.iter().map(|&b| b as i32).collect();
+        let idx = Array::from_slice(&idx, &[idx.len() as i32])?;
+        let values = ops::astype(&ops::take(logprobs, &idx, 0)?, Dtype::Float32)?;
+        Ok(Some(ReportedRows { values, batch_rows }))
+    }
+
+    /// Waits for the rows (their step only) and copies them to the host.
+    fn read(self) -> Result<ReportedValues> {
+        let vocab = self.values.dim(-1)? as usize;
+        Ok(ReportedValues { values: self.values.to_vec::<f32>()?, vocab, batch_rows: self.batch_rows })
+    }
+}
+
+impl ReportedValues {
+    /// Batch row `b`'s log-probabilities, if its request reports them.
+    fn row(&self, b: usize) -> Option<&[f32]> {
+        let i = self.batch_rows.iter().position(|&r| r == b)?;
+        self.values.get(i * self.vocab..(i + 1) * self.vocab)
+    }
+}
+
 /// A sequence whose prompt is in its cache, ready to decode from `next`.
 pub struct Joining {
     pub seq: Sequence,
@@ -147,9 +190,10 @@ impl DecodeBatch {
 
     /// Queues the sampling of a queued model call's `logits`: the rows' grammar
     /// masks, then one argmax for a batch of plain greedy rows, else each row's
-    /// own sampler. Returns the tokens ([B] uint32), log-probabilities
-    /// ([B, vocab]) and the masks' work (None: no row constrained).
-    fn queue_sampling(&mut self, logits: Array, kept: &mut MaskRows) -> Result<(Array, Array, Option<MaskWork>)> {
+    /// own sampler. Returns the tokens ([B] uint32), the float32
+    /// log-probabilities of the rows that report them, and the masks' work
+    /// (None: no row constrained).
+    fn queue_sampling(&mut self, logits: Array, kept: &mut MaskRows) -> Result<(Array, Option<ReportedRows>, Option<MaskWork>)> {
         let (logits, masks) = self.mask_logits(logits, kept)?;
         let v = logits.dim(-1)?;
         let (tokens, logprobs) = if self.seqs.iter().all(|s| s.sampler.is_plain_greedy()) {
@@ -168,11 +212,16 @@ impl DecodeBatch {
             }
             (ops::concatenate(&tokens.iter().collect::<Vec<_>>(), 0)?, ops::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?)
         };
-        // Cast inside the step's graph: reading the ids back adds no op behind
-        // the next model call, queued meanwhile.
+        // Cast (and pick the reported rows) inside the step's graph: reading
+        // them back then adds no op behind the next model call, queued
+        // meanwhile, which the read would otherwise wait for.
         let tokens = ops::astype(&tokens, Dtype::Uint32)?;
-        async_eval(&[&tokens, &logprobs])?;
-        Ok((tokens, logprobs, masks))
+        let reported = ReportedRows::queue(&self.seqs, &logprobs)?;
+        match &reported {
+            Some(r) => async_eval(&[&tokens, &r.values])?,
+            None => async_eval(&[&tokens])?,
+        }
+        Ok((tokens, reported, masks))
     }
 
     /// Runs one step: queues its model call if needed and its sampling, queues
@@ -184,13 +233,13 @@ impl DecodeBatch {
         compression: Option<&KvCompression>,
         pipeline: bool,
         kept_masks: &mut MaskRows,
-        mut accept: impl FnMut(&mut Sequence, u32, Option<&Array>) -> Result<bool>,
+        mut accept: impl FnMut(&mut Sequence, u32, Option<&[f32]>) -> Result<bool>,
     ) -> Result<StepOutcome> {
         if self.pending.is_none() {
             self.queue_forward(model, compression)?;
         }
         let step = self.pending.take().ok_or(Error::Internal("no decode step queued"))?;
-        let (tokens, logprobs, masks) = self.queue_sampling(step.logits, kept_masks)?;
+        let (tokens, reported, masks) = self.queue_sampling(step.logits, kept_masks)?;
         self.input = ops::reshape(&tokens, &[-1, 1])?;
         if pipeline {
             self.queue_forward(model, compression)?;
@@ -199,16 +248,11 @@ impl DecodeBatch {
         if ids.len() != self.seqs.len() {
             return Err(Error::Internal("a decode step sampled a token count other than its rows"));
         }
+        let reported = reported.map(ReportedRows::read).transpose()?;
         let mut ended = Vec::new();
         for (b, seq) in self.seqs.iter_mut().enumerate() {
-            let row = if seq.request.params.logprobs.is_some() {
-                let b = b as i32;
-                let v = logprobs.dim(-1)?;
-                Some(ops::reshape(&ops::slice(&logprobs, &[b, 0], &[b + 1, v], &[1, 1])?, &[v])?)
-            } else {
-                None
-            };
-            if seq.finished || accept(seq, ids[b], row.as_ref())? {
+            let row = reported.as_ref().and_then(|r| r.row(b));
+            if seq.finished || accept(seq, ids[b], row)? {
                 ended.push(b);
             }
         }

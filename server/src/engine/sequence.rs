@@ -3,7 +3,6 @@
 
 use std::time::Instant;
 
-use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::request::{Event, Generation, Request, TokenLogprob, Usage};
 use super::sampler::Sampler;
@@ -130,7 +129,7 @@ impl Sequence {
 
     /// Takes one sampled token (with its step's [vocab] log-probabilities when
     /// the request asked for them). Returns whether the sequence has ended.
-    pub fn accept(&mut self, token: u32, logprobs: Option<&Array>, tokenizer: &Tokenizer, metrics: &Metrics) -> Result<bool> {
+    pub fn accept(&mut self, token: u32, logprobs: Option<&[f32]>, tokenizer: &Tokenizer, metrics: &Metrics) -> Result<bool> {
         let now = Instant::now();
         match self.last_token_at {
             None => metrics.observe_ttft(now.duration_since(self.request.arrived).as_secs_f64()),
@@ -151,9 +150,8 @@ impl Sequence {
         metrics.add_generated_tokens(1);
         let logprob = match (self.request.params.logprobs, logprobs) {
             (Some(n), Some(row)) => {
-                let row = ops::astype(row, Dtype::Float32)?.to_vec::<f32>()?;
                 let lp = row.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
-                Some(TokenLogprob { token, logprob: reportable(lp), top: top_logprobs(&row, n) })
+                Some(TokenLogprob { token, logprob: reportable(lp), top: top_logprobs(row, n) })
             }
             _ => None,
         };
