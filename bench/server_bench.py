@@ -9,7 +9,9 @@ server drops before answering is retried by the client and counted.
 Per request: TTFT (to the first content token), decode tok/s of the stream (tokens after
 the first / time after the first), end-to-end latency. Per wave of C concurrent requests:
 aggregate tok/s (all generated tokens / wall time of the wave). Per level: peak RSS of the
-server process (VmHWM, reset before each level). Prompt-cache case: a new long system prompt
+server process (VmHWM, reset before each level), and for mlx-serve where its engine thread's
+time went during the waves (mlx_serve_engine_seconds_total by part: admitting, decode steps,
+handing tokens over, joining, prefilling) with the decode steps' own tok/s. Prompt-cache case: a new long system prompt
 with one question (cold: nothing to reuse), then the same system prompt with another
 question of the same length (hit); their TTFTs are compared.
 
@@ -46,9 +48,13 @@ def session(server, tok, a, rnd) -> dict:
         warm(server.url, tok, a, rnd)
         for c in a.concurrency:
             server.reset_peaks()
+            before = engine_counters(server)
             waves = [run_wave(server.url, [chat(make_text(tok, a.prompt_tokens, f"{rnd}-{c}-{w}-{i}"))
                                            for i in range(c)], a.gen_tokens) for w in range(a.waves)]
             out["levels"][c] = {"waves": waves, "peak_rss_mib": server.peak_rss_mib()}
+            if before is not None:
+                after = engine_counters(server)
+                out["levels"][c]["engine"] = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         for k in range(a.cache_reps):
             out["cache"].append(cache_case(server.url, tok, a, f"{rnd}-{k}"))
         if server.name == "mlx-serve":
@@ -77,6 +83,26 @@ def cache_case(url, tok, a, tag) -> dict:
     return {"cold": cold["requests"][0], "hit": hit["requests"][0]}
 
 
+ENGINE_PARTS = ("admit", "decode", "tokens", "join", "prefill")
+
+
+def engine_counters(server):
+    """mlx-serve's engine thread time by part of its turns, and its decode steps and rows (None
+    for mlx_lm.server): their changes over a level's waves say where its wall time went."""
+    if server.name != "mlx-serve":
+        return None
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    out = {}
+    for l in text.splitlines():
+        name, _, value = l.rpartition(" ")
+        for part in ENGINE_PARTS:
+            if name == f'mlx_serve_engine_seconds_total{{phase="{part}"}}':
+                out[part] = float(value)
+        if name in ("mlx_serve_decode_steps_total", "mlx_serve_decode_rows_total"):
+            out[name.removeprefix("mlx_serve_").removesuffix("_total")] = float(value)
+    return out
+
+
 def decode_metrics(url) -> dict:
     text = httpx.get(url + "/metrics", timeout=10).text
     wanted = ("mlx_serve_decode_steps_total", "mlx_serve_decode_rows_total")
@@ -103,6 +129,16 @@ def summarize(sessions, name, a) -> dict:
                      "peak_rss_mib": max(s["levels"][c]["peak_rss_mib"] for s in mine),
                      "prompt_tokens": med([r["prompt_tokens"] for r in reqs]),
                      "retries": sum(r["retries"] for r in reqs), "requests": len(reqs)}
+        engine = [s["levels"][c]["engine"] for s in mine if "engine" in s["levels"][c]]
+        if engine:
+            # Summed over the sessions' waves: each part's share of the waves' wall time, and
+            # the rows the decode steps gave per second of decode-step time alone.
+            wall = sum(w["wall_s"] for w in waves)
+            total = {k: sum(e.get(k, 0.0) for e in engine) for k in engine[0]}
+            levels[c]["engine"] = {"wall_s": wall, **{f"{p}_s": total.get(p, 0.0) for p in ENGINE_PARTS},
+                                   "decode_steps": total.get("decode_steps", 0.0),
+                                   "decode_rows": total.get("decode_rows", 0.0),
+                                   "step_tps": total.get("decode_rows", 0.0) / total["decode"] if total.get("decode") else float("nan")}
     cases = [c for s in mine for c in s["cache"]]
     cache = {k: 1e3 * med([c[k]["ttft_s"] for c in cases]) for k in ("cold", "hit")}
     cache["cached_tokens"] = med([c["hit"]["cached_tokens"] for c in cases])
@@ -140,6 +176,7 @@ def report(ours, ref, a) -> str:
                   row("peak RSS (MiB)", o["peak_rss_mib"], r["peak_rss_mib"], ".0f", False),
                   f"| connections dropped, retried | {o['retries']} of {o['requests']} | "
                   f"{r['retries']} of {r['requests']} | |"]
+    lines += engine_report(ours, a)
     o, r = ours["cache"], ref["cache"]
     if not a.cache_reps:
         return "\n".join(lines)
@@ -152,6 +189,23 @@ def report(ours, ref, a) -> str:
               row("cold / hit speed-up", o["cold"] / o["hit"], r["cold"] / r["hit"], ".2f", True),
               f"| cached tokens reported | {o['cached_tokens']:.0f} | {r['cached_tokens']:.0f} | |"]
     return "\n".join(lines)
+
+
+def engine_report(ours, a) -> list:
+    """Where mlx-serve's wave time went, per level (its engine thread's parts; idle = the rest)."""
+    levels = [(c, ours["levels"][c]["engine"]) for c in a.concurrency if "engine" in ours["levels"][c]]
+    if not levels:
+        return []
+    lines = ["\n**mlx-serve's engine thread during the waves** (share of the waves' wall time; "
+             "decode-step tok/s = rows decoded / decode-step seconds)\n",
+             "| streams | wall (s) | " + " | ".join(ENGINE_PARTS) + " | idle | rows / step | decode-step tok/s |",
+             "| ---: | ---: |" + " ---: |" * (len(ENGINE_PARTS) + 3)]
+    for c, e in levels:
+        parts = [e[f"{p}_s"] / e["wall_s"] for p in ENGINE_PARTS]
+        rows_per_step = e["decode_rows"] / e["decode_steps"] if e["decode_steps"] else float("nan")
+        lines.append(f"| {c} | {e['wall_s']:.2f} | " + " | ".join(f"{x:.1%}" for x in parts)
+                     + f" | {max(0.0, 1 - sum(parts)):.1%} | {rows_per_step:.2f} | {e['step_tps']:.1f} |")
+    return lines
 
 
 def environment(a, python) -> dict:

@@ -25,7 +25,7 @@ use crate::engine::EngineSnapshot;
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Labels of `mlx_serve_kv_compressions_total`.
+/// Labels of `mlx_serve_kv_compressions_total` and `mlx_serve_engine_seconds_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: &'static str,
@@ -80,6 +80,7 @@ pub struct Metrics {
     grammar_masks: Counter,
     grammar_mask_seconds: Counter<f64, AtomicU64>,
     grammar_mask_rows: Family<MaskSourceLabels, Counter>,
+    engine_seconds: Family<PhaseLabels, Counter<f64, AtomicU64>>,
     group_turns: Counter,
     group_turn_bytes: Counter,
 }
@@ -120,6 +121,7 @@ impl Metrics {
             grammar_masks: Counter::default(),
             grammar_mask_seconds: Counter::default(),
             grammar_mask_rows: Family::default(),
+            engine_seconds: Family::default(),
             group_turns: Counter::default(),
             group_turn_bytes: Counter::default(),
         };
@@ -267,6 +269,12 @@ impl Metrics {
             "Mask rows of constrained steps by how they reached the device: uploaded from the host, or reused (the same bits kept from an earlier step)",
             self.grammar_mask_rows.clone(),
         );
+        r.register_with_unit(
+            "engine",
+            "Engine thread time by part of its turns: admitting requests, decode steps (building and waiting for the batched model call and its sampling), handing the steps' tokens to their requests (detokenizing, stop strings, log-probabilities, streaming), joining prefilled sequences to the batch, prefilling prompts. What the wall clock has beyond their sum, the engine waited for work",
+            Unit::Seconds,
+            self.engine_seconds.clone(),
+        );
         self
     }
 
@@ -357,6 +365,12 @@ impl Metrics {
         self.grammar_mask_seconds.inc_by(seconds);
         self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "uploaded" }).inc_by(uploaded);
         self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "reused" }).inc_by(reused);
+    }
+
+    /// The engine thread spent `seconds` in `part` of a turn ("admit", "decode",
+    /// "tokens", "join" or "prefill").
+    pub fn record_engine_time(&self, part: &'static str, seconds: f64) {
+        self.engine_seconds.get_or_create(&PhaseLabels { phase: part }).inc_by(seconds);
     }
 
     /// A sequence ended early because its client went away.

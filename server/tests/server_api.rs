@@ -278,6 +278,7 @@ fn with_a_quantized_kv_cache_the_prompt_cache_keeps_quantized_prefixes() {
 
 #[test]
 fn metrics_count_requests_tokens_and_latencies() {
+    let started = Instant::now();
     let s = TestServer::start(&model(), &[]);
     s.post_json("/v1/completions", &json!({"prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": true}));
     s.post_json("/v1/completions", &json!({"prompt": "x", "max_tokens": 0}));
@@ -290,6 +291,15 @@ fn metrics_count_requests_tokens_and_latencies() {
     assert_eq!(counter_value(&m, "mlx_serve_generated_tokens_total"), Some(5.0));
     assert_eq!(counter_value(&m, "mlx_serve_time_to_first_token_seconds_count"), Some(1.0));
     assert_eq!(counter_value(&m, "mlx_serve_inter_token_seconds_count"), Some(4.0));
+    // The engine thread's time by part of its turns: every part ran (the prompt's
+    // first two tokens were prefilled, the sequence joined, five tokens were decoded
+    // and handed over), and one thread cannot have spent more than the wall clock.
+    let parts = ["admit", "decode", "tokens", "join", "prefill"];
+    let seconds: Vec<f64> = parts.iter().map(|p| counter_value(&m, &format!(r#"mlx_serve_engine_seconds_total{{phase="{p}"}}"#)).unwrap_or(0.0)).collect();
+    for (part, &t) in parts.iter().zip(&seconds) {
+        assert!(t > 0.0, "no engine time recorded for {part}: {seconds:?}");
+    }
+    assert!(seconds.iter().sum::<f64>() <= started.elapsed().as_secs_f64(), "engine parts {seconds:?} add up to more than the wall clock");
     // A gauge, published after the engine's turn: the response may come first.
     let deadline = Instant::now() + Duration::from_secs(10);
     while counter_value(&s.metrics(), "mlx_serve_running_sequences") != Some(0.0) {

@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlx_rs_safe::{eval, memory, Array};
 
@@ -184,7 +184,7 @@ impl Engine {
     /// for it: on an H100 a Gemma-4-26B-A4B server's first prompt-cache hit
     /// (a ~230-token prefill) waited 124 s for three such kernels. Returns
     /// how long it took.
-    pub fn warm_up(&mut self) -> Result<std::time::Duration> {
+    pub fn warm_up(&mut self) -> Result<Duration> {
         let started = Instant::now();
         let kinds = self.model.kv_layout().kinds;
         let mut n = self.policy.prefill_size;
@@ -231,17 +231,32 @@ impl Engine {
         self.step_failure.get_or_insert_with(|| e.to_string());
     }
 
-    /// One turn (see the module doc).
+    /// One turn (see the module doc). The time of each part goes to the
+    /// metrics (`mlx_serve_engine_seconds_total`), so a benchmark can say
+    /// where a wave's wall time went.
     pub fn step(&mut self) {
+        let start = Instant::now();
         self.admit();
-        self.decode();
+        let start = self.lap("admit", start);
+        let handing = self.decode();
+        // The tokens' hand-off was counted on its own ("tokens").
+        let start = self.lap("decode", start + handing);
         if !self.ready.is_empty() {
             // No prefill this turn: the sequences joining now get their first
             // token at the next step, not after another prompt's chunk.
             self.place_ready();
+            self.lap("join", start);
             return;
         }
         self.prefill_chunk();
+        self.lap("prefill", start);
+    }
+
+    /// Records the time since `since` as `part` of the turn; returns now.
+    fn lap(&self, part: &'static str, since: Instant) -> Instant {
+        let now = Instant::now();
+        self.metrics.record_engine_time(part, now.duration_since(since).as_secs_f64());
+        now
     }
 
     /// Drops the queued requests whose clients went away, wherever they wait:
@@ -416,9 +431,10 @@ impl Engine {
         }
     }
 
-    /// One decode step of the batch.
-    fn decode(&mut self) {
-        let Some(batch) = self.batch.as_mut() else { return };
+    /// One decode step of the batch. Returns the time its tokens' hand-off
+    /// to their sequences took (recorded as "tokens").
+    fn decode(&mut self) -> Duration {
+        let Some(batch) = self.batch.as_mut() else { return Duration::ZERO };
         self.decode_turns += 1;
         if self.decode_turns.is_multiple_of(CLEAR_CACHE_EVERY) {
             if let Err(e) = memory::clear_cache() {
@@ -430,14 +446,20 @@ impl Engine {
         let metrics = self.metrics.clone();
         metrics.record_decode_step(batch.seqs.len() as u64);
         let kept_masks = &mut self.kept_masks;
+        // The host's per-token work, counted apart from the step ("tokens").
+        let mut handing = Duration::ZERO;
         let result = batch.step(self.model.as_ref(), self.config.kv_compression.as_ref(), pipeline, kept_masks, |seq, token, logprobs| {
             if !seq.is_connected() {
                 metrics.record_cancelled();
                 seq.finished = true;
                 return Ok(true);
             }
-            seq.accept(token, logprobs, &tokenizer, &metrics)
+            let start = Instant::now();
+            let ended = seq.accept(token, logprobs, &tokenizer, &metrics);
+            handing += start.elapsed();
+            ended
         });
+        metrics.record_engine_time("tokens", handing.as_secs_f64());
         metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
         match result {
             Ok(outcome) => {
@@ -457,6 +479,7 @@ impl Engine {
         if self.batch.as_ref().is_some_and(DecodeBatch::is_empty) {
             self.batch = None;
         }
+        handing
     }
 
     /// Stores the KV of a prompt's first tokens, at a checkpoint.
