@@ -48,7 +48,8 @@ impl AttentionSpec {
     }
 }
 
-/// The input projections: separate, or one fused matmul split afterwards.
+/// The input projections: separate, or one fused matmul split afterwards
+/// (Phi-3's `qkv_proj`, or q/k/v stacked at load).
 enum Projections {
     Separate { q: Linear, k: Linear, v: Linear },
     Fused(Linear),
@@ -109,10 +110,13 @@ impl Attention {
             proj: if spec.fused_qkv {
                 Projections::Fused(Linear::load(w, &p("qkv_proj"), hidden, q_out + 2 * kv_out, spec.qkv_bias, quant)?)
             } else {
-                Projections::Separate {
-                    q: Linear::load_split(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, Split::Rows, quant)?,
-                    k: Linear::load_kv_heads(w, &p("k_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?,
-                    v: Linear::load_kv_heads(w, &p("v_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?,
+                let q = Linear::load_split(w, &p("q_proj"), hidden, q_out, spec.qkv_bias, Split::Rows, quant)?;
+                let k = Linear::load_kv_heads(w, &p("k_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?;
+                let v = Linear::load_kv_heads(w, &p("v_proj"), hidden, kv_out / hd, hd, spec.qkv_bias, quant)?;
+                // One matmul for the three where their weights stack: fewer kernels a step.
+                match Linear::stack_rows(&[&q, &k, &v])? {
+                    Some(qkv) => Projections::Fused(qkv),
+                    None => Projections::Separate { q, k, v },
                 }
             },
             o_proj: Linear::load_split(w, &p("o_proj"), q_out, hidden, spec.o_bias, Split::Cols, quant)?,

@@ -154,6 +154,73 @@ impl Linear {
         Ok(Linear { weight, bias: self.bias.as_ref().map(&part).transpose()?, reduce: self.reduce })
     }
 
+    /// One layer computing `parts`' outputs end to end (their output rows
+    /// stacked): one matmul where they took one each, so a decode step
+    /// launches fewer kernels (q/k/v, gate/up). Each output row is the same
+    /// dot product as before. None where they cannot be stacked: weights of
+    /// other kinds, dtypes or quantization, a bias on some only, or partial
+    /// sums of tensor parallelism. The stacked tensors are evaluated here, on
+    /// the caller's stream (the layer's device), so the parts' memory is
+    /// freed as each layer loads rather than held until the first step.
+    pub fn stack_rows(parts: &[&Linear]) -> Result<Option<Linear>> {
+        let Some((first, rest)) = parts.split_first() else { return Ok(None) };
+        if rest.is_empty() || !parts.iter().all(|p| first.stacks_with(p)) {
+            return Ok(None);
+        }
+        let tensors: Vec<[Option<Array>; 4]> = parts.iter().map(|p| p.row_tensors()).collect();
+        let mut stacked: [Option<Array>; 4] = Default::default();
+        for (i, slot) in stacked.iter_mut().enumerate() {
+            let column: Option<Vec<&Array>> = tensors.iter().map(|t| t[i].as_ref()).collect();
+            *slot = column.map(|c| ops::concatenate(&c, 0)).transpose()?;
+        }
+        mlx_rs_safe::eval(&stacked.iter().flatten().collect::<Vec<_>>())?;
+        let [weight, scales, biases, bias] = stacked;
+        let missing = || crate::error::Error::Internal("a stacked layer lost its weight");
+        let weight = match &first.weight {
+            LinearWeight::Dense(_) => LinearWeight::Dense(weight.ok_or_else(missing)?),
+            LinearWeight::Quantized(q) => LinearWeight::Quantized(QuantizedWeight {
+                weight: weight.ok_or_else(missing)?,
+                scales: scales.ok_or_else(missing)?,
+                biases,
+                params: q.params,
+            }),
+        };
+        Ok(Some(Linear { weight, bias, reduce: None }))
+    }
+
+    /// Whether `other`'s output rows can be stacked under this layer's (see
+    /// [`Linear::stack_rows`]).
+    fn stacks_with(&self, other: &Linear) -> bool {
+        let same_weight = match (&self.weight, &other.weight) {
+            (LinearWeight::Dense(a), LinearWeight::Dense(b)) => a.dtype() == b.dtype() && a.ndim() == 2 && b.ndim() == 2 && a.dim(1).ok() == b.dim(1).ok(),
+            (LinearWeight::Quantized(a), LinearWeight::Quantized(b)) => {
+                a.params == b.params
+                    && a.weight.dtype() == b.weight.dtype()
+                    && a.scales.dtype() == b.scales.dtype()
+                    && a.biases.is_some() == b.biases.is_some()
+                    && a.weight.ndim() == 2
+                    && b.weight.ndim() == 2
+                    && a.weight.dim(1).ok() == b.weight.dim(1).ok()
+            }
+            _ => false,
+        };
+        let same_bias = match (&self.bias, &other.bias) {
+            (Some(a), Some(b)) => a.dtype() == b.dtype(),
+            (None, None) => true,
+            _ => false,
+        };
+        same_weight && same_bias && self.reduce.is_none() && other.reduce.is_none()
+    }
+
+    /// The tensors indexed by output row: the weight (packed when
+    /// quantized), its scales and biases, the layer's bias.
+    fn row_tensors(&self) -> [Option<Array>; 4] {
+        match &self.weight {
+            LinearWeight::Dense(w) => [Some(w.clone()), None, None, self.bias.clone()],
+            LinearWeight::Quantized(q) => [Some(q.weight.clone()), Some(q.scales.clone()), q.biases.clone(), self.bias.clone()],
+        }
+    }
+
     /// A key or value projection of `n_kv` heads of `head_dim` features:
     /// whole without tensor parallelism; under it, this rank's run of the
     /// heads where they divide among the ranks, else (more ranks than heads,
@@ -270,5 +337,52 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs_safe::quantized::{quantize_with, QuantSpec};
+    use mlx_rs_safe::{ops, random, Array, Dtype};
+
+    use super::{Linear, LinearWeight, QuantizedWeight};
+
+    fn normal(shape: &[i32], seed: u64) -> Array {
+        random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
+    }
+
+    fn quantized(out: i32, seed: u64, bits: i32) -> Linear {
+        let params = QuantSpec::affine(64, bits);
+        let (weight, scales, biases) = quantize_with(&normal(&[out, 128], seed), params).unwrap();
+        Linear { weight: LinearWeight::Quantized(QuantizedWeight { weight, scales, biases, params }), bias: Some(normal(&[out], seed + 100)), reduce: None }
+    }
+
+    fn values(a: &Array) -> Vec<f32> {
+        a.to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn stacked_rows_give_each_layers_outputs_side_by_side() {
+        let x = normal(&[3, 1, 128], 7);
+        let dense = |out, seed| Linear { weight: LinearWeight::Dense(normal(&[out, 128], seed)), bias: None, reduce: None };
+        for parts in [vec![quantized(64, 1, 4), quantized(32, 2, 4), quantized(32, 3, 4)], vec![dense(96, 4), dense(96, 5)]] {
+            let refs: Vec<&Linear> = parts.iter().collect();
+            let stacked = Linear::stack_rows(&refs).unwrap().expect("these layers stack");
+            let separate: Vec<Array> = parts.iter().map(|p| p.forward(&x).unwrap()).collect();
+            let expected = ops::concatenate(&separate.iter().collect::<Vec<_>>(), -1).unwrap();
+            assert_eq!(values(&stacked.forward(&x).unwrap()), values(&expected));
+        }
+    }
+
+    #[test]
+    fn layers_of_other_kinds_do_not_stack() {
+        let (a, b) = (quantized(64, 1, 4), quantized(64, 2, 8));
+        assert!(Linear::stack_rows(&[&a, &b]).unwrap().is_none(), "4-bit and 8-bit stacked");
+        let mut c = quantized(64, 3, 4);
+        c.bias = None;
+        assert!(Linear::stack_rows(&[&a, &c]).unwrap().is_none(), "a bias on one only");
+        let d = Linear { weight: LinearWeight::Dense(normal(&[64, 128], 4)), bias: Some(normal(&[64], 5)), reduce: None };
+        assert!(Linear::stack_rows(&[&a, &d]).unwrap().is_none(), "quantized and dense stacked");
+        assert!(Linear::stack_rows(&[&a]).unwrap().is_none(), "one layer is not a stack");
     }
 }

@@ -15,7 +15,8 @@ pub struct Mlp {
     activation: Activation,
 }
 
-/// Gate and up projections: separate, or one fused `gate_up_proj` (Phi-3).
+/// Gate and up projections: separate, or one fused matmul split in halves
+/// (Phi-3's `gate_up_proj`, or gate/up stacked at load).
 enum GateUp {
     Separate { gate: Linear, up: Linear },
     Fused(Linear),
@@ -121,12 +122,15 @@ impl Mlp {
         activation: Activation,
         quant: &QuantConfig,
     ) -> Result<Mlp> {
+        // Under tensor parallelism, a run of the hidden columns each.
+        let gate = Linear::load_split(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, Split::Rows, quant)?;
+        let up = Linear::load_split(w, &format!("{prefix}.up_proj"), dim, hidden, bias, Split::Rows, quant)?;
         Ok(Mlp {
             activation,
-            // Under tensor parallelism, a run of the hidden columns each.
-            proj: GateUp::Separate {
-                gate: Linear::load_split(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, Split::Rows, quant)?,
-                up: Linear::load_split(w, &format!("{prefix}.up_proj"), dim, hidden, bias, Split::Rows, quant)?,
+            // One matmul for both where their weights stack: fewer kernels a step.
+            proj: match Linear::stack_rows(&[&gate, &up])? {
+                Some(gate_up) => GateUp::Fused(gate_up),
+                None => GateUp::Separate { gate, up },
             },
             down_proj: Linear::load_split(w, &format!("{prefix}.down_proj"), hidden, dim, bias, Split::Cols, quant)?,
         })
