@@ -144,6 +144,28 @@ fn stop_strings_end_the_text_before_them_streamed_or_not() {
 }
 
 #[test]
+fn anthropic_stop_sequences_are_named_as_what_ended_the_message() {
+    let s = TestServer::start(&model(), &[]);
+    let base = json!({"max_tokens": 40, "temperature": 0, "ignore_eos": true, "messages": [{"role": "user", "content": "attention value"}]});
+    let full = s.post_json("/v1/messages", &base).json();
+    assert_eq!((&full["stop_reason"], &full["stop_sequence"]), (&json!("max_tokens"), &Value::Null), "{full}");
+    let full = full["content"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 12, "{full:?}");
+    let stop: String = chars[8..11].iter().collect();
+    let cut = full.find(&stop).unwrap();
+    let mut req = base.clone();
+    req["stop_sequences"] = json!(["never-appears", stop]);
+    let r = s.post_json("/v1/messages", &req).json();
+    assert_eq!(r["content"][0]["text"], full[..cut], "{r}");
+    assert_eq!((&r["stop_reason"], &r["stop_sequence"]), (&json!("stop_sequence"), &json!(stop)), "{r}");
+    req["stream"] = json!(true);
+    let body = s.post_json("/v1/messages", &req).body;
+    let delta = body.split("\n\n").filter_map(|b| b.split_once("\ndata: ")).map(|(_, d)| serde_json::from_str::<Value>(d).unwrap()).find(|e| e["type"] == "message_delta").unwrap();
+    assert_eq!((&delta["delta"]["stop_reason"], &delta["delta"]["stop_sequence"]), (&json!("stop_sequence"), &json!(stop)), "{body}");
+}
+
+#[test]
 fn the_same_seed_gives_the_same_sampled_text() {
     let s = TestServer::start(&model(), &[]);
     let req = chat_body("hello", json!({"temperature": 1.0, "top_p": 0.9, "seed": 42, "max_tokens": 24}));

@@ -272,7 +272,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     }
     let done = generation::collect(rx, state).await?;
     let out = whole_output(shape, done.text);
-    let stop_reason = stop_reason(done.finish_reason, !out.calls.is_empty());
+    let stop_reason = stop_reason(done.finish_reason, done.stop_sequence.is_some(), !out.calls.is_empty());
     Ok(HttpResponse::Ok().json(json!({
         "id": id,
         "type": "message",
@@ -280,7 +280,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         "model": state.models.id,
         "content": content_blocks(out),
         "stop_reason": stop_reason,
-        "stop_sequence": null,
+        "stop_sequence": done.stop_sequence,
         "usage": usage(&done.usage),
     })))
 }
@@ -313,12 +313,15 @@ fn tool_use_block(call: &ToolCall) -> Value {
 }
 
 /// A cut answer is `max_tokens` even when it holds a call: the call may be
-/// incomplete, and a client must not take the turn as done.
-fn stop_reason(finish: FinishReason, called: bool) -> &'static str {
-    match (finish, called) {
-        (FinishReason::Length, _) => "max_tokens",
-        (FinishReason::Stop, true) => "tool_use",
-        (FinishReason::Stop, false) => "end_turn",
+/// incomplete, and a client must not take the turn as done. One of the
+/// request's `stop_sequences` ending it is `stop_sequence` (the response
+/// names it), unless a tool call was made first.
+fn stop_reason(finish: FinishReason, by_stop_sequence: bool, called: bool) -> &'static str {
+    match (finish, by_stop_sequence, called) {
+        (FinishReason::Length, _, _) => "max_tokens",
+        (FinishReason::Stop, _, true) => "tool_use",
+        (FinishReason::Stop, true, false) => "stop_sequence",
+        (FinishReason::Stop, false, false) => "end_turn",
     }
 }
 
@@ -437,11 +440,12 @@ impl ChunkWriter for MessageStream {
                 let pieces = self.split.push(&text, false);
                 self.pieces(pieces, &mut out);
             }
-            Event::Done { text, finish_reason, usage: u } => {
+            Event::Done { text, finish_reason, stop_sequence, usage: u } => {
                 let pieces = self.split.push(&text, true);
                 self.pieces(pieces, &mut out);
                 self.close(&mut out);
-                let delta = json!({"stop_reason": stop_reason(finish_reason, self.called), "stop_sequence": null});
+                let reason = stop_reason(finish_reason, stop_sequence.is_some(), self.called);
+                let delta = json!({"stop_reason": reason, "stop_sequence": stop_sequence});
                 out.push(json!({"type": "message_delta", "delta": delta, "usage": {"output_tokens": u.completion_tokens}}));
                 out.push(json!({"type": "message_stop"}));
             }
@@ -540,8 +544,9 @@ mod tests {
 
     #[test]
     fn a_cut_answer_is_max_tokens_even_with_a_call() {
-        assert_eq!(super::stop_reason(FinishReason::Length, true), "max_tokens");
-        assert_eq!(super::stop_reason(FinishReason::Stop, true), "tool_use");
-        assert_eq!(super::stop_reason(FinishReason::Stop, false), "end_turn");
+        assert_eq!(super::stop_reason(FinishReason::Length, false, true), "max_tokens");
+        assert_eq!(super::stop_reason(FinishReason::Stop, false, true), "tool_use");
+        assert_eq!(super::stop_reason(FinishReason::Stop, false, false), "end_turn");
+        assert_eq!(super::stop_reason(FinishReason::Stop, true, false), "stop_sequence");
     }
 }

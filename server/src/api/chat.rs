@@ -500,7 +500,7 @@ impl ChunkWriter for ChatStream {
                 let items = self.split.push(&text, false);
                 self.text_chunks(items, logprobs, &mut out);
             }
-            Event::Done { text, finish_reason, usage } => {
+            Event::Done { text, finish_reason, usage, .. } => {
                 let items = self.split.push(&text, true);
                 self.text_chunks(items, Value::Null, &mut out);
                 let reason = if self.calls > 0 { calls_finish(finish_reason.as_str()) } else { finish_reason.as_str() };
@@ -573,7 +573,7 @@ mod tests {
     }
 
     fn done() -> Event {
-        Event::Done { text: String::new(), finish_reason: FinishReason::Stop, usage: Usage::default() }
+        Event::Done { text: String::new(), finish_reason: FinishReason::Stop, stop_sequence: None, usage: Usage::default() }
     }
 
     #[test]

@@ -220,7 +220,7 @@ impl ChunkWriter for CompletionStream {
                 };
                 vec![self.chunk(text, logprobs, Value::Null)]
             }
-            Event::Done { text, finish_reason, usage } => {
+            Event::Done { text, finish_reason, usage, .. } => {
                 let mut out = vec![self.chunk(text, Value::Null, json!(finish_reason.as_str()))];
                 if self.include_usage {
                     out.push(json!({

@@ -36,6 +36,8 @@ pub struct Collected {
     pub text: String,
     pub logprobs: Vec<TokenLogprob>,
     pub finish_reason: FinishReason,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
     pub usage: Usage,
 }
 
@@ -65,9 +67,9 @@ pub async fn collect(mut rx: UnboundedReceiver<Event>, state: &AppState) -> Resu
                 text.push_str(&t);
                 logprobs.extend(logprob);
             }
-            Some(Event::Done { text: t, finish_reason, usage }) => {
+            Some(Event::Done { text: t, finish_reason, stop_sequence, usage }) => {
                 text.push_str(&t);
-                return Ok(Collected { text, logprobs, finish_reason, usage });
+                return Ok(Collected { text, logprobs, finish_reason, stop_sequence, usage });
             }
             Some(Event::Error(message)) => return Err(failed(&message)),
             // Asked for by streams only.
@@ -242,7 +244,7 @@ pub(super) mod testing {
             events.extend(writer.write(Event::Token { token: 0, text: c.to_string(), logprob: None }));
         }
         let usage = Usage { prompt_tokens: 7, completion_tokens: 9, cached_tokens: 0 };
-        events.extend(writer.write(Event::Done { text: String::new(), finish_reason: FinishReason::Stop, usage }));
+        events.extend(writer.write(Event::Done { text: String::new(), finish_reason: FinishReason::Stop, stop_sequence: None, usage }));
         events
     }
 }

@@ -486,7 +486,7 @@ impl ChunkWriter for ResponseStream {
                 let pieces = self.split.push(&text, false);
                 self.pieces(pieces, &mut out);
             }
-            Event::Done { text, finish_reason, usage } => {
+            Event::Done { text, finish_reason, usage, .. } => {
                 let pieces = self.split.push(&text, true);
                 self.pieces(pieces, &mut out);
                 if self.items.is_empty() && self.open.is_none() {

@@ -89,8 +89,9 @@ pub enum Event {
     /// detokenizer holds back incomplete characters, the stop matcher a
     /// possible stop string's start).
     Token { token: u32, text: String, logprob: Option<TokenLogprob> },
-    /// The end: the remaining text and why it ended.
-    Done { text: String, finish_reason: FinishReason, usage: Usage },
+    /// The end: the remaining text, why it ended, and the stop string that
+    /// ended it if one did (Anthropic's `stop_sequence`).
+    Done { text: String, finish_reason: FinishReason, stop_sequence: Option<String>, usage: Usage },
     /// The request failed inside the engine; the server keeps serving.
     Error(String),
 }

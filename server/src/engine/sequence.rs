@@ -138,7 +138,7 @@ impl Sequence {
         self.last_token_at = Some(now);
         self.history.push(token);
         if self.stop.is_eos(token) {
-            return self.finish(FinishReason::Stop, tokenizer, true);
+            return self.finish(FinishReason::Stop, None, tokenizer, true);
         }
         if let Some(guide) = self.guide.as_mut() {
             if let Err(e) = guide.advance(token) {
@@ -160,34 +160,35 @@ impl Sequence {
             self.finished = true;
             return Ok(true);
         }
-        if piece.stopped {
-            return self.finish(FinishReason::Stop, tokenizer, false);
+        if piece.stop.is_some() {
+            return self.finish(FinishReason::Stop, piece.stop, tokenizer, false);
         }
         if self.guide.as_ref().is_some_and(Guide::is_done) {
             // The grammar is complete and nothing may follow: the end token it
             // would force next is not worth a step.
-            return self.finish(FinishReason::Stop, tokenizer, true);
+            return self.finish(FinishReason::Stop, None, tokenizer, true);
         }
         if self.generated >= self.max_new_tokens {
-            return self.finish(FinishReason::Length, tokenizer, true);
+            return self.finish(FinishReason::Length, None, tokenizer, true);
         }
         Ok(false)
     }
 
-    /// Ends the sequence: the held-back text goes out with the finish reason.
-    fn finish(&mut self, reason: FinishReason, tokenizer: &Tokenizer, flush: bool) -> Result<bool> {
+    /// Ends the sequence: the held-back text goes out with the finish reason
+    /// (and the stop string that ended it, if one did).
+    fn finish(&mut self, reason: FinishReason, stop: Option<String>, tokenizer: &Tokenizer, flush: bool) -> Result<bool> {
         let mut text = String::new();
-        let mut reason = reason;
+        let (mut reason, mut stop) = (reason, stop);
         if flush {
             let out = self.stop.push(&self.detok.finish(tokenizer.inner())?);
             text = out.emit;
-            if out.stopped {
-                reason = FinishReason::Stop;
+            if out.stop.is_some() {
+                (reason, stop) = (FinishReason::Stop, out.stop);
             } else {
                 text.push_str(&self.stop.flush());
             }
         }
-        self.send(Event::Done { text, finish_reason: reason, usage: self.usage() });
+        self.send(Event::Done { text, finish_reason: reason, stop_sequence: stop, usage: self.usage() });
         self.finished = true;
         Ok(true)
     }

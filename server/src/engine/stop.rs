@@ -33,8 +33,8 @@ pub struct StopMatcher {
 pub struct StopOutcome {
     /// Text safe to emit now.
     pub emit: String,
-    /// Generation ends here (the stop string itself is not emitted).
-    pub stopped: bool,
+    /// The stop string that ends generation here (not emitted itself).
+    pub stop: Option<String>,
 }
 
 impl StopMatcher {
@@ -50,10 +50,13 @@ impl StopMatcher {
     /// Feeds newly decoded text.
     pub fn push(&mut self, text: &str) -> StopOutcome {
         self.held.push_str(text);
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        // The earliest match; of those starting there, the first listed.
+        let found = self.stops.iter().filter_map(|s| self.held.find(s.as_str()).map(|pos| (pos, s))).min_by_key(|&(pos, _)| pos);
+        if let Some((pos, stop)) = found {
+            let stop = stop.clone();
             let emit = self.held[..pos].to_string();
             self.held.clear();
-            return StopOutcome { emit, stopped: true };
+            return StopOutcome { emit, stop: Some(stop) };
         }
         // Hold back the longest suffix that is a proper prefix of a stop string.
         let keep = self
@@ -65,7 +68,7 @@ impl StopMatcher {
         let cut = self.held.len() - keep;
         let emit = self.held[..cut].to_string();
         self.held.drain(..cut);
-        StopOutcome { emit, stopped: false }
+        StopOutcome { emit, stop: None }
     }
 
     /// Releases held text when generation ends for another reason.
@@ -94,9 +97,9 @@ mod tests {
     #[test]
     fn stop_string_split_across_chunks_is_never_emitted() {
         let mut m = matcher(&["</end>"]);
-        assert_eq!(m.push("hello </"), StopOutcome { emit: "hello ".into(), stopped: false });
-        assert_eq!(m.push("en"), StopOutcome { emit: "".into(), stopped: false });
-        assert_eq!(m.push("d> tail"), StopOutcome { emit: "".into(), stopped: true });
+        assert_eq!(m.push("hello </"), StopOutcome { emit: "hello ".into(), stop: None });
+        assert_eq!(m.push("en"), StopOutcome { emit: "".into(), stop: None });
+        assert_eq!(m.push("d> tail"), StopOutcome { emit: "".into(), stop: Some("</end>".into()) });
     }
 
     #[test]
@@ -112,7 +115,7 @@ mod tests {
     fn earliest_of_several_stops_wins_and_eos_is_recognised() {
         let mut m = matcher(&["bb", "a"]);
         let out = m.push("xxbba");
-        assert_eq!(out, StopOutcome { emit: "xx".into(), stopped: true });
+        assert_eq!(out, StopOutcome { emit: "xx".into(), stop: Some("bb".into()) });
         assert!(m.is_eos(2) && !m.is_eos(3));
     }
 
