@@ -251,6 +251,12 @@ pub struct GenerateArgs {
     pub repetition_penalty: f32,
     #[arg(long, default_value_t = 20)]
     pub repetition_context_size: usize,
+    /// XTC sampling: the probability of dropping the top choices at a step (0 = off), as mlx_lm.generate's flag.
+    #[arg(long, default_value_t = 0.0)]
+    pub xtc_probability: f32,
+    /// XTC sampling: tokens above this probability are the top choices (at most 0.5).
+    #[arg(long, default_value_t = 0.1)]
+    pub xtc_threshold: f32,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Prompt tokens per prefill step.

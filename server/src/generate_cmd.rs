@@ -134,6 +134,9 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
         repetition_penalty: args.repetition_penalty,
         repetition_context_size: args.repetition_context_size,
         seed: args.seed,
+        xtc_probability: args.xtc_probability,
+        xtc_threshold: args.xtc_threshold,
+        xtc_special_tokens: if args.xtc_probability > 0.0 { tok.xtc_special_tokens()? } else { Vec::new() },
         ..Default::default()
     };
     sampling.validate()?;

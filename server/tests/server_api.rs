@@ -350,6 +350,7 @@ fn bad_requests_get_openai_errors_with_the_right_status() {
         (chat, chat_body("x", json!({"top_p": 1.5})).to_string(), 400, Some("top_p")),
         (chat, chat_body("x", json!({"top_k": -3})).to_string(), 400, Some("top_k")),
         (chat, chat_body("x", json!({"presence_penalty": 9})).to_string(), 400, Some("presence_penalty")),
+        (chat, chat_body("x", json!({"xtc_probability": 0.5, "xtc_threshold": 0.7})).to_string(), 400, Some("xtc_threshold")),
         (chat, chat_body("x", json!({"max_tokens": 0})).to_string(), 400, Some("max_tokens")),
         (chat, chat_body("x", json!({"max_tokens": 5000})).to_string(), 400, Some("max_tokens")),
         (chat, chat_body("x", json!({"n": 3})).to_string(), 400, Some("n")),

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use super::error::ApiError;
 use super::AppState;
 use crate::engine::{Generation, SamplingParams};
+use crate::tokenizer::Tokenizer;
 
 /// Reads the whole body, refusing it past `limit` bytes (413) or when it has
 /// not all arrived by `deadline` (408: a client trickling a body, or sending
@@ -134,6 +135,9 @@ pub struct CommonParams {
     pub frequency_context_size: Option<usize>,
     pub logit_bias: Option<HashMap<String, f32>>,
     pub seed: Option<u64>,
+    /// XTC sampling (mlx_lm.server's fields).
+    pub xtc_probability: Option<f32>,
+    pub xtc_threshold: Option<f32>,
     pub stop: Option<StopField>,
     pub n: Option<i64>,
     #[serde(default)]
@@ -149,7 +153,7 @@ pub struct CommonParams {
 
 impl CommonParams {
     /// The sampling parameters, validated (400 naming the field otherwise).
-    pub fn sampling(&self, vocab_size: usize) -> Result<SamplingParams, ApiError> {
+    pub fn sampling(&self, vocab_size: usize, tokenizer: &Tokenizer) -> Result<SamplingParams, ApiError> {
         let mut p = SamplingParams::default();
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
@@ -185,6 +189,15 @@ impl CommonParams {
             p.frequency_context_size = v;
         }
         p.seed = self.seed;
+        if let Some(v) = self.xtc_probability {
+            p.xtc_probability = v;
+        }
+        if let Some(v) = self.xtc_threshold {
+            p.xtc_threshold = v;
+        }
+        if p.xtc_probability > 0.0 {
+            p.xtc_special_tokens = tokenizer.xtc_special_tokens().map_err(|e| ApiError::internal(e.to_string()))?;
+        }
         for (token, bias) in self.logit_bias.iter().flatten() {
             let id: u32 = token
                 .parse()
@@ -260,7 +273,7 @@ impl CommonParams {
     pub fn generation(&self, state: &AppState, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<Generation, ApiError> {
         Ok(Generation {
             max_tokens: self.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
-            sampling: self.sampling(state.vocab_size)?,
+            sampling: self.sampling(state.vocab_size, &state.tokenizer)?,
             stop: self.stop_strings()?,
             logprobs,
             ignore_eos: self.ignore_eos,

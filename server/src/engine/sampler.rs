@@ -1,7 +1,8 @@
 //! Logits processing and sampling, following mlx-lm's `sample_utils`: logit
 //! bias, repetition / presence / frequency penalties, then greedy or
-//! temperature sampling filtered by top-k, top-p and min-p. Random draws use an
-//! explicit key split per step, so a seed reproduces a whole generation.
+//! temperature sampling filtered, in mlx-lm's order, by top-p, min-p, XTC and
+//! top-k. Random draws use an explicit key split per step, so a seed
+//! reproduces a whole generation.
 
 use std::collections::HashMap;
 
@@ -34,6 +35,13 @@ pub struct SamplingParams {
     pub frequency_context_size: usize,
     pub logit_bias: HashMap<u32, f32>,
     pub seed: Option<u64>,
+    /// XTC ("exclude top choices"): at each step, with this probability,
+    /// drop every token more likely than the least likely one above
+    /// `xtc_threshold` (0 = off).
+    pub xtc_probability: f32,
+    pub xtc_threshold: f32,
+    /// Tokens XTC never drops (mlx_lm.server: "\n" and the end tokens).
+    pub xtc_special_tokens: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +59,9 @@ impl Default for SamplingParams {
             frequency_context_size: 20,
             logit_bias: HashMap::new(),
             seed: None,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
+            xtc_special_tokens: Vec::new(),
         }
     }
 }
@@ -78,6 +89,13 @@ impl SamplingParams {
             if !(-2.0..=2.0).contains(&v) {
                 return bad(name, format!("{name} must be in [-2, 2], got {v}"));
             }
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) {
+            return bad("xtc_probability", format!("xtc_probability must be in [0, 1], got {}", self.xtc_probability));
+        }
+        // mlx-lm's apply_xtc refuses thresholds above 0.5 (two tokens cannot both exceed it).
+        if !(0.0..=0.5).contains(&self.xtc_threshold) {
+            return bad("xtc_threshold", format!("xtc_threshold must be in [0, 0.5], got {}", self.xtc_threshold));
         }
         Ok(())
     }
@@ -174,24 +192,37 @@ impl Sampler {
 
     /// Draws a token ([1]) from `logprobs` ([1, vocab]).
     pub fn sample(&mut self, logprobs: &Array) -> Result<Array> {
-        let p = &self.params;
-        if p.temperature == 0.0 {
+        if self.params.temperature == 0.0 {
             return Ok(ops::argmax(logprobs, -1, false)?);
         }
+        let (next_key, draw_key) = random::split2(&self.key)?;
+        self.key = next_key;
+        // XTC's coin gets a key of its own; without XTC the draws stay as they were.
+        let (xtc_key, draw_key) = if self.params.xtc_probability > 0.0 { random::split2(&draw_key)? } else { (draw_key.clone(), draw_key) };
+        let lp = self.filtered(logprobs, &xtc_key)?;
+        let scaled = ops::multiply(&lp, &Array::scalar(1.0 / self.params.temperature))?;
+        Ok(random::categorical(&scaled, -1, &draw_key)?)
+    }
+
+    /// `logprobs` with the tokens the filters drop at -inf, in mlx-lm's
+    /// order (top-p, min-p, XTC, top-k: they do not commute, e.g. top-p
+    /// measures the mass top-k would have dropped).
+    fn filtered(&self, logprobs: &Array, xtc_key: &Array) -> Result<Array> {
+        let p = &self.params;
         let mut lp = logprobs.clone();
-        if p.top_k > 0 {
-            lp = apply_top_k(&lp, p.top_k)?;
-        }
         if p.top_p > 0.0 && p.top_p < 1.0 {
             lp = apply_top_p(&lp, p.top_p)?;
         }
         if p.min_p > 0.0 {
             lp = apply_min_p(&lp, p.min_p)?;
         }
-        let (next_key, draw_key) = random::split2(&self.key)?;
-        self.key = next_key;
-        let scaled = ops::multiply(&lp, &Array::scalar(1.0 / p.temperature))?;
-        Ok(random::categorical(&scaled, -1, &draw_key)?)
+        if p.xtc_probability > 0.0 {
+            lp = apply_xtc(&lp, p.xtc_probability, p.xtc_threshold, &p.xtc_special_tokens, xtc_key)?;
+        }
+        if p.top_k > 0 {
+            lp = apply_top_k(&lp, p.top_k)?;
+        }
+        Ok(lp)
     }
 }
 
@@ -208,18 +239,42 @@ fn apply_top_k(lp: &Array, k: i32) -> Result<Array> {
     Ok(ops::put_along_axis(lp, &drop, &fill, -1)?)
 }
 
-/// Keeps the most likely tokens until their probability reaches `top_p`.
+/// Keeps the most likely tokens until their probability reaches `top_p` of
+/// the mass left (mlx-lm's apply_top_p: from the least likely up, a token
+/// goes while the mass above it is at least top_p of the whole; ties with
+/// the first kept token stay).
 fn apply_top_p(lp: &Array, top_p: f32) -> Result<Array> {
-    let probs = ops::exp(lp)?;
-    let order = ops::argsort(lp, -1)?;
-    let sorted = ops::take_along_axis(&probs, &order, -1)?;
-    let cum = ops::cumsum(&sorted, -1, false, true)?;
+    let sorted = ops::sort(lp, -1)?;
+    let probs = ops::exp(&ops::astype(&sorted, Dtype::Float32)?)?;
+    let mass_above = ops::cumsum(&probs, -1, true, false)?;
     let v = lp.dim(-1)?;
-    let positions = ops::reshape(&ops::arange(0.0, v as f64, 1.0, Dtype::Uint32)?, &[1, v])?;
-    let inverse = ops::put_along_axis(&ops::zeros_like(&order)?, &order, &ops::astype(&positions, order.dtype())?, -1)?;
-    let cum = ops::take_along_axis(&cum, &inverse, -1)?;
-    let keep = ops::greater(&cum, &Array::scalar(1.0 - top_p))?;
-    Ok(ops::where_(&keep, lp, &Array::scalar(NEG_INF))?)
+    let first = |a: &Array| -> Result<Array> { Ok(ops::slice(a, &[0, 0], &[1, 1], &[1, 1])?) };
+    let total = ops::add(&first(&mass_above)?, &first(&probs)?)?;
+    let dropped = ops::greater_equal(&mass_above, &ops::multiply(&Array::scalar(top_p), &total)?)?;
+    let n_dropped = ops::sum(&ops::astype(&dropped, Dtype::Int32)?, &[-1], true)?;
+    // Every token dropped (a zero top-p mass) leaves the most likely one.
+    let n_dropped = ops::minimum(&n_dropped, &Array::scalar(v - 1))?;
+    let threshold = ops::take_along_axis(&sorted, &n_dropped, -1)?;
+    Ok(ops::where_(&ops::less(lp, &threshold)?, &Array::scalar(NEG_INF), lp)?)
+}
+
+/// mlx-lm's apply_xtc: with probability `probability` (one draw from
+/// `key`), drops every token more likely than the least likely token above
+/// `threshold`, except `special` ones; when none is above it, none goes.
+fn apply_xtc(lp: &Array, probability: f32, threshold: f32, special: &[u32], key: &Array) -> Result<Array> {
+    let probs = ops::softmax(lp, &[-1], false)?;
+    let above = ops::where_(&ops::greater(&probs, &Array::scalar(threshold))?, &probs, &Array::scalar(f32::INFINITY))?;
+    let least_above = ops::min(&above, &[-1], true)?;
+    let mut drop = ops::greater(&probs, &least_above)?;
+    if !special.is_empty() {
+        let ids: Vec<i32> = special.iter().map(|&t| t as i32).collect();
+        let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
+        let keep = ops::full(&idx.shape(), &Array::scalar(false), Dtype::Bool)?;
+        drop = ops::put_along_axis(&drop, &idx, &keep, -1)?;
+    }
+    let coin = random::uniform(&Array::scalar(0.0f32), &Array::scalar(1.0f32), &[], Dtype::Float32, key)?;
+    let dropped = ops::where_(&drop, &Array::scalar(NEG_INF), lp)?;
+    Ok(ops::where_(&ops::greater(&coin, &Array::scalar(probability))?, lp, &dropped)?)
 }
 
 /// Drops tokens with probability below `min_p` × the top probability.
@@ -320,6 +375,48 @@ mod tests {
         assert_eq!(processed(SamplingParams { frequency_context_size: 0, ..frequency }, &hist), vec![1.0, 0.5, 0.375]);
     }
 
+    /// The tokens `params`' filters leave of the distribution `probs`.
+    fn kept(params: SamplingParams, probs: &[f32]) -> Vec<usize> {
+        let s = Sampler::new(params).unwrap();
+        let lp = ops::log(&logits(probs)).unwrap();
+        let out = s.filtered(&lp, &random::key(3).unwrap()).unwrap().to_vec::<f32>().unwrap();
+        out.iter().enumerate().filter(|(_, v)| v.is_finite()).map(|(i, _)| i).collect()
+    }
+
+    /// Each set below is what mlx-lm 0.32.2's sample_utils leave of the same
+    /// distribution, in make_sampler's order (checked against it).
+    #[test]
+    fn filters_act_in_mlx_lms_order_with_its_arithmetic() {
+        let probs = [0.4f32, 0.3, 0.2, 0.1];
+        let base = SamplingParams { temperature: 1.0, ..Default::default() };
+        assert_eq!(kept(SamplingParams { top_p: 0.5, ..base.clone() }, &probs), [0, 1]);
+        assert_eq!(kept(SamplingParams { top_p: 0.75, ..base.clone() }, &probs), [0, 1, 2]);
+        // top-p before top-k: top-k first would leave only token 0.
+        assert_eq!(kept(SamplingParams { top_p: 0.5, top_k: 2, ..base.clone() }, &probs), [0, 1]);
+        // XTC (applied at every step here) drops what is more likely than the
+        // least likely token above the threshold, never a special token, and
+        // nothing when no token is above it.
+        let xtc = SamplingParams { xtc_probability: 1.0, xtc_threshold: 0.25, ..base.clone() };
+        assert_eq!(kept(xtc.clone(), &probs), [1, 2, 3]);
+        assert_eq!(kept(SamplingParams { xtc_special_tokens: vec![0], ..xtc.clone() }, &probs), [0, 1, 2, 3]);
+        assert_eq!(kept(SamplingParams { xtc_threshold: 0.45, ..xtc.clone() }, &probs), [0, 1, 2, 3]);
+        // After min-p, XTC measures the renormalized rest.
+        assert_eq!(kept(SamplingParams { min_p: 0.6, ..xtc.clone() }, &probs), [1]);
+        // A coin that never comes up leaves everything.
+        assert_eq!(kept(SamplingParams { xtc_probability: 0.0, ..xtc }, &probs), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn xtc_drops_the_top_choice_at_about_its_probability() {
+        let l = [3.0f32, 2.9, 0.0, -1.0, -2.0];
+        let p = SamplingParams { temperature: 0.01, xtc_probability: 0.5, xtc_threshold: 0.3, seed: Some(5), ..Default::default() };
+        // Nearly greedy: token 0, unless XTC dropped it (then token 1).
+        let d = draws(p, &l, 400);
+        let dropped = d.iter().filter(|&&t| t == 1).count();
+        assert!(d.iter().all(|&t| t < 2), "{d:?}");
+        assert!((140..=260).contains(&dropped), "XTC at 0.5 dropped the top choice {dropped} times in 400");
+    }
+
     /// mlx_lm.server's own defaults, sent explicitly, turn the filters off.
     #[test]
     fn top_p_and_repetition_penalty_of_zero_are_off_as_in_mlx_lm() {
@@ -339,8 +436,10 @@ mod tests {
             SamplingParams { min_p: 1.5, ..Default::default() },
             SamplingParams { repetition_penalty: -1.0, ..Default::default() },
             SamplingParams { presence_penalty: 2.5, ..Default::default() },
+            SamplingParams { xtc_probability: 1.5, ..Default::default() },
+            SamplingParams { xtc_threshold: 0.6, ..Default::default() },
         ];
-        let fields = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty"];
+        let fields = ["temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "xtc_probability", "xtc_threshold"];
         for (p, f) in bad.into_iter().zip(fields) {
             let e = Sampler::new(p).err().unwrap().to_string();
             assert!(e.contains(f), "{e}");

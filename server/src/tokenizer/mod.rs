@@ -191,6 +191,15 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The tokens XTC sampling never drops, as mlx_lm.server picks them: the
+    /// encoding of "\n" (special tokens added, as its `encode` adds them)
+    /// and the end tokens.
+    pub fn xtc_special_tokens(&self) -> Result<Vec<u32>> {
+        let mut ids = self.encode("\n", true)?;
+        ids.extend(self.eos_ids().iter().copied());
+        Ok(ids)
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(e.to_string()))
     }
