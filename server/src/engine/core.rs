@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mlx_rs_safe::{eval, memory, Array};
+use mlx_rs_safe::{async_eval, eval, memory, Array};
 
 use super::batch::{DecodeBatch, Joining};
 use super::token_mask::{MaskRows, KEPT_ROWS_BYTES};
@@ -341,6 +341,12 @@ impl Engine {
 
     /// Prefills this turn's share of the admitted prompts (the policy's plan),
     /// oldest first. Prompts whose prefill is done become ready to join.
+    ///
+    /// Every planned chunk is queued before the turn waits for any: the host
+    /// builds the next prompt's graph while the device runs the one before
+    /// (several short prompts arriving together each cost a whole model
+    /// call). A failure the wait reports ends the prompts prefilled this
+    /// turn, whose work it cannot tell apart.
     fn prefill_chunk(&mut self) {
         let before = self.prefill.len();
         self.prefill.retain(|p| p.seq.is_connected());
@@ -349,20 +355,39 @@ impl Engine {
         }
         let remaining: Vec<usize> = self.prefill.iter().map(Prefill::remaining).collect();
         let plan = self.policy.prefill(&remaining);
-        let mut kept = VecDeque::with_capacity(self.prefill.len());
+        let mut staged = Vec::with_capacity(self.prefill.len());
         for (i, mut p) in std::mem::take(&mut self.prefill).into_iter().enumerate() {
-            if let Some(&n) = plan.get(i) {
-                let n = p.to_checkpoint().map_or(n, |c| n.min(c));
-                if n > 0 {
-                    if let Err(e) = self.prefill_tokens(&mut p, n) {
-                        self.note_step_failure(&e);
-                        p.seq.fail(&e.to_string());
-                        continue;
-                    }
-                    if p.seq.request.params.checkpoints.contains(&p.done) {
-                        self.keep_checkpoint(&p);
-                    }
+            let n = plan.get(i).map_or(0, |&n| p.to_checkpoint().map_or(n, |c| n.min(c)));
+            if n > 0 {
+                if let Err(e) = self.queue_prefill(&mut p, n) {
+                    self.note_step_failure(&e);
+                    p.seq.fail(&e.to_string());
+                    continue;
                 }
+            }
+            staged.push((p, n > 0));
+        }
+        let states: Vec<Array> = staged.iter().filter(|(_, ran)| *ran).flat_map(|(p, _)| p.cache.state()).collect();
+        if !states.is_empty() {
+            // A chunk's temporaries (attention scores over the whole prompt so far) are the
+            // largest buffers the engine allocates; kept in MLX's cache they would pile up, a
+            // different size per chunk, until the device is full (mlx-lm clears here too).
+            let waited = eval(&states.iter().collect::<Vec<_>>()).and_then(|()| memory::clear_cache());
+            if let Err(e) = waited {
+                let e = crate::error::Error::from(e);
+                self.note_step_failure(&e);
+                staged.retain_mut(|(p, ran)| {
+                    if *ran {
+                        p.seq.fail(&e.to_string());
+                    }
+                    !*ran
+                });
+            }
+        }
+        let mut kept = VecDeque::with_capacity(staged.len());
+        for (mut p, ran) in staged {
+            if ran && p.seq.request.params.checkpoints.contains(&p.done) {
+                self.keep_checkpoint(&p);
             }
             p.report_progress();
             // Admission refused empty prompts, so there is a last token.
@@ -391,18 +416,15 @@ impl Engine {
         self.prefill = kept;
     }
 
-    /// Runs the model over the next `n` prompt tokens of `p`.
-    fn prefill_tokens(&self, p: &mut Prefill, n: usize) -> Result<()> {
+    /// Queues the model over the next `n` prompt tokens of `p` (the caller
+    /// waits for it).
+    fn queue_prefill(&self, p: &mut Prefill, n: usize) -> Result<()> {
         let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
         self.model.forward(&chunk, &mut p.cache)?;
         let converted = p.cache.compress(self.config.kv_compression.as_ref(), Phase::Prefill)?;
         self.metrics.record_kv_compressions("prefill", converted as u64);
-        eval(&p.cache.state().iter().collect::<Vec<_>>())?;
+        async_eval(&p.cache.state().iter().collect::<Vec<_>>())?;
         p.done += n;
-        // A chunk's temporaries (attention scores over the whole prompt so far) are the
-        // largest buffers the engine allocates; kept in MLX's cache they would pile up, a
-        // different size per chunk, until the device is full (mlx-lm clears here too).
-        memory::clear_cache()?;
         Ok(())
     }
 
