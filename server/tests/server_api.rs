@@ -63,6 +63,10 @@ fn chat_stream_is_openai_sse_byte_for_byte() {
         .collect();
     let whole = s.post_json("/v1/chat/completions", &chat_body("hello model", json!({"max_tokens": 6}))).json();
     assert_eq!(streamed, whole["choices"][0]["message"]["content"].as_str().unwrap());
+    // mlx_lm.server's alias without /v1 answers the same.
+    let alias = s.post_json("/chat/completions", &chat_body("hello model", json!({"max_tokens": 6})));
+    assert_eq!(alias.status, 200, "{}", alias.body);
+    assert_eq!(alias.json()["choices"][0]["message"]["content"], whole["choices"][0]["message"]["content"]);
 }
 
 #[test]

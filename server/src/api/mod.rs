@@ -287,6 +287,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/models", web::get().to(list_models))
         .route("/v1/models/{model:.*}", web::get().to(get_model))
         .route("/v1/chat/completions", web::post().to(chat_completions))
+        // mlx_lm.server's alias, for clients whose base URL has no /v1.
+        .route("/chat/completions", web::post().to(chat_completions))
         .route("/v1/completions", web::post().to(completions))
         .route("/tokenize", web::post().to(tokenize_text))
         .route("/detokenize", web::post().to(detokenize_ids))
