@@ -148,6 +148,20 @@ fn stop_strings_end_the_text_before_them_streamed_or_not() {
 }
 
 #[test]
+fn a_stop_string_naming_a_special_token_stops_at_that_token() {
+    let s = TestServer::start(&model(), &[]);
+    // Token 1 is the test tokenizer's <|im_start|>: a special token the output never shows.
+    let body = json!({"prompt": "hello", "max_tokens": 8, "ignore_eos": true, "logit_bias": {"1": 100}, "stop": ["<|im_start|>"]});
+    let r = s.post_json("/v1/completions", &body).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    assert_eq!(r["choices"][0]["text"], "", "{r}");
+    let mut anthropic = json!({"max_tokens": 8, "temperature": 0, "ignore_eos": true, "logit_bias": {"1": 100}, "stop_sequences": ["<|im_start|>"]});
+    anthropic["messages"] = json!([{"role": "user", "content": "hello"}]);
+    let r = s.post_json("/v1/messages", &anthropic).json();
+    assert_eq!((&r["stop_reason"], &r["stop_sequence"]), (&json!("stop_sequence"), &json!("<|im_start|>")), "{r}");
+}
+
+#[test]
 fn anthropic_stop_sequences_are_named_as_what_ended_the_message() {
     let s = TestServer::start(&model(), &[]);
     let base = json!({"max_tokens": 40, "temperature": 0, "ignore_eos": true, "messages": [{"role": "user", "content": "attention value"}]});

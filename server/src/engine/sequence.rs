@@ -67,7 +67,7 @@ impl Sequence {
         Sequence {
             max_new_tokens: Sequence::max_new_tokens(&request.params, context),
             reserved: Sequence::reservation(&request.params, context),
-            stop: StopMatcher::new(eos, request.params.stop.clone()),
+            stop: StopMatcher::new(eos, request.params.stop.clone(), |s| tokenizer.special_token_id(s)),
             detok: StreamingDetokenizer::new(!request.params.keep_special_tokens),
             history: request.params.prompt.clone(),
             generated: 0,
@@ -139,6 +139,10 @@ impl Sequence {
         self.history.push(token);
         if self.stop.is_eos(token) {
             return self.finish(FinishReason::Stop, None, tokenizer, true);
+        }
+        if let Some(stop) = self.stop.stop_token(token) {
+            let stop = stop.to_string();
+            return self.finish(FinishReason::Stop, Some(stop), tokenizer, true);
         }
         if let Some(guide) = self.guide.as_mut() {
             if let Err(e) = guide.advance(token) {

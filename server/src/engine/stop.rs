@@ -23,6 +23,9 @@ impl FinishReason {
 
 pub struct StopMatcher {
     eos: BTreeSet<u32>,
+    /// Stop strings that name a special token (never in the decoded text):
+    /// matched by the token's id.
+    stop_tokens: Vec<(u32, String)>,
     stops: Vec<String>,
     /// Text received but not yet released (could be the start of a stop string).
     held: String,
@@ -38,13 +41,26 @@ pub struct StopOutcome {
 }
 
 impl StopMatcher {
-    pub fn new(eos: BTreeSet<u32>, stops: Vec<String>) -> StopMatcher {
-        let stops = stops.into_iter().filter(|s| !s.is_empty()).collect();
-        StopMatcher { eos, stops, held: String::new() }
+    /// A matcher of `stops`; those `special_id` names as special tokens are
+    /// matched by id.
+    pub fn new(eos: BTreeSet<u32>, stops: Vec<String>, special_id: impl Fn(&str) -> Option<u32>) -> StopMatcher {
+        let (mut stop_tokens, mut texts) = (Vec::new(), Vec::new());
+        for stop in stops.into_iter().filter(|s| !s.is_empty()) {
+            match special_id(&stop) {
+                Some(id) => stop_tokens.push((id, stop)),
+                None => texts.push(stop),
+            }
+        }
+        StopMatcher { eos, stop_tokens, stops: texts, held: String::new() }
     }
 
     pub fn is_eos(&self, token: u32) -> bool {
         self.eos.contains(&token)
+    }
+
+    /// The stop string `token` is, if it is one of the special tokens named as stops.
+    pub fn stop_token(&self, token: u32) -> Option<&str> {
+        self.stop_tokens.iter().find(|(id, _)| *id == token).map(|(_, s)| s.as_str())
     }
 
     /// Feeds newly decoded text.
@@ -91,7 +107,16 @@ mod tests {
     use super::*;
 
     fn matcher(stops: &[&str]) -> StopMatcher {
-        StopMatcher::new(BTreeSet::from([2]), stops.iter().map(|s| s.to_string()).collect())
+        StopMatcher::new(BTreeSet::from([2]), stops.iter().map(|s| s.to_string()).collect(), |s| (s == "<|end|>").then_some(7))
+    }
+
+    #[test]
+    fn a_stop_naming_a_special_token_matches_its_id_not_text() {
+        let mut m = matcher(&["<|end|>", "x"]);
+        assert_eq!(m.stop_token(7), Some("<|end|>"));
+        assert_eq!(m.stop_token(2), None);
+        assert_eq!(m.push("a <|end|> b").emit, "a <|end|> b", "the special token's text is not a text stop");
+        assert_eq!(m.push("x").stop.as_deref(), Some("x"));
     }
 
     #[test]

@@ -191,6 +191,13 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The id of the special token whose text is `text` (one the decoder
+    /// skips, so a stop string naming it must match its id, as mlx-lm's
+    /// token-id stop sequences do).
+    pub fn special_token_id(&self, text: &str) -> Option<u32> {
+        self.inner.get_added_tokens_decoder().into_iter().find(|(_, t)| t.special && t.content == text).map(|(id, _)| id)
+    }
+
     /// The tokens XTC sampling never drops, as mlx_lm.server picks them: the
     /// encoding of "\n" (special tokens added, as its `encode` adds them)
     /// and the end tokens.
