@@ -14,6 +14,9 @@ pub enum Role {
     User,
     Assistant,
     Tool,
+    /// Llama 3.1's role for tool output; older OpenAI function results.
+    Ipython,
+    Function,
 }
 
 impl Role {
@@ -24,6 +27,8 @@ impl Role {
             Role::User => "user",
             Role::Assistant => "assistant",
             Role::Tool => "tool",
+            Role::Ipython => "ipython",
+            Role::Function => "function",
         }
     }
 }
@@ -86,18 +91,25 @@ pub struct ChatMessage {
     #[serde(default)]
     pub tool_calls: Option<Vec<ToolCall>>,
     pub tool_call_id: Option<String>,
+    /// Every other field (e.g. `reasoning_content` of an earlier assistant
+    /// turn, which thinking models' templates render): handed to the
+    /// template as sent, as mlx_lm.server hands the whole message.
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 impl ChatMessage {
     /// The content as one string (text parts joined), or None for an
-    /// assistant turn that only calls tools.
+    /// assistant turn that only calls tools. Missing or null content is
+    /// empty, as mlx_lm.server reads it (it answers an empty reply with
+    /// `content: null`, which clients send back in the history).
     fn text(&self, i: usize) -> Result<Option<String>, ApiError> {
         let param = format!("messages[{i}].content");
         let calls = self.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
         match &self.content {
             Some(Content::Text(s)) => Ok(Some(s.clone())),
             None if self.role == Role::Assistant && calls => Ok(None),
-            None => Err(ApiError::bad_param(&param, format!("{param} is missing"))),
+            None => Ok(Some(String::new())),
             Some(Content::Parts(parts)) => {
                 let mut text = String::new();
                 for (j, part) in parts.iter().enumerate() {
@@ -130,6 +142,9 @@ impl ChatMessage {
         }
         if let Some(id) = &self.tool_call_id {
             msg.insert("tool_call_id".into(), json!(id));
+        }
+        for (key, value) in &self.extra {
+            msg.entry(key.clone()).or_insert_with(|| value.clone());
         }
         Ok(Value::Object(msg))
     }
@@ -176,9 +191,10 @@ mod tests {
     }
 
     #[test]
-    fn missing_content_and_non_text_parts_name_the_field() {
-        let e = template_messages(&parse(json!([{"role": "user"}]))).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.body()["error"]["param"].as_str()), (400, Some("messages[0].content")));
+    fn missing_content_is_empty_and_non_text_parts_name_the_field() {
+        // As mlx_lm.server reads them; other fields go to the template as sent.
+        let out = template_messages(&parse(json!([{"role": "user"}, {"role": "assistant", "content": null, "reasoning_content": "r"}]))).unwrap();
+        assert_eq!(out, json!([{"role": "user", "content": ""}, {"role": "assistant", "content": "", "reasoning_content": "r"}]));
         let image = json!([{"role": "user", "content": "hi"}, {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]);
         let e = template_messages(&parse(image)).unwrap_err();
         assert_eq!(e.body()["error"]["param"], "messages[1].content[0].type");
