@@ -497,6 +497,26 @@ fn history_messages_reach_the_template_with_their_other_fields_as_mlx_lm_sends_t
     assert_eq!(r.status, 200, "{}", r.body);
 }
 
+#[test]
+fn a_model_without_a_chat_template_chats_in_mlx_lms_plain_transcript() {
+    let dir = common::copy_of(&model(), "server_api_no_template", "model");
+    let config_path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let _ = std::fs::remove_file(dir.join("chat_template.jinja"));
+    let s = TestServer::start(&dir, &[]);
+    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+    // mlx_lm.server's convert_chat, encoded with the special tokens added.
+    let expected = s.post_json("/tokenize", &json!({"prompt": "ASSISTANT's RULE: be brief\nUSER: hi\nASSISTANT:", "add_special_tokens": true})).json();
+    assert_eq!(s.post_json("/tokenize", &json!({"messages": messages})).json()["tokens"], expected["tokens"]);
+    let r = s.post_json("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 3, "ignore_eos": true}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["prompt_tokens"], expected["count"]);
+    let health = s.get("/health").json();
+    assert_eq!((&health["capabilities"]["chat_completions"], &health["capabilities"]["chat_template"]), (&json!(true), &json!(false)), "{health}");
+}
+
 fn tools_template(dir: &std::path::Path) -> std::path::PathBuf {
     let template = dir.join("tools.jinja");
     std::fs::write(

@@ -243,7 +243,9 @@ fn health_details(state: &AppState) -> Value {
             "held_bytes_per_token": (s.kv_tokens > 0).then(|| s.kv_bytes as f64 / s.kv_tokens as f64),
         },
         "capabilities": {
-            "chat_completions": state.tokenizer.has_chat_template(),
+            "chat_completions": true,
+            // Without one, chats are a plain "USER: …" transcript (mlx_lm.server's).
+            "chat_template": state.tokenizer.has_chat_template(),
             "completions": true,
             "streaming": true,
             "logprobs": true,

@@ -221,12 +221,13 @@ impl Tokenizer {
         self.render_chat(messages, &ChatRender { tools, add_generation_prompt, kwargs: None })
     }
 
+    /// The chat's text through the model's template; a model without one
+    /// (a base model) gets mlx_lm.server's plain "USER: …" transcript.
     pub fn render_chat(&self, messages: &Value, how: &ChatRender) -> Result<String> {
-        let t = self
-            .template
-            .as_ref()
-            .ok_or_else(|| Error::Template("this model has no chat template".into()))?;
-        t.render_with_kwargs(messages, how.tools, how.add_generation_prompt, how.kwargs, &self.tokens)
+        match &self.template {
+            Some(t) => t.render_with_kwargs(messages, how.tools, how.add_generation_prompt, how.kwargs, &self.tokens),
+            None => Ok(plain_transcript(messages, how.add_generation_prompt)),
+        }
     }
 
     /// Token ids of a chat, as mlx-lm tokenizes it: the rendered template already
@@ -247,10 +248,41 @@ impl Tokenizer {
     ) -> std::result::Result<Vec<u32>, E> {
         let text = self.render_chat(messages, how)?;
         check(&text)?;
-        Ok(self.encode(&text, false)?)
+        // A template writes the special tokens itself; the plain transcript
+        // is encoded as mlx_lm.server encodes it, with them added (BOS).
+        Ok(self.encode(&text, self.template.is_none())?)
     }
 
     pub fn new_detokenizer(&self) -> StreamingDetokenizer {
         StreamingDetokenizer::new(true)
     }
 }
+
+/// mlx_lm.server's `convert_chat` with its default role mapping: each
+/// message as "PREFIX content\n" (system "ASSISTANT's RULE: ", user "USER: ",
+/// assistant "ASSISTANT: ", other roles no prefix), then "ASSISTANT: " when
+/// the answer follows, trailing whitespace trimmed.
+fn plain_transcript(messages: &Value, add_generation_prompt: bool) -> String {
+    let prefix = |role: &str| match role {
+        "system" => "ASSISTANT's RULE: ",
+        "user" => "USER: ",
+        "assistant" => "ASSISTANT: ",
+        _ => "",
+    };
+    let mut text = String::new();
+    for m in messages.as_array().into_iter().flatten() {
+        let content = match &m["content"] {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        text.push_str(prefix(m["role"].as_str().unwrap_or("")));
+        text.push_str(&content);
+        text.push('\n');
+    }
+    if add_generation_prompt {
+        text.push_str("ASSISTANT: ");
+    }
+    text.trim_end().to_string()
+}
+
