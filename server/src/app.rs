@@ -99,6 +99,19 @@ fn plan_for(files: &ModelFiles, machine: &Machine, wants: &Wants, sharding: &mod
     memory_plan::plan(machine, &files.shape()?.share(sharding)?, fields.context_length(), wants)
 }
 
+/// `--chat-template`'s template: the file it names, or the text itself (as
+/// mlx_lm.server takes it) when it names no file and reads as Jinja.
+fn chat_template_text(value: &str) -> Result<String> {
+    let path = std::path::Path::new(value);
+    if path.is_file() {
+        return std::fs::read_to_string(path).map_err(|e| Error::model_file(path, format!("cannot read the chat template: {e}")));
+    }
+    if value.contains("{%") || value.contains("{{") {
+        return Ok(value.to_string());
+    }
+    Err(Error::model_file(path, "--chat-template names no file, and is not a Jinja template either"))
+}
+
 /// The distributed group this process was started in (MLX's environment, as
 /// `mlx.launch` sets it), and how the model is split over it (`Whole` for a
 /// process started alone).
@@ -109,6 +122,8 @@ fn join_group(args: &ServeArgs) -> Result<models::Sharding> {
         other => return Err(Error::Config(format!("--distributed-backend must be any, ring, nccl, jaccl or mpi (got {other:?})"))),
     };
     let tensor = match args.distributed.as_str() {
+        // mlx_lm.server's --pipeline asks for pipeline mode.
+        _ if args.mlx_lm.pipeline => false,
         "tensor" => true,
         "pipeline" => false,
         other => return Err(Error::Config(format!("--distributed must be tensor or pipeline (got {other:?})"))),
@@ -180,17 +195,19 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // Freed MLX buffers go back to the system, so the process stays within
     // the memory plan (see map_blocks_from).
     mlx_rs_safe::process_heap::map_blocks_from(1 << 20);
+    args.mlx_lm.check()?;
+    let defaults = crate::engine::SamplingParams { temperature: args.temp, top_p: args.top_p, top_k: args.top_k, min_p: args.min_p, ..Default::default() };
+    defaults.validate().map_err(|e| Error::Config(format!("the default sampling flags: {e}")))?;
     let wants = plan_wants(&args, kv_compression(&args)?)?;
     if args.max_concurrency == 0 {
         return Err(Error::Config("--max-concurrency must be at least 1".into()));
     }
     let (model, model_id) = crate::cli::model_or_default(args.model.as_deref())?;
     let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
-    let template = match &args.chat_template {
-        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| Error::model_file(path, format!("cannot read the chat template: {e}")))?),
-        None => None,
-    };
-    let tokenizer = Arc::new(Tokenizer::load(&dir, template.as_deref())?);
+    let template = args.chat_template.as_deref().map(chat_template_text).transpose()?;
+    let mut tokenizer = Tokenizer::load(&dir, template.as_deref())?;
+    tokenizer.set_default_template_kwargs(args.chat_template_args.clone());
+    let tokenizer = Arc::new(tokenizer);
     let tool_format = api::tool_format(args.tool_call_parser.as_deref(), &tokenizer)?;
     let harmony = tokenizer.chat_template_source().is_some_and(crate::tokenizer::harmony::template_speaks_harmony);
     let system = SystemInfo::collect()?;
@@ -310,6 +327,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         prompt_limit,
         vocab_size,
         default_max_tokens: args.max_tokens,
+        default_sampling: api::SamplingDefaults { temperature: args.temp, top_p: args.top_p, top_k: args.top_k, min_p: args.min_p },
         max_body_bytes: args.max_body_bytes,
         body_timeout: Duration::from_secs(args.body_timeout_secs.max(1)),
         api_key: ApiKey::new(args.api_key.clone()),

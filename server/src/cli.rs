@@ -120,7 +120,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MLX_SERVE_MAX_TOKENS", default_value_t = 2048)]
     pub max_tokens: usize,
     /// Prompt tokens per prefill step.
-    #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", default_value_t = 512)]
+    #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", default_value_t = 512, alias = "prefill-step-size")]
     pub prefill_size: usize,
     /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8), once a
     /// sequence holds --quantized-kv-start tokens.
@@ -142,7 +142,7 @@ pub struct ServeArgs {
     #[arg(long, env = "MLX_SERVE_TURBO_KV_PREFILL_THRESHOLD", default_value_t = 32768)]
     pub turbo_kv_prefill_threshold: i32,
     /// Sequences generating at once (one decode batch).
-    #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16, alias = "decode-concurrency")]
     pub max_concurrency: usize,
     /// Requests waiting for a slot; beyond this the server answers 503.
     #[arg(long, env = "MLX_SERVE_MAX_QUEUE", default_value_t = 256)]
@@ -194,7 +194,7 @@ pub struct ServeArgs {
     pub allowed_host: Vec<String>,
     /// Browser origins (e.g. `https://app.example.com`) allowed to call the API
     /// from a web page (CORS); `*` allows any. None by default.
-    #[arg(long, env = "MLX_SERVE_CORS_ORIGIN", value_delimiter = ',')]
+    #[arg(long, env = "MLX_SERVE_CORS_ORIGIN", value_delimiter = ',', alias = "allowed-origins")]
     pub cors_origin: Vec<String>,
     /// Seconds a client has to send its request headers (then 408).
     #[arg(long, env = "MLX_SERVE_HEADER_TIMEOUT_SECS", default_value_t = 5)]
@@ -210,9 +210,29 @@ pub struct ServeArgs {
     /// the exit status is then 1).
     #[arg(long, env = "MLX_SERVE_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
-    /// A Jinja chat template file replacing the model's own.
+    /// A Jinja chat template replacing the model's own: a file, or the
+    /// template text itself (as mlx_lm.server takes it).
     #[arg(long, env = "MLX_SERVE_CHAT_TEMPLATE")]
-    pub chat_template: Option<std::path::PathBuf>,
+    pub chat_template: Option<String>,
+    /// Extra chat-template variables for every request, as a JSON object
+    /// (e.g. '{"enable_thinking": false}'); a request's own
+    /// chat_template_kwargs override them.
+    #[arg(long, env = "MLX_SERVE_CHAT_TEMPLATE_ARGS", value_parser = json_object)]
+    pub chat_template_args: Option<serde_json::Value>,
+    /// Sampling temperature for requests that do not set one.
+    #[arg(long, env = "MLX_SERVE_TEMP", default_value_t = 0.0)]
+    pub temp: f32,
+    /// Nucleus sampling top-p for requests that do not set one (1: off).
+    #[arg(long, env = "MLX_SERVE_TOP_P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Top-k sampling for requests that do not set one (0: off).
+    #[arg(long, env = "MLX_SERVE_TOP_K", default_value_t = 0)]
+    pub top_k: i32,
+    /// Min-p sampling for requests that do not set one (0: off).
+    #[arg(long, env = "MLX_SERVE_MIN_P", default_value_t = 0.0)]
+    pub min_p: f32,
+    #[command(flatten)]
+    pub mlx_lm: MlxLmFlags,
     /// How tool calls are read from the output: hermes, llama3_json or mistral
     /// (default: recognised from the chat template).
     #[arg(long, env = "MLX_SERVE_TOOL_CALL_PARSER")]
@@ -223,6 +243,71 @@ pub struct ServeArgs {
     /// error, warn, info or debug.
     #[arg(long, env = "MLX_SERVE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+/// `json` as a JSON object.
+fn json_object(json: &str) -> std::result::Result<serde_json::Value, String> {
+    match serde_json::from_str(json) {
+        Ok(v @ serde_json::Value::Object(_)) => Ok(v),
+        Ok(_) => Err("expected a JSON object, e.g. '{\"enable_thinking\": false}'".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
+}
+
+/// mlx_lm.server's flags that have no counterpart here, so that its
+/// command lines start this server: each says at start-up what it does here
+/// (nothing, or a refusal where ignoring it would change the answers).
+#[derive(Debug, Clone, Args)]
+pub struct MlxLmFlags {
+    /// mlx_lm.server's flag; no effect (no tokenizer code is run).
+    #[arg(long, hide = true)]
+    pub trust_remote_code: bool,
+    /// mlx_lm.server's flag; no effect (a model without a template chats in mlx_lm.server's plain transcript).
+    #[arg(long, hide = true)]
+    pub use_default_chat_template: bool,
+    /// mlx_lm.server's flag; no effect (this server prefills up to --prefill-size prompt tokens a turn, however many prompts).
+    #[arg(long, hide = true)]
+    pub prompt_concurrency: Option<usize>,
+    /// mlx_lm.server's flag; no effect (the prompt cache is bounded by --prompt-cache-bytes).
+    #[arg(long, hide = true)]
+    pub prompt_cache_size: Option<usize>,
+    /// mlx_lm.server's flag: refused (no LoRA adapters here).
+    #[arg(long, hide = true)]
+    pub adapter_path: Option<String>,
+    /// mlx_lm.server's flag: refused (no speculative decoding with a draft model here).
+    #[arg(long, hide = true)]
+    pub draft_model: Option<String>,
+    /// mlx_lm.server's flag; no effect without --draft-model.
+    #[arg(long, hide = true)]
+    pub num_draft_tokens: Option<usize>,
+    /// mlx_lm.server's flag: --distributed pipeline.
+    #[arg(long, hide = true)]
+    pub pipeline: bool,
+}
+
+impl MlxLmFlags {
+    /// Refuses the flags whose absence would change the answers; says which
+    /// others have no effect.
+    pub fn check(&self) -> crate::error::Result<()> {
+        let refuse = |flag: &str, what: &str| Err(crate::error::Error::Config(format!("{flag} (mlx_lm.server's flag): {what} is not supported by this server")));
+        if self.adapter_path.is_some() {
+            return refuse("--adapter-path", "loading LoRA adapters");
+        }
+        if self.draft_model.is_some() {
+            return refuse("--draft-model", "speculative decoding with a draft model");
+        }
+        let ignored = [
+            (self.trust_remote_code, "--trust-remote-code"),
+            (self.use_default_chat_template, "--use-default-chat-template"),
+            (self.prompt_concurrency.is_some(), "--prompt-concurrency"),
+            (self.prompt_cache_size.is_some(), "--prompt-cache-size (see --prompt-cache-bytes)"),
+            (self.num_draft_tokens.is_some(), "--num-draft-tokens"),
+        ];
+        for (_, flag) in ignored.iter().filter(|(set, _)| *set) {
+            log::warn!("{flag}: mlx_lm.server's flag has no effect here");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Args)]

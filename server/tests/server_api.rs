@@ -517,6 +517,42 @@ fn a_model_without_a_chat_template_chats_in_mlx_lms_plain_transcript() {
     assert_eq!((&health["capabilities"]["chat_completions"], &health["capabilities"]["chat_template"]), (&json!(true), &json!(false)), "{health}");
 }
 
+/// mlx_lm.server's command lines start this server: its sampling defaults
+/// and template variables act, its other names of our flags are read, and
+/// flags that would change the answers are refused.
+#[test]
+fn mlx_lm_server_flags_start_the_server_and_act() {
+    let template = "{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking is defined and not enable_thinking %} no-think{% endif %}";
+    let flags = ["--temp", "2.0", "--top-p", "1.0", "--top-k", "0", "--min-p", "0.0", "--prefill-step-size", "64", "--decode-concurrency", "4",
+                 "--allowed-origins", "http://localhost:3000", "--trust-remote-code", "--prompt-cache-size", "10",
+                 "--chat-template-args", r#"{"enable_thinking": false}"#, "--chat-template", template];
+    let s = TestServer::start(&model(), &flags);
+    let tokens = |kwargs: Value| s.post_json("/tokenize", &json!({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs})).json()["count"].as_u64().unwrap();
+    // The default variable renders " no-think"; a request's own value overrides it.
+    assert!(tokens(json!({})) > tokens(json!({"enable_thinking": true})));
+    // --temp 2 samples unless the request asks for greedy.
+    let body = |extra: Value| chat_body("the model", extra);
+    let greedy = s.post_json("/v1/chat/completions", &body(json!({"temperature": 0}))).json()["choices"][0]["message"]["content"].clone();
+    let sampled = s.post_json("/v1/chat/completions", &body(json!({"seed": 3}))).json()["choices"][0]["message"]["content"].clone();
+    assert_ne!(sampled, greedy, "--temp 2 did not apply");
+    for (flags, expected) in [
+        (vec!["--adapter-path", "x"], "--adapter-path"),
+        (vec!["--draft-model", "x"], "--draft-model"),
+        (vec!["--top-p", "1.5"], "top_p"),
+        (vec!["--chat-template", "no-such-file.jinja"], "names no file"),
+        (vec!["--chat-template-args", "[1]"], "JSON object"),
+    ] {
+        let out = std::process::Command::new(common::server::binary())
+            .args(["--model", model().to_str().unwrap(), "--port", "0"])
+            .args(&flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
+}
+
 fn tools_template(dir: &std::path::Path) -> std::path::PathBuf {
     let template = dir.join("tools.jinja");
     std::fs::write(

@@ -42,6 +42,15 @@ use shutdown::Shutdown;
 use tokenize_pool::TokenizePool;
 
 /// What every handler shares.
+/// The server's sampling defaults (mlx_lm.server's --temp, --top-p, --top-k, --min-p).
+#[derive(Debug, Clone, Copy)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: i32,
+    pub min_p: f32,
+}
+
 pub struct AppState {
     pub engine: EngineHandle,
     pub tokenizer: Arc<Tokenizer>,
@@ -57,6 +66,8 @@ pub struct AppState {
     /// What a prompt may hold, checked before tokenizing.
     pub prompt_limit: PromptLimit,
     pub default_max_tokens: usize,
+    /// Sampling for requests that do not set it (--temp, --top-p, --top-k, --min-p).
+    pub default_sampling: SamplingDefaults,
     pub max_body_bytes: usize,
     /// How long a client may take to send a request body.
     pub body_timeout: Duration,

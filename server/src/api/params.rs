@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::AppState;
+use super::{AppState, SamplingDefaults};
 use crate::engine::{Generation, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
@@ -153,8 +153,9 @@ pub struct CommonParams {
 
 impl CommonParams {
     /// The sampling parameters, validated (400 naming the field otherwise).
-    pub fn sampling(&self, vocab_size: usize, tokenizer: &Tokenizer) -> Result<SamplingParams, ApiError> {
-        let mut p = SamplingParams::default();
+    /// Fields the request leaves out take the server's `defaults`.
+    pub fn sampling(&self, vocab_size: usize, tokenizer: &Tokenizer, defaults: &SamplingDefaults) -> Result<SamplingParams, ApiError> {
+        let mut p = SamplingParams { temperature: defaults.temperature, top_p: defaults.top_p, top_k: defaults.top_k, min_p: defaults.min_p, ..Default::default() };
         if let Some(t) = self.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ApiError::bad_param("temperature", format!("temperature must be between 0 and 2, got {t}")));
@@ -273,7 +274,7 @@ impl CommonParams {
     pub fn generation(&self, state: &AppState, prompt: Vec<u32>, logprobs: Option<usize>) -> Result<Generation, ApiError> {
         Ok(Generation {
             max_tokens: self.max_tokens(state.default_max_tokens, prompt.len(), state.context_length)?,
-            sampling: self.sampling(state.vocab_size, &state.tokenizer)?,
+            sampling: self.sampling(state.vocab_size, &state.tokenizer, &state.default_sampling)?,
             stop: self.stop_strings()?,
             logprobs,
             ignore_eos: self.ignore_eos,

@@ -43,6 +43,9 @@ pub struct Tokenizer {
     eos_ids: BTreeSet<u32>,
     /// The most bytes of text one token stands for, where the tokenizer bounds it.
     max_bytes_per_token: Option<usize>,
+    /// Template variables every chat gets unless it sets them itself
+    /// (`--chat-template-args`).
+    default_kwargs: Option<Value>,
 }
 
 fn read_json(path: &Path) -> Result<Option<Value>> {
@@ -142,7 +145,7 @@ impl Tokenizer {
         if let Some(id) = tokens.eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }
-        Ok(Tokenizer { inner, template, template_source: source, tokens, eos_ids, max_bytes_per_token })
+        Ok(Tokenizer { inner, template, template_source: source, tokens, eos_ids, max_bytes_per_token, default_kwargs: None })
     }
 
     pub fn inner(&self) -> &tokenizers::Tokenizer {
@@ -221,13 +224,25 @@ impl Tokenizer {
         self.render_chat(messages, &ChatRender { tools, add_generation_prompt, kwargs: None })
     }
 
-    /// The chat's text through the model's template; a model without one
-    /// (a base model) gets mlx_lm.server's plain "USER: …" transcript.
+    /// Sets the template variables every chat gets unless it sets them itself.
+    pub fn set_default_template_kwargs(&mut self, kwargs: Option<Value>) {
+        self.default_kwargs = kwargs;
+    }
+
+    /// The chat's text through the model's template (the default variables
+    /// under the chat's own); a model without one (a base model) gets
+    /// mlx_lm.server's plain "USER: …" transcript.
     pub fn render_chat(&self, messages: &Value, how: &ChatRender) -> Result<String> {
-        match &self.template {
-            Some(t) => t.render_with_kwargs(messages, how.tools, how.add_generation_prompt, how.kwargs, &self.tokens),
-            None => Ok(plain_transcript(messages, how.add_generation_prompt)),
-        }
+        let Some(t) = &self.template else { return Ok(plain_transcript(messages, how.add_generation_prompt)) };
+        let merged = match (&self.default_kwargs, how.kwargs) {
+            (Some(Value::Object(defaults)), Some(Value::Object(own))) => {
+                let mut all = defaults.clone();
+                all.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+                Some(Value::Object(all))
+            }
+            (defaults, own) => own.cloned().or_else(|| defaults.clone()),
+        };
+        t.render_with_kwargs(messages, how.tools, how.add_generation_prompt, merged.as_ref(), &self.tokens)
     }
 
     /// Token ids of a chat, as mlx-lm tokenizes it: the rendered template already
