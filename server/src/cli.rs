@@ -233,8 +233,8 @@ pub struct ServeArgs {
     pub min_p: f32,
     #[command(flatten)]
     pub mlx_lm: MlxLmFlags,
-    /// How tool calls are read from the output: hermes, llama3_json or mistral
-    /// (default: recognised from the chat template).
+    /// How tool calls are read from the output: hermes, llama3_json, mistral,
+    /// qwen3_coder, gemma4 or glm47 (default: recognised from the chat template).
     #[arg(long, env = "MLX_SERVE_TOOL_CALL_PARSER")]
     pub tool_call_parser: Option<String>,
     /// Largest request body accepted (bytes); larger ones get 413.

@@ -278,7 +278,7 @@ pub(super) struct OutputShape {
     /// The model writes Harmony messages (gpt-oss): channels give reasoning,
     /// content and tool calls, in place of `thinking` and `tools`.
     pub harmony: bool,
-    /// The tools' parameter types, for a format whose values are bare text (Qwen XML).
+    /// The tools' parameter types, for a format whose values are bare text (Qwen XML, GLM).
     pub param_types: Option<Arc<ParamTypes>>,
 }
 
@@ -288,7 +288,7 @@ impl OutputShape {
     pub fn of(state: &AppState, tools: Option<&Value>, one_call: bool) -> OutputShape {
         let format = tools.and(state.tool_format);
         let param_types = match (format, tools) {
-            (Some(ToolCallFormat::QwenXml), Some(t)) => Some(Arc::new(ParamTypes::from_tools(t))),
+            (Some(ToolCallFormat::QwenXml | ToolCallFormat::Glm47), Some(t)) => Some(Arc::new(ParamTypes::from_tools(t))),
             _ => None,
         };
         OutputShape { tools: format, thinking: None, think: state.tokenizer.think_markers(), one_call, harmony: state.harmony, param_types }

@@ -186,6 +186,28 @@ mod tests {
     }
 
     #[test]
+    fn a_forced_glm_call_takes_typed_values_and_free_text() {
+        let (_dir, tokenizer) = tokenizer();
+        let grammars = Grammars::new(tokenizer.clone());
+        let parameters = json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "units": {"type": "string"}},
+                                "required": ["city", "days"]});
+        let functions = vec![CallSchema { name: "weather".into(), parameters }];
+        let spec = GuideSpec { output: Output::Calls { format: ToolCallFormat::Glm47, functions, parallel: false }, thinking: None, markers: THINK_TAGS };
+        let call = "<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>San Francisco, CA</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>";
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(feed(&mut g, &tokenizer, call));
+        let parsed = crate::tokenizer::tool_calls::parse(ToolCallFormat::Glm47, call);
+        assert_eq!(parsed.tool_calls[0].arguments, r#"{"city":"San Francisco, CA","days":3}"#);
+        // A required parameter cannot be left out; an integer cannot be text.
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>"));
+        assert!(g.advance(tokenizer.encode("u", false).unwrap()[0]).is_err(), "`days` is required, and comes before `units`");
+        let mut g = grammars.compile(&spec).unwrap();
+        assert!(!feed(&mut g, &tokenizer, "<tool_call>weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>"));
+        assert!(g.advance(tokenizer.encode("x", false).unwrap()[0]).is_err(), "`days` is an integer");
+    }
+
+    #[test]
     fn a_forced_gemma4_call_is_written_in_gemmas_literals() {
         let (_dir, tokenizer) = tokenizer();
         let grammars = Grammars::new(tokenizer.clone());

@@ -99,6 +99,35 @@ fn qwen_xml_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> Stri
     names.join(" | ")
 }
 
+/// GLM calls: per function a rule of its name, then its parameters as
+/// `<arg_key>P</arg_key>\n<arg_value>V</arg_value>\n` pairs in the schema's
+/// order, the required ones always (string values as free text within
+/// their bounds, others as JSON of their schema). Returns the alternatives
+/// of the block's body.
+fn glm_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> String {
+    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let end = "</arg_value>\n";
+    let mut names = Vec::new();
+    for (i, f) in functions.iter().enumerate() {
+        let required: Vec<&str> = f.parameters["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        let mut params = Vec::new();
+        for (j, (p, schema)) in f.parameters["properties"].as_object().into_iter().flatten().enumerate() {
+            let value = match schema.get("type").and_then(Value::as_str) {
+                Some("integer" | "number" | "boolean" | "object" | "array") => format!("{} {}", json_rule(schema), q(end)),
+                _ => {
+                    rules.push(format!("a{i}_{j}[suffix={}]: {}", q(end), text_value(schema)));
+                    format!("a{i}_{j}")
+                }
+            };
+            rules.push(format!("k{i}_{j}: {} {value}", q(&format!("<arg_key>{p}</arg_key>\n<arg_value>"))));
+            params.push(if required.contains(&p.as_str()) { format!("k{i}_{j}") } else { format!("k{i}_{j}?") });
+        }
+        rules.push(format!("f{i}: {} {}", q(&format!("{}\n", f.name)), params.join(" ")));
+        names.push(format!("f{i}"));
+    }
+    names.join(" | ")
+}
+
 /// Gemma 4 calls: per function a rule `call:NAME{` then its arguments in
 /// Gemma's literal syntax, the required ones first in the schema's order, then
 /// the others optionally (keys bare; strings between `<|"|>` delimiters as free
@@ -177,6 +206,10 @@ impl GuideSpec {
                     ToolCallFormat::QwenXml => {
                         let choices = qwen_xml_functions(functions, &mut rules);
                         (format!(r#"{} "\n" ({choices}) "\n" {}"#, literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
+                    }
+                    ToolCallFormat::Glm47 => {
+                        let choices = glm_functions(functions, &mut rules);
+                        (format!("{} ({choices}) {}", literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
                     }
                     ToolCallFormat::Gemma4 => {
                         let choices = gemma4_functions(functions, &literal, &mut rules);

@@ -10,6 +10,7 @@ mod byte_bound;
 mod chat_template;
 mod detokenizer;
 pub mod gemma4;
+pub mod glm;
 pub mod harmony;
 pub mod qwen_xml;
 pub mod reasoning;

@@ -56,7 +56,7 @@ impl ParamTypes {
         ParamTypes(out)
     }
 
-    fn of(&self, function: &str, parameter: &str) -> Option<&str> {
+    pub(crate) fn of(&self, function: &str, parameter: &str) -> Option<&str> {
         self.0.get(function)?.get(parameter).map(String::as_str)
     }
 }

@@ -12,6 +12,8 @@
 //!   `<function=NAME>` with `<parameter=P>value</parameter>` lines (see `qwen_xml`).
 //! - `Gemma4`: `<|tool_call>call:NAME{..}<tool_call|>` blocks, the arguments in Gemma's
 //!   literal syntax (see `gemma4`).
+//! - `Glm47` (GLM-4.5/4.6/4.7): `<tool_call>NAME` blocks with `<arg_key>`/`<arg_value>`
+//!   pairs (see `glm`).
 //!
 //! Whole-text parsing is the streaming parser fed in one piece, so a streamed response
 //! and a non-streamed one of the same text can never disagree. Text that looks like a
@@ -25,6 +27,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{Deserializer, Value};
 
 use super::gemma4;
+use super::glm;
 use super::qwen_xml::{self, ParamTypes};
 
 pub(crate) const HERMES_START: &str = "<tool_call>";
@@ -41,11 +44,12 @@ pub enum ToolCallFormat {
     Mistral,
     QwenXml,
     Gemma4,
+    Glm47,
 }
 
 impl ToolCallFormat {
     /// The names `from_name` accepts, in the order `--help` should list them.
-    pub const NAMES: [&'static str; 5] = ["hermes", "llama3_json", "mistral", "qwen3_coder", "gemma4"];
+    pub const NAMES: [&'static str; 6] = ["hermes", "llama3_json", "mistral", "qwen3_coder", "gemma4", "glm47"];
 
     /// Picks the format from the chat template source text; None when the template
     /// shows no tool support. A template renders earlier assistant tool calls the way
@@ -54,6 +58,9 @@ impl ToolCallFormat {
         let t = chat_template;
         if t.contains(gemma4::CALL_START) && t.contains(gemma4::CALL_END) {
             Some(ToolCallFormat::Gemma4)
+        // GLM's template writes `<tool_call>` too; its argument tags tell (mlx-lm checks the same).
+        } else if t.contains(glm::ARG_KEY) {
+            Some(ToolCallFormat::Glm47)
         // Qwen3-Coder's template also writes `<tool_call>`: the function tag tells.
         } else if t.contains(HERMES_START) && t.contains(qwen_xml::FUNCTION_START) {
             Some(ToolCallFormat::QwenXml)
@@ -80,6 +87,7 @@ impl ToolCallFormat {
             "mistral" => Ok(ToolCallFormat::Mistral),
             "qwen3_coder" => Ok(ToolCallFormat::QwenXml),
             "gemma4" => Ok(ToolCallFormat::Gemma4),
+            "glm47" => Ok(ToolCallFormat::Glm47),
             other => {
                 Err(format!("unknown tool-call parser {other:?}; valid names: {}", Self::NAMES.join(", ")))
             }
@@ -93,6 +101,7 @@ impl ToolCallFormat {
             ToolCallFormat::Mistral => "mistral",
             ToolCallFormat::QwenXml => "qwen3_coder",
             ToolCallFormat::Gemma4 => "gemma4",
+            ToolCallFormat::Glm47 => "glm47",
         }
     }
 }
@@ -191,6 +200,7 @@ impl ToolCallStream {
         match self.format {
             ToolCallFormat::QwenXml => qwen_xml::call(body, self.types.as_deref()).or_else(|| hermes_call(body)),
             ToolCallFormat::Gemma4 => gemma4::call(body),
+            ToolCallFormat::Glm47 => glm::call(body, self.types.as_deref()).or_else(|| hermes_call(body)),
             _ => hermes_call(body),
         }
     }
@@ -290,7 +300,7 @@ fn start_marker(format: ToolCallFormat) -> Option<&'static str> {
 /// The start and end markers of a format whose calls come in closed blocks.
 pub(crate) fn block_markers(format: ToolCallFormat) -> Option<(&'static str, &'static str)> {
     match format {
-        ToolCallFormat::Hermes | ToolCallFormat::QwenXml => Some((HERMES_START, HERMES_END)),
+        ToolCallFormat::Hermes | ToolCallFormat::QwenXml | ToolCallFormat::Glm47 => Some((HERMES_START, HERMES_END)),
         ToolCallFormat::Gemma4 => Some((gemma4::CALL_START, gemma4::CALL_END)),
         ToolCallFormat::Mistral | ToolCallFormat::Llama3Json => None,
     }
@@ -479,7 +489,7 @@ fn push_base62(out: &mut String, mut word: u64, digits: usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::ToolCallFormat::{Gemma4, Hermes, Llama3Json, Mistral, QwenXml};
+    use super::ToolCallFormat::{Gemma4, Glm47, Hermes, Llama3Json, Mistral, QwenXml};
     use super::*;
 
     /// (name, arguments) of each call: ids differ between runs by design.
@@ -880,6 +890,33 @@ mod tests {
     }
 
     #[test]
+    fn glm_calls_stream_as_they_parse_whole() {
+        let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+        let types = Some(Arc::new(ParamTypes::from_tools(&tools)));
+        let text = "Checking.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>";
+        let whole = parse_with(Glm47, text, types.clone());
+        assert_eq!(whole.content, "Checking.\n");
+        assert_eq!(calls(&whole), [("get_weather", r#"{"city":"Paris","days":2}"#)]);
+        let mut stream = ToolCallStream::with_types(Glm47, types);
+        let mut items = Vec::new();
+        for c in text.chars() {
+            items.extend(stream.push(&c.to_string()));
+        }
+        items.extend(stream.finish());
+        let streamed: Vec<(String, String)> = items
+            .iter()
+            .filter_map(|i| match i {
+                StreamItem::Call(c) => Some((c.name.clone(), c.arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(streamed, [("get_weather".to_string(), r#"{"city":"Paris","days":2}"#.to_string())]);
+        // GLM's template (which also writes <tool_call>) is told apart by its argument tags.
+        let glm = "{{ '<tool_call>' + tc.name }}{% for k, v in tc.arguments.items() %}<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>";
+        assert_eq!(ToolCallFormat::detect(glm), Some(Glm47));
+    }
+
+    #[test]
     fn gemma4_calls_stream_as_they_parse_whole_and_broken_ones_stay_text() {
         let text = "Checking.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>,days:2}<tool_call|><|tool_call>call:ping{}<tool_call|>";
         let whole = parse(Gemma4, text);
@@ -897,7 +934,7 @@ mod tests {
 
     #[test]
     fn from_name_round_trips_and_lists_valid_names_on_error() {
-        for format in [Hermes, Llama3Json, Mistral, QwenXml, Gemma4] {
+        for format in [Hermes, Llama3Json, Mistral, QwenXml, Gemma4, Glm47] {
             assert_eq!(ToolCallFormat::from_name(format.name()), Ok(format));
         }
         let err = ToolCallFormat::from_name("qwen").unwrap_err();
