@@ -111,6 +111,14 @@ fn non_stream_objects_have_openai_shape_and_exact_usage() {
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 3, "{f}");
     let none = s.post_json("/v1/completions", &json!({"prompt": "the model", "max_tokens": 2, "logprobs": false})).json();
     assert!(none["choices"][0]["logprobs"].is_null(), "{none}");
+    // Chat, as mlx_lm.server reads it: a count alone asks for them; -1 is none.
+    let chat_lp = |extra: Value| s.post_json("/v1/chat/completions", &chat_body("the model", extra)).json()["choices"][0]["logprobs"].clone();
+    let alone = chat_lp(json!({"top_logprobs": 2, "max_tokens": 3}));
+    assert_eq!(alone["content"].as_array().map(Vec::len), Some(3), "{alone}");
+    assert_eq!(alone["content"][0]["top_logprobs"].as_array().map(Vec::len), Some(2), "{alone}");
+    let minus = chat_lp(json!({"logprobs": true, "top_logprobs": -1, "max_tokens": 3}));
+    assert_eq!(minus["content"][0]["top_logprobs"], json!([]), "{minus}");
+    assert!(chat_lp(json!({"top_logprobs": -1, "max_tokens": 2})).is_null());
 
     let models = s.get("/v1/models").json();
     assert_eq!(models["object"], "list");

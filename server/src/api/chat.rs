@@ -82,11 +82,14 @@ fn tool_call_json(call: &ToolCall) -> Value {
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
     let (body, common) = read_request(payload, state).await?;
     let req: ChatRequest = fields(&body)?;
-    let top = match (req.logprobs, req.top_logprobs) {
+    // -1 is mlx_lm.server's "none"; a count alone asks for log-probabilities
+    // there too (OpenAI wants logprobs: true beside it).
+    let top = match (req.logprobs, req.top_logprobs.filter(|&n| n != -1)) {
         (_, Some(n)) if !(0..=20).contains(&n) => {
-            return Err(ApiError::bad_param("top_logprobs", format!("top_logprobs must be between 0 and 20, got {n}")))
+            return Err(ApiError::bad_param("top_logprobs", format!("top_logprobs must be between 0 and 20 (or -1: none), got {n}")))
         }
         (true, n) => Some(n.unwrap_or(0) as usize),
+        (false, Some(n)) if n > 0 => Some(n as usize),
         (false, _) => None,
     };
     let messages = template_messages(&req.messages)?;
