@@ -550,13 +550,7 @@ fn mlx_lm_server_flags_start_the_server_and_act() {
         (vec!["--chat-template", "no-such-file.jinja"], "names no file"),
         (vec!["--chat-template-args", "[1]"], "JSON object"),
     ] {
-        let out = std::process::Command::new(common::server::binary())
-            .args(["--model", model().to_str().unwrap(), "--port", "0"])
-            .args(&flags)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{flags:?} started");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = common::server::refused_start(&model(), &flags);
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
 }

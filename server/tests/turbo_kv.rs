@@ -162,13 +162,7 @@ fn bad_turbo_flags_fail_at_start_with_a_clear_message() {
         (vec!["--turbo-kv", "--kv-bits", "8"], "cannot be used with"),
         (vec!["--turbo-kv", "balanced", "--turbo-kv-prefill-threshold", "1"], "--turbo-kv-prefill-threshold"),
     ] {
-        let out = std::process::Command::new(common::server::binary())
-            .args(["--model", dir.to_str().unwrap(), "--port", "0"])
-            .args(&flags)
-            .output()
-            .unwrap();
-        assert!(!out.status.success(), "{flags:?} started");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = common::server::refused_start(&dir, &flags);
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
 }

@@ -71,12 +71,40 @@ fn call_schema(functions: &[CallSchema], args_key: &str) -> Value {
     }
 }
 
-/// Qwen XML calls: per function a rule `<function=NAME>` then its parameters
+/// How a format writes a call whose parameter values are bare text between
+/// tags (Qwen XML, GLM): the text before and after a function's parameters,
+/// before a parameter's value, and the tag that ends a value.
+struct TaggedCall {
+    head: fn(&str) -> String,
+    tail: &'static str,
+    param: fn(&str) -> String,
+    value_end: &'static str,
+}
+
+/// Qwen XML: `<function=NAME>`, then each `<parameter=P>` and its value on
+/// lines of their own, then `</function>`.
+const QWEN_XML_CALL: TaggedCall = TaggedCall {
+    head: |name| format!("<function={name}>\n"),
+    tail: "</function>",
+    param: |p| format!("<parameter={p}>\n"),
+    value_end: "\n</parameter>\n",
+};
+
+/// GLM: the function's name on its line, then
+/// `<arg_key>P</arg_key>\n<arg_value>V</arg_value>\n` per parameter.
+const GLM_CALL: TaggedCall = TaggedCall {
+    head: |name| format!("{name}\n"),
+    tail: "",
+    param: |p| format!("<arg_key>{p}</arg_key>\n<arg_value>"),
+    value_end: "</arg_value>\n",
+};
+
+/// Calls in a [`TaggedCall`] format: per function a rule of its parameters
 /// in the schema's order (the required ones always, the others optionally),
-/// each `<parameter=P>` and its value on lines of their own: JSON of the
-/// property's schema for typed ones, free text (up to the closing tag) for
-/// strings and untyped ones. Returns the alternatives of the call's body.
-fn qwen_xml_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> String {
+/// values as JSON of the property's schema for typed ones, free text (up to
+/// the closing tag) for strings and untyped ones. Returns the alternatives
+/// of the call's body.
+fn tagged_functions(functions: &[CallSchema], shape: &TaggedCall, rules: &mut Vec<String>) -> String {
     let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let mut names = Vec::new();
     for (i, f) in functions.iter().enumerate() {
@@ -84,45 +112,17 @@ fn qwen_xml_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> Stri
         let mut params = Vec::new();
         for (j, (p, schema)) in f.parameters["properties"].as_object().into_iter().flatten().enumerate() {
             let value = match schema.get("type").and_then(Value::as_str) {
-                Some("integer" | "number" | "boolean" | "object" | "array") => format!("{} {}", json_rule(schema), q("\n</parameter>\n")),
+                Some("integer" | "number" | "boolean" | "object" | "array") => format!("{} {}", json_rule(schema), q(shape.value_end)),
                 _ => {
-                    rules.push(format!("v{i}_{j}[suffix={}]: {}", q("\n</parameter>\n"), text_value(schema)));
+                    rules.push(format!("v{i}_{j}[suffix={}]: {}", q(shape.value_end), text_value(schema)));
                     format!("v{i}_{j}")
                 }
             };
-            rules.push(format!("p{i}_{j}: {} {value}", q(&format!("<parameter={p}>\n"))));
+            rules.push(format!("p{i}_{j}: {} {value}", q(&(shape.param)(p))));
             params.push(if required.contains(&p.as_str()) { format!("p{i}_{j}") } else { format!("p{i}_{j}?") });
         }
-        rules.push(format!("f{i}: {} {} {}", q(&format!("<function={}>\n", f.name)), params.join(" "), q("</function>")));
-        names.push(format!("f{i}"));
-    }
-    names.join(" | ")
-}
-
-/// GLM calls: per function a rule of its name, then its parameters as
-/// `<arg_key>P</arg_key>\n<arg_value>V</arg_value>\n` pairs in the schema's
-/// order, the required ones always (string values as free text within
-/// their bounds, others as JSON of their schema). Returns the alternatives
-/// of the block's body.
-fn glm_functions(functions: &[CallSchema], rules: &mut Vec<String>) -> String {
-    let q = |s: &str| serde_json::to_string(s).unwrap_or_default();
-    let end = "</arg_value>\n";
-    let mut names = Vec::new();
-    for (i, f) in functions.iter().enumerate() {
-        let required: Vec<&str> = f.parameters["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        let mut params = Vec::new();
-        for (j, (p, schema)) in f.parameters["properties"].as_object().into_iter().flatten().enumerate() {
-            let value = match schema.get("type").and_then(Value::as_str) {
-                Some("integer" | "number" | "boolean" | "object" | "array") => format!("{} {}", json_rule(schema), q(end)),
-                _ => {
-                    rules.push(format!("a{i}_{j}[suffix={}]: {}", q(end), text_value(schema)));
-                    format!("a{i}_{j}")
-                }
-            };
-            rules.push(format!("k{i}_{j}: {} {value}", q(&format!("<arg_key>{p}</arg_key>\n<arg_value>"))));
-            params.push(if required.contains(&p.as_str()) { format!("k{i}_{j}") } else { format!("k{i}_{j}?") });
-        }
-        rules.push(format!("f{i}: {} {}", q(&format!("{}\n", f.name)), params.join(" ")));
+        let tail = if shape.tail.is_empty() { String::new() } else { q(shape.tail) };
+        rules.push(format!("f{i}: {} {} {tail}", q(&(shape.head)(&f.name)), params.join(" ")));
         names.push(format!("f{i}"));
     }
     names.join(" | ")
@@ -204,11 +204,11 @@ impl GuideSpec {
                     }
                     ToolCallFormat::Llama3Json => (json_rule(&call_schema(functions, "parameters")), r#""; ""#),
                     ToolCallFormat::QwenXml => {
-                        let choices = qwen_xml_functions(functions, &mut rules);
+                        let choices = tagged_functions(functions, &QWEN_XML_CALL, &mut rules);
                         (format!(r#"{} "\n" ({choices}) "\n" {}"#, literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
                     }
                     ToolCallFormat::Glm47 => {
-                        let choices = glm_functions(functions, &mut rules);
+                        let choices = tagged_functions(functions, &GLM_CALL, &mut rules);
                         (format!("{} ({choices}) {}", literal(HERMES_START), literal(HERMES_END)), r#""\n""#)
                     }
                     ToolCallFormat::Gemma4 => {

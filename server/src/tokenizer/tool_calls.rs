@@ -499,7 +499,17 @@ mod tests {
 
     /// Content and (name, arguments) pairs of a stream fed `chunks`.
     fn run_stream(format: ToolCallFormat, chunks: &[&str]) -> (String, Vec<(String, String)>) {
-        let mut stream = ToolCallStream::new(format);
+        run_stream_with(format, None, chunks)
+    }
+
+    /// The calls of `text` streamed a character at a time.
+    fn streamed_by_chars(format: ToolCallFormat, types: Option<Arc<ParamTypes>>, text: &str) -> Vec<(String, String)> {
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        run_stream_with(format, types, &chars.iter().map(String::as_str).collect::<Vec<_>>()).1
+    }
+
+    fn run_stream_with(format: ToolCallFormat, types: Option<Arc<ParamTypes>>, chunks: &[&str]) -> (String, Vec<(String, String)>) {
+        let mut stream = ToolCallStream::with_types(format, types);
         let mut items = Vec::new();
         for chunk in chunks {
             items.extend(stream.push(chunk));
@@ -871,20 +881,7 @@ mod tests {
         let whole = parse_with(QwenXml, text, types.clone());
         assert_eq!(whole.content, "Adding.\n");
         assert_eq!(calls(&whole), [("add", r#"{"a":1,"b":2.5}"#)]);
-        let mut stream = ToolCallStream::with_types(QwenXml, types);
-        let mut items = Vec::new();
-        for c in text.chars() {
-            items.extend(stream.push(&c.to_string()));
-        }
-        items.extend(stream.finish());
-        let streamed: Vec<(String, String)> = items
-            .iter()
-            .filter_map(|i| match i {
-                StreamItem::Call(c) => Some((c.name.clone(), c.arguments.clone())),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(streamed, [("add".to_string(), r#"{"a":1,"b":2.5}"#.to_string())]);
+        assert_eq!(streamed_by_chars(QwenXml, types, text), [("add".to_string(), r#"{"a":1,"b":2.5}"#.to_string())]);
         // A JSON body in the same block is still read (a model mixing the two).
         assert_eq!(calls(&parse(QwenXml, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>")), [("f", "{}")]);
     }
@@ -897,20 +894,7 @@ mod tests {
         let whole = parse_with(Glm47, text, types.clone());
         assert_eq!(whole.content, "Checking.\n");
         assert_eq!(calls(&whole), [("get_weather", r#"{"city":"Paris","days":2}"#)]);
-        let mut stream = ToolCallStream::with_types(Glm47, types);
-        let mut items = Vec::new();
-        for c in text.chars() {
-            items.extend(stream.push(&c.to_string()));
-        }
-        items.extend(stream.finish());
-        let streamed: Vec<(String, String)> = items
-            .iter()
-            .filter_map(|i| match i {
-                StreamItem::Call(c) => Some((c.name.clone(), c.arguments.clone())),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(streamed, [("get_weather".to_string(), r#"{"city":"Paris","days":2}"#.to_string())]);
+        assert_eq!(streamed_by_chars(Glm47, types, text), [("get_weather".to_string(), r#"{"city":"Paris","days":2}"#.to_string())]);
         // GLM's template (which also writes <tool_call>) is told apart by its argument tags.
         let glm = "{{ '<tool_call>' + tc.name }}{% for k, v in tc.arguments.items() %}<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>";
         assert_eq!(ToolCallFormat::detect(glm), Some(Glm47));

@@ -20,6 +20,14 @@ pub fn binary() -> String {
     std::env::var("MLX_SERVE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_mlx-serve").into())
 }
 
+/// Starts the server on `model` with `flags`, expecting it to refuse them at
+/// start: returns what it wrote to stderr.
+pub fn refused_start(model: &Path, flags: &[&str]) -> String {
+    let out = Command::new(binary()).arg("--model").arg(model).args(["--port", "0"]).args(flags).output().unwrap();
+    assert!(!out.status.success(), "{flags:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// An HTTP answer: status, headers we look at, body.
 pub struct Reply {
     pub status: u16,
