@@ -582,6 +582,9 @@ fn tools_reach_the_chat_template_and_the_tool_call_format_is_recognised() {
     let plain = prompt_tokens(json!({"max_tokens": 1}));
     assert!(prompt_tokens(json!({"max_tokens": 1, "tools": tools})) > plain + 5);
     assert_eq!(prompt_tokens(json!({"max_tokens": 1, "tools": tools, "tool_choice": "none"})), plain);
+    // The Responses API's flat tool shape renders as the nested one.
+    let flat = json!([{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]);
+    assert_eq!(prompt_tokens(json!({"max_tokens": 1, "tools": flat})), prompt_tokens(json!({"max_tokens": 1, "tools": tools})));
     let bad = s.post_json("/v1/chat/completions", &chat_body("x", json!({"tools": [{"type": "function"}]})));
     assert_eq!((bad.status, bad.json()["error"]["param"].as_str()), (400, Some("tools[0]")));
 

@@ -52,8 +52,22 @@ pub(super) fn template_kwargs(kwargs: Option<Value>) -> Result<Option<Value>, Ap
 }
 
 /// The tools passed to the template, unless tool_choice is "none".
+/// A tool in the Responses API's flat shape (`{"type": "function", "name",
+/// "parameters"}`, which some clients send to chat completions too) nested
+/// as chat templates and the tool-call grammar read tools; others as sent.
+fn nested_tool(tool: &Value) -> Value {
+    match tool.as_object() {
+        Some(flat) if !flat.contains_key("function") && flat.contains_key("name") => {
+            let function: serde_json::Map<String, Value> = flat.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+            json!({"type": "function", "function": function})
+        }
+        _ => tool.clone(),
+    }
+}
+
 fn active_tools(req: &ChatRequest, choice: &ToolChoice) -> Result<Option<Value>, ApiError> {
     let Some(tools) = &req.tools else { return Ok(None) };
+    let tools: Vec<Value> = tools.iter().map(nested_tool).collect();
     for (i, t) in tools.iter().enumerate() {
         if t.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_none() {
             return Err(ApiError::bad_param(&format!("tools[{i}]"), format!("tools[{i}] needs function.name")));
@@ -62,7 +76,7 @@ fn active_tools(req: &ChatRequest, choice: &ToolChoice) -> Result<Option<Value>,
     if *choice == ToolChoice::None || tools.is_empty() {
         return Ok(None);
     }
-    Ok(Some(Value::Array(tools.clone())))
+    Ok(Some(Value::Array(tools)))
 }
 
 fn logprob_entry(tokenizer: &Tokenizer, lp: &TokenLogprob) -> Value {
