@@ -266,8 +266,10 @@ fn apply_xtc(lp: &Array, probability: f32, threshold: f32, special: &[u32], key:
     let above = ops::where_(&ops::greater(&probs, &Array::scalar(threshold))?, &probs, &Array::scalar(f32::INFINITY))?;
     let least_above = ops::min(&above, &[-1], true)?;
     let mut drop = ops::greater(&probs, &least_above)?;
-    if !special.is_empty() {
-        let ids: Vec<i32> = special.iter().map(|&t| t as i32).collect();
+    // Ids past the logits (a tokenizer larger than the model's vocabulary) cannot be drawn anyway.
+    let vocab = lp.dim(-1)?;
+    let ids: Vec<i32> = special.iter().map(|&t| t as i32).filter(|&t| t < vocab).collect();
+    if !ids.is_empty() {
         let idx = Array::from_slice(&ids, &[1, ids.len() as i32])?;
         let keep = ops::full(&idx.shape(), &Array::scalar(false), Dtype::Bool)?;
         drop = ops::put_along_axis(&drop, &idx, &keep, -1)?;
