@@ -162,9 +162,10 @@ impl Linear {
     /// sums of tensor parallelism. The stacked tensors are evaluated here, on
     /// the caller's stream (the layer's device), so the parts' memory is
     /// freed as each layer loads rather than held until the first step.
+    /// `MLX_SERVE_STACK_PROJECTIONS=0` keeps them separate (to compare).
     pub fn stack_rows(parts: &[&Linear]) -> Result<Option<Linear>> {
         let Some((first, rest)) = parts.split_first() else { return Ok(None) };
-        if rest.is_empty() || !parts.iter().all(|p| first.stacks_with(p)) {
+        if rest.is_empty() || !stacking_enabled() || !parts.iter().all(|p| first.stacks_with(p)) {
             return Ok(None);
         }
         let tensors: Vec<[Option<Array>; 4]> = parts.iter().map(|p| p.row_tensors()).collect();
@@ -338,6 +339,19 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
+}
+
+/// Whether [`Linear::stack_rows`] stacks: on unless `MLX_SERVE_STACK_PROJECTIONS=0`,
+/// read once (a benchmark compares the two in one run).
+fn stacking_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| {
+        let on = !std::env::var("MLX_SERVE_STACK_PROJECTIONS").is_ok_and(|v| v == "0");
+        if !on {
+            log::info!("MLX_SERVE_STACK_PROJECTIONS=0: q/k/v and gate/up stay separate matmuls");
+        }
+        on
+    })
 }
 
 #[cfg(test)]
