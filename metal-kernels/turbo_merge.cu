@@ -1,6 +1,7 @@
 // Finishes TurboQuant decode attention for each (row, query head): merges
 // turbo_attend.cu's per-split partials (split 0's include the sinks) and
-// rotates the result back: o = s1 ⊙ H(s2 ⊙ õ)/√D. One block of 4 warps per
+// rotates the result back: o = s1 ⊙ H(s2 ⊙ õ)/√D. With ROT = 0 it only
+// merges (dense_attend.cu's partials; `signs` is then not read). One block of 4 warps per
 // (row, query head): every warp finds the common max and the weights of the
 // splits (by shuffles), sums its quarter of the splits for all D coordinates
 // (a lane's D/32 consecutive ones), the warps' sums add in shared memory, and
@@ -61,7 +62,18 @@ if (warp == 0) {
     for (int w = 0; w < WARPS - 1; ++w) {
       x[e] += sums[w][lane * E + e];
     }
-    x[e] = x[e] / L * signs[D + lane * E + e];
+    x[e] = x[e] / L;
+  }
+}
+if (warp == 0 && ROT == 0) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    turbo_store(out + bh * D + lane * E + e, x[e]);
+  }
+} else if (warp == 0) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] *= signs[D + lane * E + e];
   }
   // The unnormalized transform: pairs within a lane, then across lanes.
 #pragma unroll

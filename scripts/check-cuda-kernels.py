@@ -85,7 +85,11 @@ def main():
             if rep * d > 1024:
                 continue
             cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t)))
-        cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d}))
+        for rot in [0, 1]:
+            cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d, "ROT": rot}))
+    for t, d, rep in itertools.product(["@bf16", "@f16", "@f32"], [64, 128, 256], [1, 4, 8]):
+        inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("params", "i32")]
+        cases.append(("dense_attend", inputs, [("part_o", "f32"), ("part_ml", "f32")], {"T": t, "D": d, "REP": rep}))
     for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
@@ -100,7 +104,7 @@ def main():
         cases.append(("quant_matmul", inputs, [("y", t[1:])], template, f"#define QMM_GATHER {gather}\n" + qmm_header))
     for name, inputs, outputs, template, *own in cases:
         body = (KERNELS / f"{name}.cu").read_text()
-        own_header = own[0] if own else header if name.startswith("turbo_") else ""
+        own_header = own[0] if own else header if name.startswith(("turbo_", "dense_")) else ""
         res, log, _ = compile_one(lib, includes, name, wrap(name, own_header, body, inputs, outputs, template))
         if res != 0 or "warning" in log:
             failures += res != 0

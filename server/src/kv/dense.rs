@@ -4,12 +4,12 @@
 use mlx_rs_safe::{quantized, Array};
 
 use super::affine::AffineStore;
-use super::mask::StepMemo;
+use super::mask::{MaskKey, StepMemo};
 use super::padded::PaddedRows;
 use super::sdpa::Attended;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
-use super::turbo::TurboStore;
-use crate::error::Result;
+use super::turbo::{kernels, TurboStore};
+use crate::error::{Error, Result};
 
 pub struct DenseStore {
     /// Columns: keys, values.
@@ -29,6 +29,28 @@ impl DenseStore {
     }
 }
 
+impl DenseStore {
+    /// Whether some row starts after position 0 (rows of other lengths), so
+    /// MLX's attention would need an array mask.
+    fn padded(&self) -> bool {
+        self.rows.left_pad().iter().any(|&p| p > 0)
+    }
+
+    /// One new token per row attending from each row's own first position,
+    /// without a mask (the CUDA kernel, `kernels::dense_attend`).
+    fn attend_unmasked(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
+        self.rows.append(&[keys.clone(), values.clone()])?;
+        self.last = None;
+        let rows = &self.rows;
+        let written = rows.written();
+        let mut layout = vec![written, args.scale.to_bits() as i32];
+        layout.extend(rows.left_pad());
+        let params = masks.array(MaskKey { kind: "dense-params", layout }, || kernels::step_params(written, args.scale, rows.left_pad()))?;
+        let [k, v] = rows.buffers() else { return Err(Error::Internal("a dense cache without its key and value columns")) };
+        kernels::dense_attend(queries, k, v, &params, written)
+    }
+}
+
 impl KvStore for DenseStore {
     fn kind(&self) -> KvKind {
         KvKind::Dense
@@ -44,6 +66,9 @@ impl KvStore for DenseStore {
 
     fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let n = queries.shape()[2];
+        if n == 1 && self.padded() && args.window.is_none() && args.sinks.is_none() && !args.keep && kernels::dense_applies(queries, keys.dim(1)?, keys.dtype()) {
+            return self.attend_unmasked(queries, keys, values, args, masks);
+        }
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("dense", n, args.window), || rows.mask(n, args.window))?;
         let kv = self.rows.append(&[keys.clone(), values.clone()])?;

@@ -9,6 +9,11 @@
 //! 64/128/256, up to 8 query heads per KV head and query heads × head dim ≤
 //! 1024) once a start-up check found them agreeing with the MLX-ops path;
 //! everything else takes the MLX-ops path.
+//!
+//! The same split-K layout and merge also serve the 16-bit cache on CUDA
+//! ([`dense_attend`]): rows of other lengths in one batch, which MLX's CUDA
+//! attention only runs unfused (it has no fused kernel for an array mask at
+//! one query position).
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -28,6 +33,9 @@ const CUDA: [&str; 4] = [
     include_str!("../../../../metal-kernels/turbo_attend.cu"),
     include_str!("../../../../metal-kernels/turbo_merge.cu"),
 ];
+/// The 16-bit cache's split-K attention (CUDA only: MLX's Metal attention
+/// takes an array mask in its fused kernel).
+const DENSE_CUDA: &str = include_str!("../../../../metal-kernels/dense_attend.cu");
 const METAL: [&str; 4] = [
     include_str!("../../../../metal-kernels/turbo_common.metal"),
     include_str!("../../../../metal-kernels/turbo_encode.metal"),
@@ -149,6 +157,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
                 "turbo_attend" => (&["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
+                "dense_attend" => (&["q", "k", "v", "params"], &["part_o", "part_ml"], DENSE_CUDA),
                 _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
@@ -262,15 +271,125 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let parts = with_kernel("turbo_attend", |kern| {
         Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
     })?;
-    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.push(("D".to_string(), TemplateArg::Int(d)));
+    merge(&parts, q.dtype(), Some(&t.signs))
+}
+
+/// The splits' partials (`part_o`, `part_ml`) merged into [B, HQ, 1, D] of
+/// `dtype`, rotated back with `signs` where given (TurboQuant's rotated
+/// basis), as they are otherwise.
+fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> {
+    let [part_o, part_ml] = parts else { return Err(Error::Internal("attention partials without their two outputs")) };
+    let s = part_o.shape();
+    let (b, hq, d) = (s[0], s[1], s[3]);
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
+    template.extend(ints(&[("D", d), ("ROT", signs.is_some() as i32)]));
     let merge = KernelCall {
-        outputs: vec![(vec![b, hq, 1, d], q.dtype())],
+        outputs: vec![(vec![b, hq, 1, d], dtype)],
         grid: (b * hq * MERGE_THREADS, 1, 1),
         thread_group: (MERGE_THREADS, 1, 1),
         template,
         ..Default::default()
     };
-    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[&parts[0], &parts[1], &t.signs], &merge)?))?;
-    out.into_iter().next().ok_or(Error::Internal("the TurboQuant merge kernel returned nothing"))
+    // Without a rotation the kernel does not read `signs`; any float32 array stands in.
+    let signs = match signs {
+        Some(s) => s.clone(),
+        None => Array::from_slice(&[0f32], &[1])?,
+    };
+    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[part_o, part_ml, &signs], &merge)?))?;
+    out.into_iter().next().ok_or(Error::Internal("the attention merge kernel returned nothing"))
 }
+
+/// Whether decode attention of `q` [B, HQ, 1, D] over a 16-bit (or float32)
+/// cache of `kv_heads` heads in `q`'s dtype runs on [`dense_attend`] here: CUDA
+/// with `MLX_SERVE_DENSE_KERNEL=1`, head dims 64/128/256, 1-8 query heads per
+/// KV head, once a start-up check found it agreeing with MLX's attention.
+pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
+    let s = q.shape();
+    let (hq, d) = (s[1], s[3]);
+    let dtype_ok = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) && q.dtype() == cache_dtype;
+    dtype_ok
+        && s[2] == 1
+        && kv_heads > 0
+        && hq % kv_heads == 0
+        && (1..=8).contains(&(hq / kv_heads))
+        && [64, 128, 256].contains(&d)
+        && dense_usable()
+}
+
+/// Whether the dense kernel is asked for (`MLX_SERVE_DENSE_KERNEL=1`: it has
+/// not yet run on a GPU, so it is off until it has), runs here and agrees
+/// with MLX's attention (checked once, like [`usable`]).
+fn dense_usable() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    if language() != Some(KernelLanguage::Cuda) || mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) {
+        return false;
+    }
+    *USABLE.get_or_init(|| {
+        std::env::var("MLX_SERVE_DENSE_KERNEL").is_ok_and(|v| v == "1")
+            && crate::kernel_check::passes("16-bit decode attention: the CUDA kernel", "MLX's attention", dense_self_check)
+    })
+}
+
+/// Rows of other lengths attended by the kernel and by MLX's attention with
+/// the mask that left padding needs; None when they agree.
+fn dense_self_check() -> Result<Option<String>> {
+    let (d, hkv, rep, cap, written) = (64, 2, 4, 320, 300);
+    let pads = [0, 37, 299];
+    let got_want = dense_against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32)?;
+    let diff = ops::max_all(&ops::abs(&ops::subtract(&got_want.0, &got_want.1)?)?, false)?.item::<f32>()?;
+    // Loose enough for MLX's float32 matmuls, which run as TF32 on CUDA.
+    Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
+}
+
+/// (kernel, reference) outputs for random data: `pads.len()` rows whose first
+/// valid positions are `pads`, `written` positions of a `cap`-position buffer.
+pub fn dense_against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pads: &[i32], dtype: Dtype) -> Result<(Array, Array)> {
+    use mlx_rs_safe::random;
+    let b = pads.len() as i32;
+    let normal = |shape: &[i32], seed: u64| -> Result<Array> { Ok(ops::astype(&random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?)?, dtype)?) };
+    let (k, v) = (normal(&[b, hkv, cap, d], 11)?, normal(&[b, hkv, cap, d], 12)?);
+    let q = normal(&[b, hkv * rep, 1, d], 13)?;
+    let scale = (d as f32).powf(-0.5);
+    let params = step_params(written, scale, pads)?;
+    let got = dense_attend(&q, &k, &v, &params, written)?;
+    let keys = ops::arange(0.0, written as f64, 1.0, Dtype::Int32)?;
+    let first = Array::from_slice(pads, &[b, 1, 1, 1])?;
+    let mask = ops::greater_equal(&keys, &first)?;
+    let (kw, vw) = (ops::slice_axis(&k, 2, 0, written)?, ops::slice_axis(&v, 2, 0, written)?);
+    let want = mlx_rs_safe::fast::scaled_dot_product_attention(&q, &kw, &vw, scale, mlx_rs_safe::fast::SdpaMask::Array(&mask), None)?;
+    Ok((got, want))
+}
+
+/// Attention of `q` [B, HQ, 1, D] over the whole buffers `k`, `v` [B, HKV,
+/// CAP, D] of a 16-bit (or float32) cache, of which `params` (from
+/// [`step_params`]: positions written, scale, each row's first position) say
+/// which positions are valid; the output in `q`'s dtype. No mask: each row
+/// starts at its own first position.
+pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i32) -> Result<Array> {
+    let qs = q.shape();
+    let (b, hq, d) = (qs[0], qs[1], qs[3]);
+    let hkv = k.dim(1)?;
+    let rep = hq / hkv;
+    let first = params.dim(0)? - 2;
+    if first != b {
+        return Err(Error::Internal("the step's parameters name other rows than the query's"));
+    }
+    let ns = splits(written, b * hkv);
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    template.extend(ints(&[("D", d), ("REP", rep)]));
+    let call = KernelCall {
+        outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
+        grid: (b * hkv * ns * DENSE_THREADS, 1, 1),
+        thread_group: (DENSE_THREADS, 1, 1),
+        template,
+        ..Default::default()
+    };
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
+    }
+    let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params], &call)?))?;
+    merge(&parts, q.dtype(), None)
+}
+
+/// Threads of a dense attention block (dense_attend.cu's THREADS).
+const DENSE_THREADS: i32 = 128;

@@ -136,6 +136,34 @@ fn the_gpu_kernels_pass_their_start_up_check_wherever_a_gpu_backend_runs_them() 
 }
 
 #[test]
+fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
+    // Rows of other lengths (left-padded), attended by the CUDA kernel from each
+    // row's own first position and by MLX's attention with the array mask:
+    // head dims 64/128/256, 1/4/8 query heads per KV head, float32/bfloat16/
+    // float16, a buffer with room past the positions written, lengths that
+    // take one split and many (whether or not MLX_SERVE_DENSE_KERNEL asks the
+    // engine to use it). Elsewhere the kernel is not used.
+    let cuda = mlx_rs_safe::kernels::gpu_backend() == Some("cuda");
+    if !cuda {
+        let q = normal(&[2, 4, 1, 64], 1);
+        assert!(!super::kernels::dense_applies(&q, 2, Dtype::Float32), "used only on CUDA");
+        return;
+    }
+    let mut checked = 0;
+    for (d, rep, written, pads) in [(64, 1, 40, vec![0, 7, 39]), (128, 4, 2000, vec![0, 300, 1999, 1024]), (256, 8, 700, vec![5, 0]), (128, 8, 4100, vec![4099, 17, 0])] {
+        for (dtype, tol) in [(Dtype::Float32, 1e-2), (Dtype::Bfloat16, 3e-2), (Dtype::Float16, 1e-2)] {
+            let (got, want) = super::kernels::dense_against_reference(d, 2, rep, written + 64, written, &pads, dtype).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
+            let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
+            assert!(diff < tol, "head dim {d}, {rep} query heads per KV head, {written} positions, {dtype:?}: differs by {diff}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 12);
+}
+
+#[test]
 fn a_steps_kernel_scalars_are_the_positions_the_scale_and_each_rows_first_position() {
     // One int32 array: [positions written, the scale's float bits, each row's
     // first position], as turbo_attend.cu and its Metal twin read it.
