@@ -145,6 +145,18 @@ fn teacher_forced(model: &dyn LanguageModel, text: &[u32], prefix: usize, format
     Ok(t)
 }
 
+/// The number hidden in trial (length `i`, depth `j`): five digits mixed from
+/// the trial's place (splitmix64), none of them zero, so that no trial's
+/// answer is a round number a model might say unprompted (the first trial's
+/// was 10000).
+fn needle_number(i: usize, j: usize) -> u32 {
+    let mut z = ((i as u64) << 32 | j as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (0..5).fold(0, |n, k| n * 10 + 1 + ((z >> (8 * k)) % 9) as u32)
+}
+
 /// A haystack of `len` tokens cut from `filler`, with `needle` at `depth` (0..1).
 fn haystack(tok: &Tokenizer, filler: &str, len: usize, depth: f64, needle: &str) -> Result<String> {
     let ids = tok.encode(filler, false)?;
@@ -202,7 +214,7 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
     let mut trials = Vec::new();
     for (i, &len) in args.niah_lengths.iter().enumerate() {
         for (j, &depth) in args.niah_depths.iter().enumerate() {
-            let number = 10_000 + (i * 7919 + j * 104_729) % 90_000;
+            let number = needle_number(i, j);
             let needle = format!("The special magic number is {number}.");
             let body = haystack(&tok, &text, len, depth, &needle)?;
             let question = "What is the special magic number mentioned in the text above? Answer with the number only.";
@@ -267,4 +279,23 @@ pub fn table(r: &QualityReport) -> String {
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needle_number;
+
+    #[test]
+    fn needle_numbers_have_five_nonzero_digits_and_differ_between_trials() {
+        let numbers: Vec<u32> = (0..4).flat_map(|i| (0..5).map(move |j| needle_number(i, j))).collect();
+        for n in &numbers {
+            assert!((11_111..=99_999).contains(n), "{n}");
+            assert!(!n.to_string().contains('0'), "{n} has a zero digit");
+        }
+        let mut distinct = numbers.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), numbers.len(), "every trial its own number: {numbers:?}");
+        assert_eq!(needle_number(2, 3), needle_number(2, 3), "the same trial, the same number");
+    }
 }
