@@ -295,8 +295,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     // The policy in force: fitted to the model's head dimension.
     let kv_compression = engine.config.kv_compression;
     let kv_footprint = KvFootprint {
-        bytes_per_token: bytes_per_token(kv_compression.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
-        fp16_bytes_per_token: bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim),
+        bytes_per_token: bytes_per_token(kv_compression.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim, plan.kv_element_bits),
+        fp16_bytes_per_token: bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim, plan.kv_element_bits),
     };
     log::info!(
         "KV cache: {:.0} bytes per token ({:.2}x of 16-bit){}",

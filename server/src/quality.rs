@@ -242,7 +242,8 @@ pub fn run(args: &KvQualityArgs) -> Result<QualityReport> {
             let ppl = (totals.nll[r] / n).exp();
             FormatQuality {
                 format: f.name.clone(),
-                bytes_per_token: bytes_per_token(f.policy.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
+                // Nominal sizes, as the formats' names say (fp16: 16-bit values).
+                bytes_per_token: bytes_per_token(f.policy.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim, 16),
                 kl_mean: totals.kl[r] / n,
                 kl_max: totals.kl_max[r],
                 perplexity: ppl,

@@ -13,7 +13,8 @@ use common::server::{binary, TestServer};
 use serde_json::{json, Value};
 
 /// A model whose KV is large for its weights (32 layers of 16 KV heads of
-/// 256: 512 KiB of fp16 KV a token), so that memory runs out in KV first.
+/// 256: 512 KiB of KV a token at 16 bits, 1 MiB at this float32 model's 32),
+/// so that memory runs out in KV first.
 fn wide_kv_model() -> PathBuf {
     let config = json!({"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 32, "intermediate_size": 64,
                         "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256, "rms_norm_eps": 1e-6,
@@ -55,11 +56,14 @@ fn plan_prints_the_plan_and_exits_without_reading_the_weights() {
     let plan: Value = serde_json::from_str(&stdout[stdout.find('{').unwrap()..]).unwrap();
     assert_eq!(plan["budget_bytes"], 1u64 << 30);
     assert_eq!(plan["from_flags"], json!(["--memory-budget"]));
-    // 1 GiB cannot hold a whole 32K context at 16 bits (16 GiB), nor at 8 (8.5
-    // GiB); TurboQuant's 16-bit prompt before compression (4096 tokens, 2 GiB)
-    // does not fit either: 8-bit holds the most, and the context is cut to it.
+    // The model is float32, so its uncompressed cache holds 32-bit values (1 MiB
+    // a token). 1 GiB cannot hold a whole 32K context uncompressed (32 GiB), nor
+    // at 8 bits (9 GiB: a 32-bit scale and bias per 64 values); TurboQuant's
+    // uncompressed prompt before compression (4096 tokens, 4 GiB) does not fit
+    // either: 8-bit holds the most, and the context is cut to it.
+    assert_eq!(plan["kv_element_bits"], 32, "{plan}");
     assert_eq!(plan["kv_format"], "kv8", "{plan}");
-    assert_eq!(plan["kv_bytes_per_token"].as_f64(), Some(512.0 * 1024.0 * 8.5 / 16.0), "{plan}");
+    assert_eq!(plan["kv_bytes_per_token"].as_f64(), Some(512.0 * 1024.0 * 9.0 / 16.0), "{plan}");
     assert_eq!(plan["context"], plan["kv_tokens"], "{plan}");
     assert!(planned_total(&plan) <= (1u64 << 30) as f64, "{plan}");
     // Too small a budget is a clear error, not a crash.

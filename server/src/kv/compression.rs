@@ -150,11 +150,13 @@ impl KvCompression {
     }
 
     /// The bits per dimension (keys, values) layer `layer` of `layers` stores
-    /// in its kind `kind` under this policy; None when the layer is not compressed.
-    fn bits_per_dim(&self, kind: &KvKind, layer: usize, layers: usize, head_dim: i32) -> Option<(f64, f64)> {
+    /// in its kind `kind` under this policy, for activations of
+    /// `element_bits`; None when the layer is not compressed.
+    fn bits_per_dim(&self, kind: &KvKind, layer: usize, layers: usize, head_dim: i32, element_bits: u32) -> Option<(f64, f64)> {
         match (*self, kind) {
             (KvCompression::Affine { bits, group_size, .. }, KvKind::Dense) => {
-                let b = bits as f64 + 32.0 / group_size as f64;
+                // A scale and a bias per group, in the activations' dtype.
+                let b = bits as f64 + 2.0 * element_bits as f64 / group_size as f64;
                 Some((b, b))
             }
             (KvCompression::Turbo { preset, value_bits, .. }, KvKind::Dense) => {
@@ -182,17 +184,20 @@ impl KvCompression {
 }
 
 /// KV bytes per token of a model whose layers hold `kinds` (before
-/// compression), `kv_heads` × `head_dim` each: nominal (16-bit values
-/// uncompressed, 16-bit norms and scales compressed; sliding-window layers
-/// count in full, though they stop growing at their window).
-pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32) -> f64 {
+/// compression), `kv_heads` × `head_dim` each, with activations of
+/// `element_bits` (16, or 32 for float32 models): nominal (values of that
+/// size uncompressed; TurboQuant's 16-bit norms and scales compressed;
+/// sliding-window layers count in full, though they stop growing at their
+/// window).
+pub fn bytes_per_token(policy: Option<&KvCompression>, kinds: &[KvKind], kv_heads: i32, head_dim: i32, element_bits: u32) -> f64 {
     let (ranks, layers) = attention_ranks(kinds.iter().map(KvKind::keeps_every_position));
     let per_layer = |layer: usize, kind: &KvKind| {
         if let KvKind::Recurrent { .. } = kind {
             // A fixed-size state per sequence, not per token.
             return 0.0;
         }
-        let (k, v) = policy.and_then(|p| p.bits_per_dim(kind, layer, layers, head_dim)).unwrap_or((16.0, 16.0));
+        let uncompressed = element_bits as f64;
+        let (k, v) = policy.and_then(|p| p.bits_per_dim(kind, layer, layers, head_dim, element_bits)).unwrap_or((uncompressed, uncompressed));
         kv_heads as f64 * head_dim as f64 * (k + v) / 8.0
     };
     kinds.iter().zip(ranks).map(|(k, rank)| per_layer(rank, k)).sum()
@@ -289,7 +294,7 @@ mod tests {
         let layer_bytes = |(k, v): (f64, f64)| 8.0 * 128.0 * (k + v) / 8.0;
         let (a8, c4) = (TurboPreset::Compact.format(0, 10, 3).bits_per_dim(128), TurboPreset::Compact.format(2, 10, 3).bits_per_dim(128));
         let want = 52.0 * layer_bytes((16.0, 16.0)) + 4.0 * layer_bytes(a8) + 6.0 * layer_bytes(c4);
-        assert_eq!(bytes_per_token(Some(&c), &windowed, 8, 128), want);
+        assert_eq!(bytes_per_token(Some(&c), &windowed, 8, 128, 16), want);
         // A plain decoder: the model's first and last two layers.
         assert_eq!(eight_bit_key_layers(&[KvKind::Dense; 8]), vec![0, 1, 6, 7]);
         // Layers already compressed count as full attention too.
@@ -302,16 +307,16 @@ mod tests {
     fn presets_meet_their_compression_on_llama_3_1_8b_shapes() {
         // 32 layers, 8 KV heads of 128: fp16 is 128 KiB a token.
         let kinds = vec![KvKind::Dense; 32];
-        let fp16 = bytes_per_token(None, &kinds, 8, 128);
+        let fp16 = bytes_per_token(None, &kinds, 8, 128, 16);
         assert_eq!(fp16, 131072.0);
         let policy = |preset: &str| KvCompression::turbo(preset, 8192).unwrap().for_model(128, false, None).unwrap();
-        let ratio = |preset: &str| bytes_per_token(Some(&policy(preset)), &kinds, 8, 128) / fp16;
+        let ratio = |preset: &str| bytes_per_token(Some(&policy(preset)), &kinds, 8, 128, 16) / fp16;
         assert!(ratio("balanced") <= 0.36, "balanced {}", ratio("balanced"));
         assert!(ratio("compact") <= 0.25, "compact {}", ratio("compact"));
         assert!(ratio("paper") < ratio("balanced"));
         // Sliding-window layers stay 16-bit.
         let mixed = [KvKind::Dense, KvKind::Rotating { max_size: 512 }];
-        let b = bytes_per_token(Some(&policy("balanced")), &mixed, 1, 128);
+        let b = bytes_per_token(Some(&policy("balanced")), &mixed, 1, 128, 16);
         assert!(b > 512.0 && b < 512.0 + 256.0);
     }
 

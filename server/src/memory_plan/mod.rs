@@ -85,6 +85,9 @@ pub struct MemoryPlan {
     /// fp16, kv8 (affine 8-bit), turbo-balanced or turbo-compact.
     pub kv_format: String,
     pub kv_bytes_per_token: f64,
+    /// Bits of an uncompressed KV element (the model's activations: 32 for
+    /// float32 models, else 16).
+    pub kv_element_bits: u32,
     /// Tokens of KV the running sequences share (each reserves its prompt
     /// plus its max_tokens).
     pub kv_tokens: u64,
@@ -220,7 +223,9 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     let w = &shape.weights;
     let layout = &shape.kv_layout;
     let layers = w.layers.len().max(layout.kinds.len());
-    let fp16_bpt = bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim);
+    // A float32 model's uncompressed cache holds 32-bit values.
+    let element_bits = w.activation_bits;
+    let fp16_bpt = bytes_per_token(None, &layout.kinds, layout.kv_heads, layout.head_dim, element_bits);
     let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
     let too_small = |what: String| {
         Error::Config(format!(
@@ -322,7 +327,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
             // shorter sequence takes 16-bit bytes, so the pool is sized at those.
             let bpt = match c {
                 Some(KvCompression::Affine { start, .. }) if start > 0 => fp16_bpt,
-                _ => bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim),
+                _ => bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim, element_bits),
             };
             // A TurboQuant prompt shorter than its threshold is held at 16 bits until decoding starts.
             let transient = match c {
@@ -352,6 +357,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         expert_cache_bytes,
         kv_format,
         kv_bytes_per_token: kv_bpt,
+        kv_element_bits: element_bits,
         kv_tokens,
         context,
         prompt_cache_bytes,

@@ -12,7 +12,7 @@ const GIB: u64 = 1 << 30;
 /// embedding and head, 8 KV heads of 128 (128 KiB of fp16 KV a token).
 fn llama8b() -> ModelShape {
     ModelShape {
-        weights: WeightFootprint { layers: vec![218 << 20; 32], routed: vec![0; 32], other: GIB },
+        weights: WeightFootprint { layers: vec![218 << 20; 32], routed: vec![0; 32], other: GIB, activation_bits: 16 },
         kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128, attention_sinks: false, fixed_kv: None },
     }
 }
@@ -20,7 +20,7 @@ fn llama8b() -> ModelShape {
 /// A MoE shape: 48 layers of 600 MiB, 560 of them routed experts.
 fn moe() -> ModelShape {
     ModelShape {
-        weights: WeightFootprint { layers: vec![600 << 20; 48], routed: vec![560 << 20; 48], other: GIB / 2 },
+        weights: WeightFootprint { layers: vec![600 << 20; 48], routed: vec![560 << 20; 48], other: GIB / 2, activation_bits: 16 },
         kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128, attention_sinks: false, fixed_kv: None },
     }
 }
@@ -138,7 +138,7 @@ fn hybrid() -> ModelShape {
     let state = KvKind::Recurrent { state_bytes: 3 * 8192 * 2 + 32 * 128 * 128 * 4 };
     let kinds = (0..40).map(|i| if (i + 1) % 4 == 0 { KvKind::Dense } else { state }).collect();
     ModelShape {
-        weights: WeightFootprint { layers: vec![480 << 20; 40], routed: vec![450 << 20; 40], other: GIB / 2 },
+        weights: WeightFootprint { layers: vec![480 << 20; 40], routed: vec![450 << 20; 40], other: GIB / 2, activation_bits: 16 },
         kv_layout: KvLayout { kinds, kv_heads: 2, head_dim: 256, attention_sinks: false, fixed_kv: None },
     }
 }
@@ -190,4 +190,17 @@ fn ranks_that_plan_differently_agree_on_the_tightest_plan() {
     check_within_budget(&a);
     check_within_budget(&b);
     assert_eq!(tightest(&[]), None);
+}
+
+#[test]
+fn a_float32_models_uncompressed_cache_counts_32_bit_values() {
+    // The same shape with float32 activations: its 16-bit-format cache holds
+    // 32-bit values, so a token costs twice as much and half as many fit.
+    let mut f32_shape = llama8b();
+    f32_shape.weights.activation_bits = 32;
+    let (half, full) = (plan(&cpu(200 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap(), plan(&cpu(200 * GIB), &f32_shape, Some(131_072), &Wants::default()).unwrap());
+    assert_eq!((half.kv_format.as_str(), half.kv_bytes_per_token, half.kv_element_bits), ("fp16", 131_072.0, 16));
+    assert_eq!((full.kv_format.as_str(), full.kv_bytes_per_token, full.kv_element_bits), ("fp16", 262_144.0, 32));
+    assert!(full.kv_tokens < half.kv_tokens * 6 / 10, "{} against {}", full.kv_tokens, half.kv_tokens);
+    check_within_budget(&full);
 }

@@ -106,6 +106,10 @@ pub struct WeightFootprint {
     pub routed: Vec<u64>,
     /// The embedding, final norm and output head.
     pub other: u64,
+    /// Bits of an activation, and so of a 16-bit (uncompressed) KV cache's
+    /// element: the embedding's output dtype (its scales' where quantized),
+    /// 32 for float32 models, else 16.
+    pub activation_bits: u32,
 }
 
 impl WeightFootprint {
@@ -273,7 +277,7 @@ impl Weights {
     /// and the routed experts (counted apart: `--stream-experts` keeps them on
     /// disk). Sizes as MLX will hold them (after `--quantize`).
     pub fn footprint(&self) -> WeightFootprint {
-        let mut f = WeightFootprint::default();
+        let mut f = WeightFootprint { activation_bits: self.activation_bits(), ..Default::default() };
         for (name, a) in &self.tensors {
             let bytes = a.nbytes() as u64;
             let layer = name.strip_prefix("model.layers.").and_then(|rest| rest.split('.').next()?.parse::<usize>().ok());
@@ -292,6 +296,14 @@ impl Weights {
             }
         }
         f
+    }
+
+    /// Bits of the model's activations: those of the token embedding's
+    /// output (`model.embed_tokens`: its weight's dtype, or its scales' where
+    /// quantized), 16 where there is none.
+    fn activation_bits(&self) -> u32 {
+        let float_bits = |name: &str| self.tensors.get(name).map(|a| a.dtype()).filter(|d| d.is_floating()).map(|d| d.size_of() as u32 * 8);
+        float_bits("model.embed_tokens.weight").or_else(|| float_bits("model.embed_tokens.scales")).unwrap_or(16)
     }
 
     /// The safetensors files the tensors come from.
