@@ -27,9 +27,7 @@ impl DenseStore {
         let columns: Vec<Vec<Array>> = rows.iter().map(|r| r.columns.clone()).collect();
         Ok(DenseStore { rows: PaddedRows::from_rows(&columns)?, last: None })
     }
-}
 
-impl DenseStore {
     /// Whether some row starts after position 0 (rows of other lengths), so
     /// MLX's attention would need an array mask.
     fn padded(&self) -> bool {

@@ -276,7 +276,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
 
 /// The splits' partials (`part_o`, `part_ml`) merged into [B, HQ, 1, D] of
 /// `dtype`, rotated back with `signs` where given (TurboQuant's rotated
-/// basis), as they are otherwise.
+/// basis), left as they are otherwise.
 fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> {
     let [part_o, part_ml] = parts else { return Err(Error::Internal("attention partials without their two outputs")) };
     let s = part_o.shape();
@@ -335,8 +335,8 @@ fn dense_usable() -> bool {
 fn dense_self_check() -> Result<Option<String>> {
     let (d, hkv, rep, cap, written) = (64, 2, 4, 320, 300);
     let pads = [0, 37, 299];
-    let got_want = dense_against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32)?;
-    let diff = ops::max_all(&ops::abs(&ops::subtract(&got_want.0, &got_want.1)?)?, false)?.item::<f32>()?;
+    let (got, want) = dense_against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32)?;
+    let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want)?)?, false)?.item::<f32>()?;
     // Loose enough for MLX's float32 matmuls, which run as TF32 on CUDA.
     Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
 }
@@ -370,9 +370,11 @@ pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i3
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = k.dim(1)?;
     let rep = hq / hkv;
-    let first = params.dim(0)? - 2;
-    if first != b {
+    if params.dim(0)? - 2 != b {
         return Err(Error::Internal("the step's parameters name other rows than the query's"));
+    }
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
     }
     let ns = splits(written, b * hkv);
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
@@ -384,9 +386,6 @@ pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i3
         template,
         ..Default::default()
     };
-    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
-    }
     let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params], &call)?))?;
     merge(&parts, q.dtype(), None)
 }
