@@ -1,12 +1,12 @@
 // Finishes TurboQuant decode attention for each (row, query head): merges
 // turbo_attend.cu's per-split partials (split 0's include the sinks) and
 // rotates the result back: o = s1 ⊙ H(s2 ⊙ õ)/√D. With ROT = 0 it only
-// merges (dense_attend.cu's partials; `signs` is then not read). One block of 4 warps per
-// (row, query head): every warp finds the common max and the weights of the
-// splits (by shuffles), sums its quarter of the splits for all D coordinates
-// (a lane's D/32 consecutive ones), the warps' sums add in shared memory, and
-// warp 0 runs the Walsh-Hadamard transform on its registers, across lanes by
-// shuffles. Inputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (NS at most
+// merges (dense_attend.cu's partials; `signs` is then not read). One block
+// of 4 warps per (row, query head): every warp finds the common max and the
+// weights of the splits (by shuffles), sums its quarter of the splits for all
+// D coordinates (a lane's D/32 consecutive ones), the warps' sums add in
+// shared memory, and warp 0 runs the Walsh-Hadamard transform on its
+// registers, across lanes by shuffles. Inputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (NS at most
 // 256), signs [3, D]. Output: out [B, HQ, 1, D] of type T. 128 threads a
 // block (kernels.rs).
 constexpr int WARPS = 4;

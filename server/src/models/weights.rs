@@ -106,9 +106,9 @@ pub struct WeightFootprint {
     pub routed: Vec<u64>,
     /// The embedding, final norm and output head.
     pub other: u64,
-    /// Bits of an activation, and so of a 16-bit (uncompressed) KV cache's
-    /// element: the embedding's output dtype (its scales' where quantized),
-    /// 32 for float32 models, else 16.
+    /// Bits of an activation, and so of an uncompressed KV cache's element:
+    /// the embedding's output dtype (its scales' where quantized), 32 for
+    /// float32 models, else 16.
     pub activation_bits: u32,
 }
 
