@@ -7,8 +7,10 @@
 //! compiled by MLX at first use. On a GPU backend they are used where they
 //! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
 //! 64/128/256, up to 8 query heads per KV head and query heads × head dim ≤
-//! 1024) once a start-up check found them agreeing with the MLX-ops path;
-//! everything else takes the MLX-ops path.
+//! 1024) once a start-up check found them agreeing with the MLX-ops path,
+//! and a check of each shape (format, head dim, query heads per KV head) did
+//! the first time that shape is asked for; everything else takes the MLX-ops
+//! path.
 //!
 //! The same split-K layout and merge also serve the 16-bit cache on CUDA
 //! ([`dense_attend`]): rows of other lengths in one batch, which MLX's CUDA
@@ -93,9 +95,15 @@ pub fn usable() -> bool {
 /// Encodes and attends a few random positions with the kernels and with MLX
 /// ops; None when they agree, else how they differ.
 fn self_check() -> Result<Option<String>> {
+    shape_check(super::TurboFormat { key: KeyCode::Affine8, value_bits: 3 }, 64, 2)
+}
+
+/// [`self_check`] for one shape: keys and values of `format` at head dim
+/// `d`, `rep` query heads per KV head (float32 data).
+fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<String>> {
     use mlx_rs_safe::random;
-    let (d, hkv, rep, len) = (64, 2, 2, 24);
-    let codec = Codec::new(super::TurboFormat { key: KeyCode::Affine8, value_bits: 3 }, d, Dtype::Float32)?;
+    let (hkv, len) = (2, 24);
+    let codec = Codec::new(format, d, Dtype::Float32)?;
     let normal = |shape: &[i32], seed: u64| random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?);
     let (k, v) = (normal(&[1, hkv, len, d], 1)?, normal(&[1, hkv, len, d], 2)?);
     let q = normal(&[1, hkv * rep, 1, d], 3)?;
@@ -115,10 +123,28 @@ fn self_check() -> Result<Option<String>> {
 }
 
 /// Whether decode steps of `codec`'s format with `rep` query heads per KV head
-/// run on the GPU kernels here.
+/// run on the GPU kernels here: shapes the kernels take, once a check of
+/// that very shape (format, head dim, query heads per KV head) agreed with
+/// the MLX-ops path (each shape checked the first time it is asked for, so a
+/// fault particular to one shape leaves that shape on the ops path).
 pub fn applies(codec: &Codec, rep: i32) -> bool {
     // The attention block holds REP × D floats per warp in shared memory.
-    encode_applies(codec) && (1..=8).contains(&rep) && rep * codec.dim() <= 1024
+    encode_applies(codec) && (1..=8).contains(&rep) && rep * codec.dim() <= 1024 && shape_agrees(codec.format, codec.dim(), rep)
+}
+
+/// Whether [`shape_check`] passed for this shape (run once per shape).
+fn shape_agrees(format: super::TurboFormat, d: i32, rep: i32) -> bool {
+    type Checked = Vec<((super::TurboFormat, i32, i32), bool)>;
+    static CHECKED: std::sync::Mutex<Checked> = std::sync::Mutex::new(Vec::new());
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    let key = (format, d, rep);
+    if let Some(&(_, ok)) = checked.iter().find(|(k, _)| *k == key) {
+        return ok;
+    }
+    let what = format!("TurboQuant: the kernels for {format:?} at head dim {d}, {rep} query heads per KV head");
+    let ok = crate::kernel_check::passes(&what, "the MLX-ops path for that shape", || shape_check(format, d, rep));
+    checked.push((key, ok));
+    ok
 }
 
 thread_local! {

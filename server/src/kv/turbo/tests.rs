@@ -136,6 +136,26 @@ fn the_gpu_kernels_pass_their_start_up_check_wherever_a_gpu_backend_runs_them() 
 }
 
 #[test]
+fn every_shape_the_presets_use_passes_its_own_start_up_check_on_a_gpu() {
+    // Each (format, head dim, query heads per KV head) is checked against the
+    // MLX-ops path the first time a cache asks for it: on a GPU backend every
+    // shape the kernels take must pass; on the CPU none runs on them.
+    let gpu = mlx_rs_safe::kernels::gpu_backend().is_some();
+    let mut shapes = 0;
+    for d in [64, 128, 256] {
+        let value_bits = if d <= 64 { 4 } else { 3 };
+        for format in [TurboPreset::Balanced.format(0, 10, value_bits), TurboPreset::Compact.format(2, 10, value_bits)] {
+            let codec = Codec::new(format, d, Dtype::Bfloat16).unwrap();
+            for rep in [1, 4, 8].into_iter().filter(|r| r * d <= 1024) {
+                assert_eq!(super::kernels::applies(&codec, rep), gpu, "{format:?}, head dim {d}, {rep} query heads per KV head");
+                shapes += 1;
+            }
+        }
+    }
+    assert_eq!(shapes, 16);
+}
+
+#[test]
 fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
     // Rows of other lengths (left-padded), attended by the CUDA kernel from each
     // row's own first position and by MLX's attention with the array mask:
