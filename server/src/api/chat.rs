@@ -51,7 +51,6 @@ pub(super) fn template_kwargs(kwargs: Option<Value>) -> Result<Option<Value>, Ap
     }
 }
 
-/// The tools passed to the template, unless tool_choice is "none".
 /// A tool in the Responses API's flat shape (`{"type": "function", "name",
 /// "parameters"}`, which some clients send to chat completions too) nested
 /// as chat templates and the tool-call grammar read tools; others as sent.
@@ -65,6 +64,7 @@ fn nested_tool(tool: &Value) -> Value {
     }
 }
 
+/// The tools passed to the template, unless tool_choice is "none".
 fn active_tools(req: &ChatRequest, choice: &ToolChoice) -> Result<Option<Value>, ApiError> {
     let Some(tools) = &req.tools else { return Ok(None) };
     let tools: Vec<Value> = tools.iter().map(nested_tool).collect();
