@@ -1,6 +1,7 @@
 //! The start-up check a custom GPU kernel passes before it replaces MLX's ops
 //! (TurboQuant attention, the Gated DeltaNet recurrence, quantized matmul):
-//! its result on a few random inputs against the ops it replaces.
+//! its result on a few random inputs against the ops it replaces; and the
+//! environment switch (`VAR=0`) that keeps one off, to compare with MLX's ops.
 
 use crate::error::Result;
 
@@ -22,4 +23,15 @@ pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<
             false
         }
     }
+}
+
+/// Whether the environment switch `var` is `0`, which keeps a kernel (or a
+/// fused path) off so a benchmark can compare it with what it replaces; says
+/// so in the log, naming `instead` (what runs).
+pub fn turned_off(var: &str, instead: &str) -> bool {
+    let off = std::env::var(var).is_ok_and(|v| v == "0");
+    if off {
+        log::info!("{var}=0: {instead}");
+    }
+    off
 }

@@ -145,8 +145,7 @@ fn kernel_applies(dk: i32) -> bool {
 fn kernel_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     *USABLE.get_or_init(|| {
-        if std::env::var("MLX_SERVE_GDN_KERNEL").is_ok_and(|v| v == "0") {
-            log::info!("Gated DeltaNet: MLX_SERVE_GDN_KERNEL=0, using the MLX-ops path");
+        if crate::kernel_check::turned_off("MLX_SERVE_GDN_KERNEL", "Gated DeltaNet uses the MLX-ops path") {
             return false;
         }
         let Some(backend) = gpu_backend() else { return false };

@@ -345,13 +345,7 @@ impl RmsNorm {
 /// read once (a benchmark compares the two in one run).
 fn stacking_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| {
-        let on = !std::env::var("MLX_SERVE_STACK_PROJECTIONS").is_ok_and(|v| v == "0");
-        if !on {
-            log::info!("MLX_SERVE_STACK_PROJECTIONS=0: q/k/v and gate/up stay separate matmuls");
-        }
-        on
-    })
+    *ENABLED.get_or_init(|| !crate::kernel_check::turned_off("MLX_SERVE_STACK_PROJECTIONS", "q/k/v and gate/up stay separate matmuls"))
 }
 
 #[cfg(test)]

@@ -284,8 +284,7 @@ fn usable() -> bool {
         if gpu_backend() != Some("cuda") {
             return false;
         }
-        if std::env::var("MLX_SERVE_QMM_KERNEL").is_ok_and(|v| v == "0") {
-            log::info!("quantized matmul: MLX_SERVE_QMM_KERNEL=0, using MLX's kernels");
+        if crate::kernel_check::turned_off("MLX_SERVE_QMM_KERNEL", "quantized matmul uses MLX's kernels") {
             return false;
         }
         crate::kernel_check::passes("quantized matmul: the CUDA kernel", "MLX's kernels", self_check)

@@ -327,8 +327,8 @@ fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> 
 
 /// Whether decode attention of `q` [B, HQ, 1, D] over a 16-bit (or float32)
 /// cache of `kv_heads` heads in `q`'s dtype runs on [`dense_attend`] here: CUDA
-/// with `MLX_SERVE_DENSE_KERNEL=1`, head dims 64/128/256, 1-8 query heads per
-/// KV head, once a start-up check found it agreeing with MLX's attention.
+/// (unless `MLX_SERVE_DENSE_KERNEL=0`), head dims 64/128/256, 1-8 query heads
+/// per KV head, once a start-up check found it agreeing with MLX's attention.
 pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
     let s = q.shape();
     let (hq, d) = (s[1], s[3]);
@@ -342,16 +342,16 @@ pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
         && dense_usable()
 }
 
-/// Whether the dense kernel is asked for (`MLX_SERVE_DENSE_KERNEL=1`: it has
-/// not yet run on a GPU, so it is off until it has), runs here and agrees
-/// with MLX's attention (checked once, like [`usable`]).
+/// Whether the dense kernel runs here, is not turned off
+/// (`MLX_SERVE_DENSE_KERNEL=0`, to compare with MLX's masked attention) and
+/// agrees with MLX's attention (checked once, like [`usable`]).
 fn dense_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     if language() != Some(KernelLanguage::Cuda) || mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) {
         return false;
     }
     *USABLE.get_or_init(|| {
-        std::env::var("MLX_SERVE_DENSE_KERNEL").is_ok_and(|v| v == "1")
+        !crate::kernel_check::turned_off("MLX_SERVE_DENSE_KERNEL", "16-bit decode attention of rows of other lengths uses MLX's masked attention")
             && crate::kernel_check::passes("16-bit decode attention: the CUDA kernel", "MLX's attention", dense_self_check)
     })
 }

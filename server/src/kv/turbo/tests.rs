@@ -161,8 +161,8 @@ fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
     // row's own first position and by MLX's attention with the array mask:
     // head dims 64/128/256, 1/4/8 query heads per KV head, float32/bfloat16/
     // float16, a buffer with room past the positions written, lengths that
-    // take one split and many (whether or not MLX_SERVE_DENSE_KERNEL asks the
-    // engine to use it). Elsewhere the kernel is not used.
+    // take one split and many (whether or not MLX_SERVE_DENSE_KERNEL=0 keeps
+    // the engine off it). Elsewhere the kernel is not used.
     let cuda = mlx_rs_safe::kernels::gpu_backend() == Some("cuda");
     if !cuda {
         let q = normal(&[2, 4, 1, 64], 1);
