@@ -13,10 +13,10 @@
 #           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel; then 8 Llama rows of
 #           one length and of other lengths (--ragged) at 128 and 4096 prompt tokens
 #   server  bench/server_bench.py, Llama-3.1-8B 4-bit, 1 and 8 streams, mlx-serve vs mlx_lm.server
-#   dense   the 16-bit decode attention kernel for rows of other lengths (MLX_SERVE_DENSE_KERNEL):
-#           its test (the library's unit tests, packed as mlx_serve_lib), then 8 rows of other
-#           lengths at 128 and 4 at 8192 prompt tokens with it off and on, then the server's 8
-#           streams with it on
+#   dense   the 16-bit decode attention kernel for rows of other lengths (on by default;
+#           MLX_SERVE_DENSE_KERNEL=0 turns it off): its test (the library's unit tests, packed as
+#           mlx_serve_lib), then 8 rows of other lengths at 128 and 4 at 8192 prompt tokens with
+#           it off and on, then the server's 8 streams (with it, the default)
 # env: BIN_DIR (default .device/bin), MODELS (default /tmp/bench-models), OUT (default /tmp/qmm-out)
 set -uo pipefail
 BIN_DIR=${BIN_DIR:-.device/bin}
@@ -74,7 +74,7 @@ for stage in "$@"; do
         MLX_SERVE_DENSE_KERNEL=$on timeout 300 "$BIN_DIR/decode_step" "$dir" --rows 8 --prompt 128 --steps 64 --engine-loop --ragged 2>&1 | tail -2 || status=1
         MLX_SERVE_DENSE_KERNEL=$on timeout 300 "$BIN_DIR/decode_step" "$dir" --rows 4 --prompt 8192 --steps 32 --engine-loop --ragged 2>&1 | tail -2 || status=1
       done
-      MLX_SERVE_DENSE_KERNEL=1 python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
+      python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
         --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/COMMIT" 2>/dev/null) dense kernel" \
         --out "$OUT/server-llama-3.1-8b-4bit-dense.json" 2>&1 | tail -40 || status=1 ;;
     *) echo "unknown stage $stage"; status=1 ;;
