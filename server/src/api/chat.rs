@@ -53,11 +53,17 @@ pub(super) fn template_kwargs(kwargs: Option<Value>) -> Result<Option<Value>, Ap
 
 /// A tool in the Responses API's flat shape (`{"type": "function", "name",
 /// "parameters"}`, which some clients send to chat completions too) nested
-/// as chat templates and the tool-call grammar read tools; others as sent.
-fn nested_tool(tool: &Value) -> Value {
+/// as chat templates and the tool-call grammar read tools, its own keys kept
+/// and `parameters` an empty object schema where it has none (the API's
+/// meaning of leaving it out); others as sent. The one rule for flat tools:
+/// the Responses endpoint nests its tools with it too.
+pub(super) fn nested_tool(tool: &Value) -> Value {
     match tool.as_object() {
         Some(flat) if !flat.contains_key("function") && flat.contains_key("name") => {
-            let function: serde_json::Map<String, Value> = flat.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+            let mut function: serde_json::Map<String, Value> = flat.iter().filter(|(k, _)| *k != "type").map(|(k, v)| (k.clone(), v.clone())).collect();
+            if function.get("parameters").is_none_or(Value::is_null) {
+                function.insert("parameters".into(), json!({"type": "object"}));
+            }
             json!({"type": "function", "function": function})
         }
         _ => tool.clone(),
@@ -561,6 +567,16 @@ pub fn tool_format(flag: Option<&str>, tokenizer: &Tokenizer) -> crate::error::R
 mod tests {
     use super::*;
     use crate::engine::{FinishReason, Usage};
+
+    #[test]
+    fn flat_tools_are_nested_with_their_own_keys_and_an_empty_schema_where_they_have_none() {
+        let flat = json!({"type": "function", "name": "f", "description": "d", "strict": true});
+        assert_eq!(nested_tool(&flat), json!({"type": "function", "function": {"name": "f", "description": "d", "strict": true, "parameters": {"type": "object"}}}));
+        let with_schema = json!({"type": "function", "name": "g", "parameters": {"type": "object", "properties": {"x": {"type": "number"}}}});
+        assert_eq!(nested_tool(&with_schema)["function"]["parameters"], with_schema["parameters"]);
+        let nested = json!({"type": "function", "function": {"name": "h"}});
+        assert_eq!(nested_tool(&nested), nested, "nested tools go to the template as sent");
+    }
 
     /// A word-level tokenizer in a temporary model folder (ChatStream reads
     /// token texts from it only for log-probabilities).

@@ -18,7 +18,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::chat::{chat_generation, whole_output, ChatInput, OutputSplit, Piece, WholeOutput};
+use super::chat::{chat_generation, nested_tool, whole_output, ChatInput, OutputSplit, Piece, WholeOutput};
 use super::error::ApiError;
 use super::generation::{self, ChunkWriter};
 use super::messages::{template_messages, ChatMessage};
@@ -158,8 +158,7 @@ fn chat_tools(req: &ResponsesRequest, choice: &ToolChoice) -> Result<Option<Valu
         if t["name"].as_str().is_none() {
             return Err(ApiError::bad_param(&format!("tools[{i}].name"), "a function tool needs a name"));
         }
-        let parameters = if t["parameters"].is_null() { json!({"type": "object"}) } else { t["parameters"].clone() };
-        out.push(json!({"type": "function", "function": {"name": t["name"], "description": t["description"], "parameters": parameters}}));
+        out.push(nested_tool(t));
     }
     Ok(Some(Value::Array(out)))
 }

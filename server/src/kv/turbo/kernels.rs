@@ -316,12 +316,10 @@ fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> 
         template,
         ..Default::default()
     };
-    // Without a rotation the kernel does not read `signs`; any float32 array stands in.
-    let signs = match signs {
-        Some(s) => s.clone(),
-        None => Array::from_slice(&[0f32], &[1])?,
-    };
-    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[part_o, part_ml, &signs], &merge)?))?;
+    // Without a rotation the kernel does not read `signs`; any float32 array
+    // stands in (the partials' own, so no array is made at every step).
+    let signs = signs.unwrap_or(part_ml);
+    let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[part_o, part_ml, signs], &merge)?))?;
     out.into_iter().next().ok_or(Error::Internal("the attention merge kernel returned nothing"))
 }
 
