@@ -343,7 +343,15 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         return Err(Error::Internal("the memory plan has no KV format to try"));
     };
     if kv_tokens < 2 {
-        return Err(too_small(format!("no memory is left for the KV cache ({:.0} bytes per token)", kv_bpt)));
+        let why = match &kv_compression {
+            // What ate the memory may be the prompt TurboQuant holds uncompressed: say which flag moves it.
+            Some(KvCompression::Turbo { prefill_threshold, .. }) if *prefill_threshold > 0 => format!(
+                "no memory is left for the KV cache ({kv_bpt:.0} bytes per token) beside a prompt of {prefill_threshold} tokens held at 16 bits before TurboQuant compresses it ({}); a lower --turbo-kv-prefill-threshold leaves more",
+                gib((fp16_bpt * *prefill_threshold as f64) as u64)
+            ),
+            _ => format!("no memory is left for the KV cache ({kv_bpt:.0} bytes per token)"),
+        };
+        return Err(too_small(why));
     }
     let context = target.min(kv_tokens);
     Ok(MemoryPlan {

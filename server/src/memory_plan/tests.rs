@@ -204,3 +204,15 @@ fn a_float32_models_uncompressed_cache_counts_32_bit_values() {
     assert!(full.kv_tokens < half.kv_tokens * 6 / 10, "{} against {}", full.kv_tokens, half.kv_tokens);
     check_within_budget(&full);
 }
+
+#[test]
+fn a_turbo_cache_whose_uncompressed_prompt_leaves_no_room_names_the_threshold() {
+    // 8.5 GiB of weights in 10 GiB, minus the reserve: a 32K-token prompt held at
+    // 16 bits (4 GiB) before it is compressed leaves nothing; 2K tokens leave room.
+    let turbo = |threshold| Wants { kv_compression: Some(KvCompression::turbo("balanced", threshold).unwrap()), ..Wants::default() };
+    let e = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &turbo(32_768)).unwrap_err().to_string();
+    assert!(e.contains("32768 tokens held at 16 bits") && e.contains("--turbo-kv-prefill-threshold"), "{e}");
+    let p = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &turbo(2048)).unwrap();
+    assert_eq!(p.kv_format, "turbo-balanced", "{}", p.describe());
+    check_within_budget(&p);
+}
