@@ -287,17 +287,24 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         ("KG", affine_group(d)),
         ("VBITS", codec.format.value_bits as i32),
     ]));
-    let call = KernelCall {
+    let call = split_call([b, hq, hkv, ns, d], threads, template);
+    let parts = with_kernel("turbo_attend", |kern| {
+        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
+    })?;
+    merge(&parts, q.dtype(), Some(&t.signs))
+}
+
+/// A split-K attention kernel's launch: a block of `threads` per row, KV head
+/// and split, writing the partials [`merge`] takes (`part_o` [B, HQ, NS, D],
+/// `part_ml` [B, HQ, NS, 2], float32).
+fn split_call([b, hq, hkv, ns, d]: [i32; 5], threads: i32, template: Vec<(String, TemplateArg)>) -> KernelCall {
+    KernelCall {
         outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
         grid: (b * hkv * ns * threads, 1, 1),
         thread_group: (threads, 1, 1),
         template,
         ..Default::default()
-    };
-    let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
-    })?;
-    merge(&parts, q.dtype(), Some(&t.signs))
+    }
 }
 
 /// The splits' partials (`part_o`, `part_ml`) merged into [B, HQ, 1, D] of
@@ -403,13 +410,7 @@ pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i3
     let ns = splits(written, b * hkv);
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.extend(ints(&[("D", d), ("REP", rep)]));
-    let call = KernelCall {
-        outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
-        grid: (b * hkv * ns * DENSE_THREADS, 1, 1),
-        thread_group: (DENSE_THREADS, 1, 1),
-        template,
-        ..Default::default()
-    };
+    let call = split_call([b, hq, hkv, ns, d], DENSE_THREADS, template);
     let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params], &call)?))?;
     merge(&parts, q.dtype(), None)
 }
