@@ -1,8 +1,9 @@
 """The longest context one memory budget holds, per KV format (issue 19).
 
 For each configuration the server's memory plan under `--memory-budget B` says how many KV
-tokens fit (`mlx-serve --plan`: the pool left after the weights, the working reserve and, for
-TurboQuant, the prompt it holds at 16 bits before compressing it). Then the server runs under
+tokens fit (`mlx-serve --plan`: the pool left after the weights, the working reserve, for
+TurboQuant the prompt it holds at 16 bits before compressing it, and attention's working memory,
+which grows with the context where attention is unfused or reads a decoded history). Then the server runs under
 that budget with its context set to that many tokens, one request fills it (a prompt of random
 token ids, `--gen-tokens` generated), and MLX's peak memory is read from /health. Last, the
 first configuration's server (the 16-bit cache) is asked for the longest configuration's
@@ -35,13 +36,18 @@ def flags(config, a):
 
 
 def planned(a, config, env) -> dict:
-    """The plan's KV format, bytes per token and pool tokens for `config` under the budget."""
+    """The plan's KV format, bytes per token, pool and the longest context it holds for `config` under the budget."""
     out = subprocess.run([a.mlx_serve, "--model", a.model, "--plan", "--context-length", str(PROBE_CONTEXT)] + flags(config, a),
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1][:400]}
     plan = json.loads(out.stdout[out.stdout.index("{"):])
-    return {k: plan[k] for k in ("kv_format", "kv_bytes_per_token", "kv_tokens", "kv_element_bits", "budget_bytes")}
+    out = {k: plan[k] for k in ("kv_format", "kv_bytes_per_token", "kv_tokens", "kv_element_bits", "budget_bytes", "attention_working_bytes")}
+    # The pool at the probe's context gave up that context's working memory; the longest
+    # context gives up its own: the room is shared by its tokens and their working memory.
+    bpt, working = plan["kv_bytes_per_token"], plan["attention_working_bytes"] / plan["context"]
+    out["longest"] = int((plan["kv_tokens"] * bpt + plan["attention_working_bytes"]) / (bpt + working)) - 1
+    return out
 
 
 def fill(url, n_prompt, gen, vocab, seed) -> dict:
@@ -88,7 +94,7 @@ def main():
         if "error" in cell["plan"]:
             serving.log(f"{c}: the plan refused: {cell['plan']['error']}")
             continue
-        context = min(cell["plan"]["kv_tokens"], max_context)
+        context = min(cell["plan"]["longest"], max_context)
         cell["context"] = context
         server = serving.Server(f"budget-{c}", "ours", serving.ours_argv(a.mlx_serve, a.model, flags(c, a) + ["--context-length", str(context)]), env, work)
         try:
@@ -124,15 +130,16 @@ def main():
 
 def table(results) -> str:
     gb = lambda b: f"{b / 1e9:.2f}" if b else "-"
-    lines = [f"budget {results['budget']}", "", "| format | bytes/token | tokens held | context served | peak GB (MLX) | peak RSS MiB | fill wall s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"budget {results['budget']}", "", "| format | bytes/token | longest context | attention's working GB | context served | peak GB (MLX) | peak RSS MiB | fill wall s |",
+             "|---|---|---|---|---|---|---|---|"]
     for x in results["cells"]:
         p, f = x["plan"], x.get("fill", {})
         if "error" in p:
-            lines.append(f"| {x['config']} | - | refused: {p['error'][:120]} | - | - | - | - |")
+            lines.append(f"| {x['config']} | - | refused: {p['error'][:120]} | - | - | - | - | - |")
             continue
         ok = f"{f['prompt_tokens'] + f['completion_tokens']}" if f.get("status") == 200 else f"error: {f.get('error') or x.get('error')}"
-        lines.append(f"| {p['kv_format']} | {p['kv_bytes_per_token']:.0f} | {p['kv_tokens']} | {ok} | {gb(f.get('peak_bytes'))} | "
+        working = p["attention_working_bytes"] / PROBE_CONTEXT * x.get("context", 0)
+        lines.append(f"| {p['kv_format']} | {p['kv_bytes_per_token']:.0f} | {p['longest']} | {working / 1e9:.2f} | {ok} | {gb(f.get('peak_bytes'))} | "
                      f"{f.get('peak_rss_mib', 0):.0f} | {f.get('wall_s', 0):.1f} |")
     if "over" in results:
         o = results["over"]

@@ -89,6 +89,7 @@ fn plan_wants(args: &ServeArgs, kv_compression: Option<KvCompression>) -> Result
         context: args.context_length,
         prompt_cache_bytes: args.prompt_cache_bytes.map(|b| b as u64),
         max_sequences: args.max_concurrency,
+        prefill_size: args.prefill_size,
     })
 }
 

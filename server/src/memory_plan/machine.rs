@@ -20,16 +20,27 @@ pub struct Machine {
     /// Device memory the GPU runtime takes besides MLX's buffers (CUDA's
     /// context, cuBLAS and the kernels: 600-800 MiB measured on an H100).
     pub runtime_bytes: u64,
+    /// The MLX backend that runs the model.
+    pub backend: Backend,
+}
+
+/// An MLX backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Cpu,
+    Cuda,
+    Metal,
 }
 
 /// See [`Machine::runtime_bytes`].
 const CUDA_RUNTIME_BYTES: u64 = 1 << 30;
 
 impl Machine {
-    /// Reads this machine's sizes.
+    /// Reads this machine's sizes and its MLX backend.
     pub fn detect() -> Result<Machine> {
         let host = host_available();
         let gpu = mlx_rs_safe::kernels::gpu_backend();
+        let on_host = Machine::host(host.clone());
         Ok(match gpu {
             Some("cuda") => match Device::Gpu.info_size(c"free_memory") {
                 Some(free) => Machine {
@@ -37,27 +48,38 @@ impl Machine {
                     device_source: "CUDA free memory".into(),
                     host_bytes: Some(host.0),
                     runtime_bytes: CUDA_RUNTIME_BYTES,
+                    backend: Backend::Cuda,
                 },
-                None => Machine::host(host),
+                None => Machine { backend: Backend::Cuda, ..on_host },
             },
-            Some("metal") => match Device::Gpu.info_size(c"max_recommended_working_set_size") {
-                Some(ws) if (ws as u64) < host.0 => Machine {
-                    device_bytes: ws as u64,
-                    device_source: "Metal's recommended working set".into(),
-                    host_bytes: None,
-                    runtime_bytes: 0,
-                },
-                _ => Machine::host(host),
-            },
-            _ => Machine::host(host),
+            Some("metal") => {
+                let metal = Machine { backend: Backend::Metal, ..on_host };
+                match Device::Gpu.info_size(c"max_recommended_working_set_size") {
+                    Some(ws) if (ws as u64) < host.0 => Machine { device_bytes: ws as u64, device_source: "Metal's recommended working set".into(), ..metal },
+                    _ => metal,
+                }
+            }
+            _ => on_host,
         })
     }
-}
 
-impl Machine {
     /// A machine whose model runs in host memory of `(bytes, source)`.
     fn host((bytes, source): (u64, String)) -> Machine {
-        Machine { device_bytes: bytes, device_source: source, host_bytes: None, runtime_bytes: 0 }
+        Machine { device_bytes: bytes, device_source: source, host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu }
+    }
+
+    /// Whether MLX attends a prefill chunk in one fused kernel for heads of
+    /// `head_dim` with `element_bits`-bit activations. Where it does not, the
+    /// chunk's scores are a [query heads, chunk, context] array: working
+    /// memory that grows with the context. MLX 0.32.4 fuses it with cuDNN on
+    /// CUDA (16-bit, head dims up to 128, multiples of 8) and with its own
+    /// kernel on Metal (head dims 64, 80 and 128); never on the CPU.
+    pub fn fuses_prefill_attention(&self, head_dim: i32, element_bits: u32) -> bool {
+        match self.backend {
+            Backend::Cpu => false,
+            Backend::Cuda => element_bits == 16 && head_dim <= 128 && head_dim % 8 == 0,
+            Backend::Metal => matches!(head_dim, 64 | 80 | 128),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ pub mod machine;
 
 use serde::Serialize;
 
-pub use machine::Machine;
+pub use machine::{Backend, Machine};
 
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::Array;
@@ -19,7 +19,7 @@ use mlx_rs_safe::Array;
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
 use crate::kv::{bytes_per_token, KvCompression, KvKind};
-use crate::models::ModelShape;
+use crate::models::{KvLayout, ModelShape};
 
 /// Memory kept free of plans for MLX's working buffers (a prefill chunk's
 /// activations, logits): a twentieth of the budget, at least 256 MiB; and
@@ -42,6 +42,14 @@ const PROMPT_CACHE_DEFAULT: u64 = 2 << 30;
 /// Prompt tokens a TurboQuant sequence holds at 16 bits before it is
 /// compressed (its prefill threshold) when the plan picks TurboQuant.
 const PLANNED_TURBO_THRESHOLD: i32 = 4096;
+/// Unfused attention's scores, as MLX holds them (the scores and the softmax
+/// over them, partly in place): 1.07-1.09x one [heads, chunk, context] array
+/// measured on the CPU (bench/kv_working_set.py), with room to spare.
+const SCORES_COPIES: f64 = 1.25;
+/// A history decoded for attention (TurboQuant's prefill chunks): the keys
+/// and values decoded, then joined with the sinks and the chunk's own; 1.85x
+/// one decoded copy measured on the CPU, with room to spare.
+const DECODED_HISTORY_COPIES: f64 = 2.0;
 
 /// What the flags fix; None: the plan chooses.
 #[derive(Debug, Clone, Default)]
@@ -61,6 +69,8 @@ pub struct Wants {
     /// `--max-concurrency`: sequences that may hold a recurrent state at once
     /// (0: one).
     pub max_sequences: usize,
+    /// `--prefill-size`: prompt tokens a prefill chunk attends at once (0: one).
+    pub prefill_size: usize,
 }
 
 /// The plan: printed at start-up, shown by /health and `--plan`.
@@ -93,6 +103,10 @@ pub struct MemoryPlan {
     pub kv_tokens: u64,
     /// Longest sequence (prompt + generated tokens).
     pub context: u64,
+    /// What one layer's attention holds beside the cache while a prefill
+    /// chunk attends to a whole context: grows with the context where the
+    /// attention is unfused or reads a decoded history.
+    pub attention_working_bytes: u64,
     pub prompt_cache_bytes: u64,
     /// The recurrent states of the running sequences (linear-attention
     /// layers: a fixed size per sequence, whatever its length).
@@ -133,6 +147,7 @@ impl MemoryPlan {
             + kv_on_device.ceil() as u64
             + states_on_device.ceil() as u64
             + self.prompt_cache_bytes
+            + self.attention_working_bytes
             + self.reserve_bytes
     }
 
@@ -161,6 +176,9 @@ impl MemoryPlan {
             "  KV cache: {} at {:.0} bytes per token; {} tokens shared by the running sequences; context {}",
             self.kv_format, self.kv_bytes_per_token, self.kv_tokens, self.context
         ));
+        if self.attention_working_bytes > 0 {
+            lines.push(format!("  attention's working memory at the whole context: {}", gib(self.attention_working_bytes)));
+        }
         if self.recurrent_state_bytes > 0 {
             lines.push(format!("  recurrent states: {} for the running sequences", gib(self.recurrent_state_bytes)));
         }
@@ -173,6 +191,27 @@ impl MemoryPlan {
         ));
         lines.join("\n")
     }
+}
+
+/// Bytes per token of context that one layer's attention holds beside the
+/// cache while a prefill chunk of `chunk` tokens attends to the context, in
+/// `compression`: its scores where MLX has no fused kernel for it (on
+/// `machine`, and for a quantized cache, which attends by matmuls
+/// everywhere), and the history decoded for it (TurboQuant's prefill
+/// chunks, on every backend). Layers that hold a bounded window or a
+/// recurrent state add nothing that grows.
+fn attention_working_per_token(machine: &Machine, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
+    if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
+        return 0.0;
+    }
+    let element = element_bits as f64 / 8.0;
+    let unfused = !machine.fuses_prefill_attention(layout.head_dim, element_bits) || matches!(compression, Some(KvCompression::Affine { .. }));
+    let scores = if unfused { SCORES_COPIES * layout.query_heads as f64 * chunk.max(1) as f64 * element } else { 0.0 };
+    let history = match compression {
+        Some(KvCompression::Turbo { .. }) => DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * element,
+        _ => 0.0,
+    };
+    scores + history
 }
 
 /// The KV formats the plan tries, least compressed first.
@@ -300,15 +339,30 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     // layers' share of each token, in host memory for the rest).
     let device_share = on_gpu as f64 / layers.max(1) as f64;
     let host_left = machine.host_bytes.map(|h| h.saturating_sub(host_weights + reserve + (recurrent_state_bytes - states_on_device)));
-    let pool_tokens = |bpt: f64, transient: f64| -> u64 {
-        let on_device = (left as f64 - transient * device_share).max(0.0) / (bpt * device_share).max(f64::MIN_POSITIVE);
+    let target = wants.context.or(model_context).unwrap_or(MIN_KV_TOKENS as usize) as u64;
+    // Tokens `room` bytes hold at `per_token` bytes each beside attention's
+    // working memory, `working` bytes per token of the longest sequence
+    // (at most `target` tokens long; one layer attends at a time).
+    let fit = |room: f64, per_token: f64, working: f64| -> f64 {
+        let (room, per_token) = (room.max(0.0), per_token.max(f64::MIN_POSITIVE));
+        let beside_target = (room - working * target as f64) / per_token;
+        if beside_target >= target as f64 {
+            beside_target
+        } else {
+            room / (per_token + working)
+        }
+    };
+    let pool_tokens = |bpt: f64, transient: f64, working: f64| -> u64 {
+        let on_device = match on_gpu {
+            0 => f64::INFINITY,
+            _ => fit(left as f64 - transient * device_share, bpt * device_share, working),
+        };
         let on_host = match host_left {
-            Some(h) if device_share < 1.0 => (h as f64 - transient * (1.0 - device_share)).max(0.0) / (bpt * (1.0 - device_share)),
+            Some(h) if device_share < 1.0 => fit(h as f64 - transient * (1.0 - device_share), bpt * (1.0 - device_share), working),
             _ => f64::INFINITY,
         };
         on_device.min(on_host).floor() as u64
     };
-    let target = wants.context.or(model_context).unwrap_or(MIN_KV_TOKENS as usize) as u64;
     if wants.context.is_some() {
         from_flags.push("--context-length");
     }
@@ -320,6 +374,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         }
         None => kv_candidates(layout.head_dim, layout.attention_sinks, layout.fixed_kv).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
     };
+    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(machine, layout, element_bits, c, wants.prefill_size);
     let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
         .into_iter()
         .map(|(name, c)| {
@@ -334,7 +389,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
                 Some(KvCompression::Turbo { prefill_threshold, .. }) => fp16_bpt * prefill_threshold.max(0) as f64,
                 _ => 0.0,
             };
-            (name, c, bpt, pool_tokens(bpt, transient))
+            (name, c, bpt, pool_tokens(bpt, transient, working_per_token(c.as_ref())))
         })
         .collect();
     // None holds a whole context: the one that holds the most.
@@ -354,6 +409,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         return Err(too_small(why));
     }
     let context = target.min(kv_tokens);
+    let attention_working_bytes = (working_per_token(kv_compression.as_ref()) * context as f64).ceil() as u64;
     Ok(MemoryPlan {
         budget_bytes: budget,
         budget_source,
@@ -368,6 +424,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         kv_element_bits: element_bits,
         kv_tokens,
         context,
+        attention_working_bytes,
         prompt_cache_bytes,
         recurrent_state_bytes,
         from_flags,

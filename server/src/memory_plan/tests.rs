@@ -13,7 +13,7 @@ const GIB: u64 = 1 << 30;
 fn llama8b() -> ModelShape {
     ModelShape {
         weights: WeightFootprint { layers: vec![218 << 20; 32], routed: vec![0; 32], other: GIB, activation_bits: 16 },
-        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128, attention_sinks: false, fixed_kv: None },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 32], kv_heads: 8, head_dim: 128, query_heads: 32, attention_sinks: false, fixed_kv: None },
     }
 }
 
@@ -21,16 +21,16 @@ fn llama8b() -> ModelShape {
 fn moe() -> ModelShape {
     ModelShape {
         weights: WeightFootprint { layers: vec![600 << 20; 48], routed: vec![560 << 20; 48], other: GIB / 2, activation_bits: 16 },
-        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128, attention_sinks: false, fixed_kv: None },
+        kv_layout: KvLayout { kinds: vec![KvKind::Dense; 48], kv_heads: 4, head_dim: 128, query_heads: 32, attention_sinks: false, fixed_kv: None },
     }
 }
 
 fn cpu(bytes: u64) -> Machine {
-    Machine { device_bytes: bytes, device_source: "simulated RAM".into(), host_bytes: None, runtime_bytes: 0 }
+    Machine { device_bytes: bytes, device_source: "simulated RAM".into(), host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu }
 }
 
 fn cuda(gpu: u64, host: u64) -> Machine {
-    Machine { device_bytes: gpu, device_source: "simulated GPU".into(), host_bytes: Some(host), runtime_bytes: GIB }
+    Machine { device_bytes: gpu, device_source: "simulated GPU".into(), host_bytes: Some(host), runtime_bytes: GIB, backend: Backend::Cuda }
 }
 
 fn check_within_budget(p: &MemoryPlan) {
@@ -43,7 +43,7 @@ fn the_plan_never_exceeds_the_budget_at_any_memory_size() {
     for gib in [20u64, 24, 32, 48, 64, 80, 128, 192] {
         for (shape, streamed) in [(&shapes[0], false), (&shapes[1], true), (&shapes[1], false)] {
             for machine in [cpu(gib * GIB), cuda(gib * GIB, 256 * GIB)] {
-                let wants = Wants { stream_experts: streamed, ..Wants::default() };
+                let wants = Wants { stream_experts: streamed, prefill_size: 512, ..Wants::default() };
                 match plan(&machine, shape, Some(131_072), &wants) {
                     Ok(p) => {
                         check_within_budget(&p);
@@ -77,6 +77,45 @@ fn less_memory_compresses_the_kv_cache_before_cutting_the_context() {
     assert_eq!(tight.kv_format, "turbo-compact");
     assert!(tight.context < 131_072 && tight.context == tight.kv_tokens, "{}", tight.describe());
     check_within_budget(&tight);
+}
+
+#[test]
+fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
+    let metal = |bytes| Machine { backend: Backend::Metal, ..cpu(bytes) };
+    let wants = |compression: Option<KvCompression>, context| Wants { kv_compression: compression, context, prefill_size: 512, ..Wants::default() };
+    let turbo = || Some(KvCompression::turbo("compact", 4096).unwrap());
+    // Unfused (the CPU): a 512-token chunk's scores over the context, 32 query
+    // heads of 16 bits, shrink the pool a 16-bit token at a time and count in the plan.
+    let scores: f64 = 1.25 * 32.0 * 512.0 * 2.0;
+    let fused = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, None)).unwrap();
+    let unfused = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, None)).unwrap();
+    assert_eq!((fused.kv_format.as_str(), unfused.kv_format.as_str(), unfused.context), ("fp16", "fp16", 131_072));
+    assert_eq!(fused.attention_working_bytes, 0, "{}", fused.describe());
+    assert_eq!(unfused.attention_working_bytes, (scores * 131_072.0).ceil() as u64, "{}", unfused.describe());
+    assert!(fused.kv_tokens - unfused.kv_tokens - (scores as u64) < 2, "{} against {}", unfused.kv_tokens, fused.kv_tokens);
+    check_within_budget(&unfused);
+    // A quantized cache attends by matmuls on every backend; TurboQuant's
+    // prefill chunks read a decoded history (keys and values, 16 bits) on every backend.
+    let kv8 = plan(&metal(20 * GIB), &llama8b(), Some(131_072), &wants(Some(KvCompression::affine(8, 64, 0).unwrap()), None)).unwrap();
+    assert_eq!(kv8.attention_working_bytes, (scores * kv8.context as f64).ceil() as u64, "{}", kv8.describe());
+    let history: f64 = 2.0 * 2.0 * 8.0 * 128.0 * 2.0;
+    let compact = plan(&metal(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
+    assert_eq!(compact.attention_working_bytes, (history * compact.context as f64).ceil() as u64, "{}", compact.describe());
+    assert!(compact.context < 131_072, "{}", compact.describe());
+    check_within_budget(&compact);
+    let both = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
+    assert_eq!(both.attention_working_bytes, ((scores + history) * both.context as f64).ceil() as u64, "{}", both.describe());
+    check_within_budget(&both);
+    // CUDA fuses 16-bit attention of head dims up to 128 (cuDNN), Metal its own head dims.
+    let gpu = cuda(80 * GIB, 256 * GIB);
+    assert!(gpu.fuses_prefill_attention(128, 16) && !gpu.fuses_prefill_attention(256, 16) && !gpu.fuses_prefill_attention(128, 32));
+    assert!(metal(GIB).fuses_prefill_attention(64, 32) && !metal(GIB).fuses_prefill_attention(256, 16) && !cpu(GIB).fuses_prefill_attention(128, 16));
+    // A shorter context bounds it: the pool gives up only that context's working memory.
+    let short = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
+    let free = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
+    assert_eq!(short.attention_working_bytes, (scores * 8192.0).ceil() as u64);
+    assert!(free.kv_tokens - short.kv_tokens - (scores as u64 / 16) < 2, "{} against {}", short.kv_tokens, free.kv_tokens);
+    check_within_budget(&short);
 }
 
 #[test]
@@ -139,7 +178,7 @@ fn hybrid() -> ModelShape {
     let kinds = (0..40).map(|i| if (i + 1) % 4 == 0 { KvKind::Dense } else { state }).collect();
     ModelShape {
         weights: WeightFootprint { layers: vec![480 << 20; 40], routed: vec![450 << 20; 40], other: GIB / 2, activation_bits: 16 },
-        kv_layout: KvLayout { kinds, kv_heads: 2, head_dim: 256, attention_sinks: false, fixed_kv: None },
+        kv_layout: KvLayout { kinds, kv_heads: 2, head_dim: 256, query_heads: 16, attention_sinks: false, fixed_kv: None },
     }
 }
 

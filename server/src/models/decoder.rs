@@ -75,6 +75,7 @@ impl DecoderSpec {
             kinds: (0..self.num_layers as usize).map(|i| self.kv_kind(i)).collect(),
             kv_heads: self.attention.n_kv_heads,
             head_dim: self.attention.head_dim,
+            query_heads: self.attention.n_heads,
             attention_sinks: self.attention.sinks,
             fixed_kv: None,
         }
@@ -166,6 +167,7 @@ impl Decoder {
             kinds: stage.layers.clone().map(|i| spec.kv_kind(i)).collect(),
             kv_heads,
             head_dim: spec.attention.head_dim,
+            query_heads: (spec.attention.n_heads / ranks).max(1),
             attention_sinks: spec.attention.sinks,
             fixed_kv: None,
         };

@@ -89,7 +89,7 @@ impl Gemma3TextConfig {
         let kinds = (0..self.num_hidden_layers)
             .map(|i| if self.is_global(i) { KvKind::Dense } else { KvKind::Rotating { max_size: self.sliding_window } })
             .collect();
-        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim, attention_sinks: false, fixed_kv: None }
+        KvLayout { kinds, kv_heads: self.num_key_value_heads, head_dim: self.head_dim, query_heads: self.num_attention_heads, attention_sinks: false, fixed_kv: None }
     }
 
     fn is_global(&self, layer: i32) -> bool {
@@ -194,6 +194,6 @@ impl LanguageModel for Gemma3Text {
     fn kv_layout(&self) -> KvLayout {
         // This rank's share of the KV heads.
         let full = self.cfg.kv_layout();
-        KvLayout { kv_heads: full.kv_heads / self.ranks, ..full }
+        KvLayout { kv_heads: full.kv_heads / self.ranks, query_heads: full.query_heads / self.ranks, ..full }
     }
 }

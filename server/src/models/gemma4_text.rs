@@ -152,6 +152,7 @@ impl Gemma4TextConfig {
             kinds,
             kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim,
+            query_heads: self.num_attention_heads,
             attention_sinks: false,
             fixed_kv: self.fixed_kv_reason(),
         })
@@ -408,6 +409,7 @@ impl Gemma4Text {
         }
         let mut layout = cfg.kv_layout()?;
         layout.kv_heads = kv_heads_per_rank(layout.kv_heads, ranks).unwrap_or(layout.kv_heads);
+        layout.query_heads = (layout.query_heads / ranks).max(1);
         // This rank's caches: its layers that keep keys and values of their own.
         let own = |i: usize| i.min(first_shared);
         layout.kinds = layout.kinds[own(stage.layers.start)..own(stage.layers.end)].to_vec();

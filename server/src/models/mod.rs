@@ -62,6 +62,9 @@ pub struct KvLayout {
     pub kinds: Vec<KvKind>,
     pub kv_heads: i32,
     pub head_dim: i32,
+    /// Query heads of an attention layer: with a prefill chunk's length and
+    /// the context they size attention's scores where no fused kernel runs.
+    pub query_heads: i32,
     /// Attention with learned sinks (gpt-oss), which TurboQuant's kernels lack.
     pub attention_sinks: bool,
     /// Why no KV compression applies to this model, if none does.
@@ -221,6 +224,7 @@ impl ModelShape {
                 let n = g.size() as u64;
                 shape.weights.layers.iter_mut().chain(shape.weights.routed.iter_mut()).for_each(|b| *b = b.div_ceil(n));
                 shape.kv_layout.kv_heads = (shape.kv_layout.kv_heads / g.size() as i32).max(1);
+                shape.kv_layout.query_heads = (shape.kv_layout.query_heads / g.size() as i32).max(1);
             }
             Sharding::Pipeline(..) => {
                 let stage = pipeline::PipelineStage::of(sharding, shape.kv_layout.kinds.len())?;

@@ -159,6 +159,7 @@ impl Qwen3NextConfig {
             kinds: (0..self.num_hidden_layers as usize).map(|i| if self.is_linear(i) { self.recurrent_kind() } else { KvKind::Dense }).collect(),
             kv_heads: self.num_key_value_heads,
             head_dim: self.head_dim(),
+            query_heads: self.num_attention_heads,
             attention_sinks: false,
             fixed_kv: None,
         })

@@ -1,0 +1,88 @@
+"""The working memory a long context takes besides its KV cache, per KV format (issue 19).
+
+Where attention reads a decoded copy of the history (TurboQuant's prefill chunks; every format
+on a backend without fused attention, --kv-bits everywhere), the buffers one layer's attention
+holds grow with the context: the memory plan must leave room for them or a long context passes
+its budget. This measures that growth to set the plan's factors.
+
+For each configuration one server runs (no budget, the prompt cache off); for each length one
+request of that many random prompt tokens runs and MLX's peak is read from /health, after a
+reset. The working set is the peak less the idle server's memory and the KV cache's bytes at that
+length (the plan's bytes per token); its growth per token of context between the lengths is what
+the plan must hold per token beside the cache.
+
+usage: python bench/kv_working_set.py --model DIR --mlx-serve BIN --lengths 4096,8192 --out FILE.json
+           [--configs fp16,kv8,balanced,compact] [--prefill-size 512] [--turbo-threshold 512]
+"""
+
+import argparse, json, subprocess, sys, tempfile, time
+from pathlib import Path
+
+import serving
+from serving import httpx  # whichever name this Python ships it under
+from turbo_budget import FLAGS, fill
+
+
+def plan_bpt(a, config, env, context) -> float:
+    """The plan's KV bytes per token for `config` (its format's size, sinks and norms included)."""
+    out = subprocess.run([a.mlx_serve, "--model", a.model, "--plan", "--context-length", str(context)] + flags(config, a),
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout[out.stdout.index("{"):])["kv_bytes_per_token"]
+
+
+def flags(config, a) -> list:
+    f = FLAGS[config] + ["--prompt-cache-bytes", "0", "--prefill-size", str(a.prefill_size)]
+    return f + (["--turbo-kv-prefill-threshold", str(a.turbo_threshold)] if config in ("balanced", "compact", "paper") else [])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--mlx-serve", required=True)
+    ap.add_argument("--python", default=sys.executable, help="python whose MLX the binary may need (serving.ours_env)")
+    ap.add_argument("--configs", default="fp16,kv8,balanced,compact")
+    ap.add_argument("--lengths", default="4096,8192")
+    ap.add_argument("--prefill-size", type=int, default=512)
+    ap.add_argument("--turbo-threshold", type=int, default=512)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    configs, lengths = a.configs.split(","), sorted(int(n) for n in a.lengths.split(","))
+    cfg_path = Path(a.model, "config.json")
+    if any(c not in FLAGS for c in configs) or not cfg_path.exists() or len(lengths) < 2:
+        ap.error(f"configs must be among {sorted(FLAGS)}, --model a model folder, and --lengths two or more")
+    cfg = json.loads(cfg_path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    env = serving.ours_env(a.mlx_serve, a.python)
+    work = Path(tempfile.mkdtemp(prefix="kv-working-set-"))
+    context = lengths[-1] + 8
+    results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
+    for c in configs:
+        bpt = plan_bpt(a, c, env, context)
+        cell = {"config": c, "kv_bytes_per_token": bpt, "runs": []}
+        results["cells"].append(cell)
+        server = serving.Server(f"ws-{c}", "ours", serving.ours_argv(a.mlx_serve, a.model, flags(c, a) + ["--context-length", str(context)]), env, work)
+        try:
+            server.start()
+            for n in lengths:
+                idle = server.mlx_memory()["active_bytes"]
+                server.reset_peaks()
+                r = fill(server.url, n - 1, 1, cfg["vocab_size"], n)
+                peak = server.mlx_memory()["peak_bytes"]
+                cell["runs"].append({"tokens": n, "status": r["status"], "idle_bytes": idle, "peak_bytes": peak,
+                                     "working_bytes": peak - idle - bpt * n, "wall_s": r["wall_s"]})
+                serving.log(f"{c} {n}: {cell['runs'][-1]}")
+        finally:
+            server.stop()
+        (lo, hi) = (cell["runs"][0], cell["runs"][-1])
+        cell["working_bytes_per_token"] = (hi["working_bytes"] - lo["working_bytes"]) / (hi["tokens"] - lo["tokens"])
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    print(f"\n{a.model}: prefill size {a.prefill_size}, lengths {lengths}\n")
+    print("| format | KV bytes/token | working bytes at each length | working bytes per token of context |")
+    print("|---|---|---|---|")
+    for cell in results["cells"]:
+        at = ", ".join(f"{r['tokens']}: {r['working_bytes'] / 1e6:.1f} MB" for r in cell["runs"])
+        print(f"| {cell['config']} | {cell['kv_bytes_per_token']:.0f} | {at} | {cell['working_bytes_per_token']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
