@@ -79,4 +79,8 @@ impl KvStore for AffineStore {
     fn nbytes(&self) -> usize {
         self.rows.nbytes()
     }
+
+    fn reserve(&mut self, positions: i32) {
+        self.rows.reserve(positions);
+    }
 }

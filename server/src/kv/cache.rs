@@ -37,6 +37,14 @@ impl ModelCache {
         Ok(ModelCache { layers, masks: StepMemo::default(), pending: Vec::new() })
     }
 
+    /// Makes room for `positions` in all in each layer at its next growth:
+    /// a prompt about to be prefilled chunk by chunk (its layers then grow
+    /// once instead of once per chunk).
+    pub fn reserve(&mut self, positions: usize) {
+        let positions = positions.min(i32::MAX as usize) as i32;
+        self.layers.iter_mut().for_each(|l| l.reserve(positions));
+    }
+
     /// Sequences held.
     pub fn rows(&self) -> usize {
         self.layers.first().map(LayerCache::rows).unwrap_or(0)

@@ -113,4 +113,8 @@ impl KvStore for DenseStore {
     fn nbytes(&self) -> usize {
         self.rows.nbytes()
     }
+
+    fn reserve(&mut self, positions: i32) {
+        self.rows.reserve(positions);
+    }
 }

@@ -54,6 +54,11 @@ impl LayerCache {
         self.place.len()
     }
 
+    /// Makes room for `positions` in all (see [`KvStore::reserve`]).
+    pub fn reserve(&mut self, positions: i32) {
+        self.parts.iter_mut().for_each(|p| p.reserve(positions));
+    }
+
     /// Tokens each row has seen, in batch order.
     pub fn offsets(&self) -> Vec<i32> {
         let per_part: Vec<Vec<i32>> = self.parts.iter().map(|p| p.offsets()).collect();

@@ -21,6 +21,8 @@ pub struct PaddedRows {
     /// Positions written, padding included (the same for every row).
     idx: i32,
     left_pad: Vec<i32>,
+    /// Positions the next growth makes room for at once (see [`Self::reserve`]).
+    reserved: i32,
 }
 
 /// `a[..., :n, :]` of a [B, H, S, X] array.
@@ -31,7 +33,7 @@ fn head(a: &Array, n: i32) -> Result<Array> {
 impl PaddedRows {
     /// `rows` sequences with no tokens yet.
     pub fn empty(rows: usize) -> PaddedRows {
-        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows] }
+        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0 }
     }
 
     pub fn rows(&self) -> usize {
@@ -67,7 +69,7 @@ impl PaddedRows {
     /// The same layout over other columns (a compressed form of these), whose
     /// rows start `skip` positions later (those are kept elsewhere).
     pub fn with_buffers(&self, columns: Vec<Array>, skip: i32) -> PaddedRows {
-        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect() }
+        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect(), reserved: 0 }
     }
 
     /// The mask for `n` new tokens attending to what is stored plus themselves.
@@ -82,6 +84,15 @@ impl PaddedRows {
         MaskKey { kind, layout }
     }
 
+    /// Makes the next growth room for `positions` in all (a prompt prefilled
+    /// chunk by chunk): its later chunks are written in place, where growing
+    /// a chunk at a time copies every column into a larger buffer per chunk
+    /// (the old one held until the chunk's work is done: memory, and time,
+    /// that grow with the prompt).
+    pub fn reserve(&mut self, positions: i32) {
+        self.reserved = positions;
+    }
+
     /// Writes `new` ([B, H, L, X] per column) after every row's tokens and
     /// returns the columns up to the new write position.
     pub fn append(&mut self, new: &[Array]) -> Result<Vec<Array>> {
@@ -89,7 +100,8 @@ impl PaddedRows {
         let prev = self.idx;
         let capacity = self.columns.first().map(|c| c.shape()[2]).unwrap_or(0);
         if self.columns.is_empty() || prev + l > capacity {
-            let grow = (STEP + l - 1) / STEP * STEP;
+            let steps = |n: i32| (STEP + n - 1) / STEP * STEP;
+            let grow = steps(l).max(steps(self.reserved - prev));
             let mut grown = Vec::with_capacity(new.len());
             for (i, n) in new.iter().enumerate() {
                 let s = n.shape();
@@ -151,7 +163,7 @@ impl PaddedRows {
             }
             columns.push(buf);
         }
-        Ok(PaddedRows { columns, idx: longest, left_pad })
+        Ok(PaddedRows { columns, idx: longest, left_pad, reserved: 0 })
     }
 
     /// Drops `n` positions from the end of every row (at most the shortest
@@ -208,6 +220,26 @@ mod tests {
         assert_eq!(p.offsets(), vec![303, 305]);
         assert!(p.buffers()[0].shape()[2] >= 305);
         assert_eq!(values(&p.row(1).unwrap()[0])[..8], [10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0]);
+    }
+
+    #[test]
+    fn a_reserved_prompt_grows_the_buffers_once() {
+        let chunk = |v: f32| ops::full(&[1, 1, 300, 2], &Array::scalar(v), Dtype::Float32).unwrap();
+        let (mut plain, mut reserved) = (PaddedRows::empty(1), PaddedRows::empty(1));
+        reserved.reserve(900);
+        let mut capacities = (vec![], vec![]);
+        for v in [1.0, 2.0, 3.0] {
+            plain.append(&[chunk(v)]).unwrap();
+            reserved.append(&[chunk(v)]).unwrap();
+            capacities.0.push(plain.buffers()[0].shape()[2]);
+            capacities.1.push(reserved.buffers()[0].shape()[2]);
+        }
+        // A chunk at a time the buffers grow (a copy each); reserved, once.
+        assert_eq!(capacities, (vec![512, 812, 1112], vec![1024, 1024, 1024]));
+        assert_eq!(values(&reserved.row(0).unwrap()[0]), values(&plain.row(0).unwrap()[0]));
+        // Past the reservation it grows a step at a time again.
+        reserved.append(&[ops::zeros(&[1, 1, 200, 2], Dtype::Float32).unwrap()]).unwrap();
+        assert_eq!((reserved.offsets(), reserved.buffers()[0].shape()[2]), (vec![1100], 1156));
     }
 
     #[test]

@@ -133,6 +133,10 @@ pub trait KvStore: Send {
     }
     /// Bytes held.
     fn nbytes(&self) -> usize;
+
+    /// Makes room for `positions` in all at the next growth (one sequence's
+    /// prompt, prefilled chunk by chunk); kinds of a bounded size ignore it.
+    fn reserve(&mut self, _positions: i32) {}
 }
 
 impl KvKind {

@@ -195,6 +195,11 @@ impl KvStore for TurboStore {
     fn nbytes(&self) -> usize {
         self.sinks.iter().map(Array::nbytes).sum::<usize>() + self.body.nbytes()
     }
+
+    fn reserve(&mut self, positions: i32) {
+        // The first SINKS positions are kept apart from the body.
+        self.body.reserve(positions - SINKS);
+    }
 }
 
 /// The longest prefix of at most `n` tokens a TurboQuant row restores: any
