@@ -420,9 +420,9 @@ impl Engine {
     /// waits for it).
     fn queue_prefill(&self, p: &mut Prefill, n: usize) -> Result<()> {
         let chunk = token_row(&p.seq.request.params.prompt[p.done..p.done + n])?;
-        // The whole prompt's room at once (a TurboQuant cache compressed after
-        // the last chunk is a new store: it is told again).
-        p.cache.reserve(p.seq.request.params.prompt.len());
+        // The whole prompt's room at once (a store the compression made after
+        // the last chunk is a new one: it is told again).
+        p.cache.reserve(p.seq.request.params.prompt.len(), self.config.kv_compression.as_ref());
         self.model.forward(&chunk, &mut p.cache)?;
         let converted = p.cache.compress(self.config.kv_compression.as_ref(), Phase::Prefill)?;
         self.metrics.record_kv_compressions("prefill", converted as u64);

@@ -39,10 +39,13 @@ impl ModelCache {
 
     /// Makes room for `positions` in all in each layer at its next growth:
     /// a prompt about to be prefilled chunk by chunk (its layers then grow
-    /// once instead of once per chunk).
-    pub fn reserve(&mut self, positions: usize) {
+    /// once instead of once per chunk). A 16-bit store that `policy`
+    /// converts during the prefill makes room only for what it holds before
+    /// (a long TurboQuant prompt never holds its whole 16-bit KV).
+    pub fn reserve(&mut self, positions: usize, policy: Option<&KvCompression>) {
         let positions = positions.min(i32::MAX as usize) as i32;
-        self.layers.iter_mut().for_each(|l| l.reserve(positions));
+        let dense = policy.map_or(positions, |p| positions.min(p.converts_after()));
+        self.layers.iter_mut().for_each(|l| l.reserve(|kind| if *kind == KvKind::Dense { dense } else { positions }));
     }
 
     /// Sequences held.

@@ -106,6 +106,15 @@ impl KvCompression {
         Ok(KvCompression::Turbo { preset: TurboPreset::parse(preset)?, prefill_threshold, value_bits: 3 })
     }
 
+    /// Prompt tokens a 16-bit store holds before this policy converts it
+    /// during the prefill (its compressed store holds the rest).
+    pub fn converts_after(&self) -> i32 {
+        match *self {
+            KvCompression::Affine { start, .. } => start,
+            KvCompression::Turbo { prefill_threshold, .. } => prefill_threshold,
+        }
+    }
+
     /// The kind a row of `kind` holding `tokens` tokens converts to now, if any.
     pub fn target(&self, kind: &KvKind, tokens: i32, at: CompressAt) -> Option<KvKind> {
         match (*self, kind) {

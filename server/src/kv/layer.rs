@@ -54,9 +54,13 @@ impl LayerCache {
         self.place.len()
     }
 
-    /// Makes room for `positions` in all (see [`KvStore::reserve`]).
-    pub fn reserve(&mut self, positions: i32) {
-        self.parts.iter_mut().for_each(|p| p.reserve(positions));
+    /// Makes room in each store for the positions `room` gives its kind
+    /// (see [`KvStore::reserve`]).
+    pub fn reserve(&mut self, room: impl Fn(&KvKind) -> i32) {
+        self.parts.iter_mut().for_each(|p| {
+            let positions = room(&p.kind());
+            p.reserve(positions)
+        });
     }
 
     /// Tokens each row has seen, in batch order.

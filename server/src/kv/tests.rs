@@ -280,3 +280,27 @@ fn a_rotating_row_restores_only_prefixes_whose_window_it_still_holds() {
     let dense = prefilled(&KvKind::Dense, &a, 15).row(0).unwrap();
     assert_eq!(dense.servable(9), 9);
 }
+
+#[test]
+fn a_prompt_reserves_its_room_once_and_a_compressing_policy_keeps_the_16_bit_store_small() {
+    let r = row(640, 70);
+    let bytes_per_position = 2 * KV_HEADS as usize * DIM as usize * 4;
+    let turbo = KvCompression::turbo("balanced", 256).unwrap();
+    for (policy, room) in [(None, 640), (Some(&turbo), 256)] {
+        let mut cache = super::ModelCache::new(&[KvKind::Dense]).unwrap();
+        cache.reserve(640, policy);
+        let mut chunked = Vec::new();
+        {
+            let (layers, _) = cache.for_forward();
+            chunked.push(feed(&mut layers[0], &r, 0, 128));
+        }
+        // The 16-bit store holds the prompt, or what comes before the policy converts it.
+        assert_eq!(cache.nbytes(), (room as usize).div_ceil(256) * 256 * bytes_per_position, "{policy:?}");
+        let (layers, _) = cache.for_forward();
+        chunked.push(feed(&mut layers[0], &r, 128, 256));
+        // The same attention as a store grown a chunk at a time.
+        let mut plain = LayerCache::new(&KvKind::Dense).unwrap();
+        assert_close(&chunked[0], &feed(&mut plain, &r, 0, 128), "first chunk");
+        assert_close(&chunked[1], &feed(&mut plain, &r, 128, 256), "second chunk");
+    }
+}
