@@ -195,17 +195,17 @@ impl MemoryPlan {
 
 /// Bytes per token of context that one layer's attention holds beside the
 /// cache while a prefill chunk of `chunk` tokens attends to the context, in
-/// `compression`: its scores where MLX has no fused kernel for it (on
-/// `machine`, and for a quantized cache, which attends by matmuls
-/// everywhere), and the history decoded for it (TurboQuant's prefill
+/// `compression`: its scores where MLX has no fused kernel for it (not
+/// `fused` where the layer runs, and for a quantized cache, which attends by
+/// matmuls everywhere), and the history decoded for it (TurboQuant's prefill
 /// chunks, on every backend). Layers that hold a bounded window or a
 /// recurrent state add nothing that grows.
-fn attention_working_per_token(machine: &Machine, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
+fn attention_working_per_token(fused: bool, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
         return 0.0;
     }
     let element = element_bits as f64 / 8.0;
-    let unfused = !machine.fuses_prefill_attention(layout.head_dim, element_bits) || matches!(compression, Some(KvCompression::Affine { .. }));
+    let unfused = !fused || matches!(compression, Some(KvCompression::Affine { .. }));
     let scores = if unfused { SCORES_COPIES * layout.query_heads as f64 * chunk.max(1) as f64 * element } else { 0.0 };
     let history = match compression {
         Some(KvCompression::Turbo { .. }) => DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * element,
@@ -352,13 +352,18 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
             room / (per_token + working)
         }
     };
-    let pool_tokens = |bpt: f64, transient: f64, working: f64| -> u64 {
+    // Attention's working memory per token of context, with the device's
+    // attention and (layers past --gpu-layers) the CPU's.
+    let fused = machine.fuses_prefill_attention(layout.head_dim, element_bits);
+    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(fused, layout, element_bits, c, wants.prefill_size);
+    let working_on_host = |c: Option<&KvCompression>| attention_working_per_token(false, layout, element_bits, c, wants.prefill_size);
+    let pool_tokens = |bpt: f64, transient: f64, c: Option<&KvCompression>| -> u64 {
         let on_device = match on_gpu {
             0 => f64::INFINITY,
-            _ => fit(left as f64 - transient * device_share, bpt * device_share, working),
+            _ => fit(left as f64 - transient * device_share, bpt * device_share, working_per_token(c)),
         };
         let on_host = match host_left {
-            Some(h) if device_share < 1.0 => fit(h as f64 - transient * (1.0 - device_share), bpt * (1.0 - device_share), working),
+            Some(h) if device_share < 1.0 => fit(h as f64 - transient * (1.0 - device_share), bpt * (1.0 - device_share), working_on_host(c)),
             _ => f64::INFINITY,
         };
         on_device.min(on_host).floor() as u64
@@ -374,7 +379,6 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         }
         None => kv_candidates(layout.head_dim, layout.attention_sinks, layout.fixed_kv).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
     };
-    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(machine, layout, element_bits, c, wants.prefill_size);
     let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
         .into_iter()
         .map(|(name, c)| {
@@ -389,7 +393,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
                 Some(KvCompression::Turbo { prefill_threshold, .. }) => fp16_bpt * prefill_threshold.max(0) as f64,
                 _ => 0.0,
             };
-            (name, c, bpt, pool_tokens(bpt, transient, working_per_token(c.as_ref())))
+            (name, c, bpt, pool_tokens(bpt, transient, c.as_ref()))
         })
         .collect();
     // None holds a whole context: the one that holds the most.
@@ -409,7 +413,11 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         return Err(too_small(why));
     }
     let context = target.min(kv_tokens);
-    let attention_working_bytes = (working_per_token(kv_compression.as_ref()) * context as f64).ceil() as u64;
+    // The device's (its layers attend there); the CPU's layers hold theirs in host memory.
+    let attention_working_bytes = match on_gpu {
+        0 => 0,
+        _ => (working_per_token(kv_compression.as_ref()) * context as f64).ceil() as u64,
+    };
     Ok(MemoryPlan {
         budget_bytes: budget,
         budget_source,
