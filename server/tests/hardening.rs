@@ -199,10 +199,12 @@ fn connections_beyond_the_limit_wait_until_one_closes() {
 #[test]
 fn sigterm_cuts_what_outlasts_the_grace_period_with_a_final_chunk_and_exits_non_zero() {
     let mut s = TestServer::start(&long_context_model(), &["--shutdown-grace-secs", "5"]);
-    let endless = |stream: bool| json!({"prompt": "the model", "max_tokens": 1_000_000, "ignore_eos": true, "stream": stream}).to_string();
+    // Long enough to outlast the grace period many times over; three of them fit the KV pool
+    // (the plan keeps a context's attention working memory beside it: ~2M tokens on 24 GB).
+    let endless = |stream: bool| json!({"prompt": "the model", "max_tokens": 200_000, "ignore_eos": true, "stream": stream}).to_string();
     let mut stream = s.send_raw_post("/v1/completions", &endless(true));
     let mut whole = s.send_raw_post("/v1/completions", &endless(false));
-    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1_000_000, "ignore_eos": true, "stream": true}).to_string();
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200_000, "ignore_eos": true, "stream": true}).to_string();
     let mut chat_stream = s.send_raw_post("/v1/chat/completions", &chat);
     wait_running(&s, 3);
     // A short request in flight when the signal comes finishes normally.
