@@ -68,20 +68,27 @@ def main():
                 server.reset_peaks()
                 r = fill(server.url, n - 1, 1, cfg["vocab_size"], n)
                 peak = server.mlx_memory()["peak_bytes"]
-                cell["runs"].append({"tokens": n, "status": r["status"], "idle_bytes": idle, "peak_bytes": peak,
-                                     "working_bytes": peak - idle - bpt * n, "wall_s": r["wall_s"]})
+                run = {"tokens": n, "status": r["status"], "idle_bytes": idle, "peak_bytes": peak, "wall_s": r["wall_s"]}
+                if r["status"] == 200:
+                    run["working_bytes"] = peak - idle - bpt * n
+                else:  # a failed request measures nothing: keep why it failed
+                    run["error"] = r.get("error")
+                cell["runs"].append(run)
                 serving.log(f"{c} {n}: {cell['runs'][-1]}")
         finally:
             server.stop()
-        (lo, hi) = (cell["runs"][0], cell["runs"][-1])
-        cell["working_bytes_per_token"] = (hi["working_bytes"] - lo["working_bytes"]) / (hi["tokens"] - lo["tokens"])
+        ok = [r for r in cell["runs"] if "working_bytes" in r]
+        if len(ok) >= 2:
+            (lo, hi) = (ok[0], ok[-1])
+            cell["working_bytes_per_token"] = (hi["working_bytes"] - lo["working_bytes"]) / (hi["tokens"] - lo["tokens"])
         Path(a.out).write_text(json.dumps(results, indent=1))
     print(f"\n{a.model}: prefill size {a.prefill_size}, lengths {lengths}\n")
     print("| format | KV bytes/token | working bytes at each length | working bytes per token of context |")
     print("|---|---|---|---|")
     for cell in results["cells"]:
-        at = ", ".join(f"{r['tokens']}: {r['working_bytes'] / 1e6:.1f} MB" for r in cell["runs"])
-        print(f"| {cell['config']} | {cell['kv_bytes_per_token']:.0f} | {at} | {cell['working_bytes_per_token']:.0f} |")
+        at = ", ".join(f"{r['tokens']}: " + (f"{r['working_bytes'] / 1e6:.1f} MB" if "working_bytes" in r else f"HTTP {r['status']}") for r in cell["runs"])
+        per_token = cell.get("working_bytes_per_token")
+        print(f"| {cell['config']} | {cell['kv_bytes_per_token']:.0f} | {at} | {'-' if per_token is None else f'{per_token:.0f}'} |")
 
 
 if __name__ == "__main__":
