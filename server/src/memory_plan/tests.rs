@@ -119,6 +119,20 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
 }
 
 #[test]
+fn layers_past_gpu_layers_plan_the_cpus_unfused_attention_in_host_memory() {
+    // 16-bit attention of head dim 128 is fused on CUDA: nothing grows on the device.
+    // The CPU's layers attend unfused: their scores come out of host memory.
+    let wants = |prefill_size| Wants { gpu_layers: Some(16), context: Some(32_768), prefill_size, ..Wants::default() };
+    let (one, chunked) = (plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(1)).unwrap(), plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(512)).unwrap());
+    assert_eq!((one.attention_working_bytes, chunked.attention_working_bytes), (0, 0));
+    // Host memory binds here (half of each token's KV, 64 KiB): a 512-token chunk's scores
+    // over the 32K context (1.25 x 32 heads x 2 bytes a position) take their tokens' room.
+    let scores = |chunk: f64| 1.25 * 32.0 * chunk * 2.0 * 32_768.0;
+    let given_up = ((scores(512.0) - scores(1.0)) / 65_536.0) as u64;
+    assert!((one.kv_tokens - chunked.kv_tokens).abs_diff(given_up) <= 1, "{} against {}", chunked.kv_tokens, one.kv_tokens);
+}
+
+#[test]
 fn a_model_larger_than_the_gpu_keeps_its_later_layers_on_the_cpu() {
     let p = plan(&cuda(6 * GIB, 64 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
     let n = p.gpu_layers.expect("layers move to the CPU");
