@@ -15,24 +15,16 @@ usage: python bench/kv_working_set.py --model DIR --mlx-serve BIN --lengths 4096
            [--configs fp16,kv8,balanced,compact] [--prefill-size 512] [--turbo-threshold 512]
 """
 
-import argparse, json, subprocess, sys, tempfile, time
+import argparse, json, sys, tempfile, time
 from pathlib import Path
 
 import serving
 from serving import httpx  # whichever name this Python ships it under
-from turbo_budget import FLAGS, fill
-
-
-def plan_bpt(a, config, env, context) -> float:
-    """The plan's KV bytes per token for `config` (its format's size, sinks and norms included)."""
-    out = subprocess.run([a.mlx_serve, "--model", a.model, "--plan", "--context-length", str(context)] + flags(config, a),
-                         capture_output=True, text=True, env=env, check=True)
-    return json.loads(out.stdout[out.stdout.index("{"):])["kv_bytes_per_token"]
+from turbo_budget import FLAGS, fill, format_flags, plan_json
 
 
 def flags(config, a) -> list:
-    f = FLAGS[config] + ["--prompt-cache-bytes", "0", "--prefill-size", str(a.prefill_size)]
-    return f + (["--turbo-kv-prefill-threshold", str(a.turbo_threshold)] if config in ("balanced", "compact", "paper") else [])
+    return format_flags(config, a.turbo_threshold) + ["--prompt-cache-bytes", "0", "--prefill-size", str(a.prefill_size)]
 
 
 def main():
@@ -57,7 +49,10 @@ def main():
     context = lengths[-1] + 8
     results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
     for c in configs:
-        bpt = plan_bpt(a, c, env, context)
+        plan = plan_json(a.mlx_serve, a.model, context, flags(c, a), env)
+        if "error" in plan:
+            sys.exit(f"{c}: the plan refused: {plan['error']}")
+        bpt = plan["kv_bytes_per_token"]  # the format's size, sinks and norms included
         cell = {"config": c, "kv_bytes_per_token": bpt, "runs": []}
         results["cells"].append(cell)
         server = serving.Server(f"ws-{c}", "ours", serving.ours_argv(a.mlx_serve, a.model, flags(c, a) + ["--context-length", str(context)]), env, work)

@@ -30,22 +30,33 @@ FLAGS = {"fp16": [], "kv8": ["--kv-bits", "8", "--quantized-kv-start", "0"],
 PROBE_CONTEXT = 256
 
 
+def format_flags(config, turbo_threshold) -> list:
+    """The server flags of a KV format, TurboQuant's prefill threshold included."""
+    return FLAGS[config] + (["--turbo-kv-prefill-threshold", str(turbo_threshold)] if config in ("balanced", "compact", "paper") else [])
+
+
 def flags(config, a):
-    f = FLAGS[config] + ["--memory-budget", a.budget, "--prompt-cache-bytes", "0"]
-    return f + (["--turbo-kv-prefill-threshold", str(a.turbo_threshold)] if config in ("balanced", "compact", "paper") else [])
+    return format_flags(config, a.turbo_threshold) + ["--memory-budget", a.budget, "--prompt-cache-bytes", "0"]
+
+
+def plan_json(binary, model, context, extra, env) -> dict:
+    """`mlx-serve --plan`'s JSON for `model` at `context` with the flags `extra`; {"error"} where it refuses."""
+    out = subprocess.run([binary, "--model", model, "--plan", "--context-length", str(context)] + extra, capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1][:400]}
+    return json.loads(out.stdout[out.stdout.index("{"):])
 
 
 def planned(a, config, env) -> dict:
     """The plan's KV format, bytes per token, pool and the longest context it holds for `config` under the budget."""
-    out = subprocess.run([a.mlx_serve, "--model", a.model, "--plan", "--context-length", str(PROBE_CONTEXT)] + flags(config, a),
-                         capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1][:400]}
-    plan = json.loads(out.stdout[out.stdout.index("{"):])
-    out = {k: plan[k] for k in ("kv_format", "kv_bytes_per_token", "kv_tokens", "kv_element_bits", "budget_bytes", "attention_working_bytes")}
+    plan = plan_json(a.mlx_serve, a.model, PROBE_CONTEXT, flags(config, a), env)
+    if "error" in plan:
+        return plan
+    out = {k: plan[k] for k in ("kv_format", "kv_bytes_per_token", "kv_tokens", "kv_element_bits", "budget_bytes")}
     # The pool at the probe's context gave up that context's working memory; the longest
     # context gives up its own: the room is shared by its tokens and their working memory.
     bpt, working = plan["kv_bytes_per_token"], plan["attention_working_bytes"] / plan["context"]
+    out["working_per_token"] = working
     out["longest"] = int((plan["kv_tokens"] * bpt + plan["attention_working_bytes"]) / (bpt + working)) - 1
     return out
 
@@ -138,7 +149,7 @@ def table(results) -> str:
             lines.append(f"| {x['config']} | - | refused: {p['error'][:120]} | - | - | - | - | - |")
             continue
         ok = f"{f['prompt_tokens'] + f['completion_tokens']}" if f.get("status") == 200 else f"error: {f.get('error') or x.get('error')}"
-        working = p["attention_working_bytes"] / PROBE_CONTEXT * x.get("context", 0)
+        working = p["working_per_token"] * x.get("context", 0)
         lines.append(f"| {p['kv_format']} | {p['kv_bytes_per_token']:.0f} | {p['longest']} | {working / 1e9:.2f} | {ok} | {gb(f.get('peak_bytes'))} | "
                      f"{f.get('peak_rss_mib', 0):.0f} | {f.get('wall_s', 0):.1f} |")
     if "over" in results:
