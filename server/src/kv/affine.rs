@@ -1,6 +1,9 @@
 //! The affine-quantized cache (`--kv-bits`): keys and values stored as MLX
 //! quantized triples (packed uint32, scales, biases), read by quantized
-//! matmuls — mlx-lm's QuantizedKVCache, here for a batch of rows.
+//! matmuls — mlx-lm's QuantizedKVCache, here for a batch of rows — or, where
+//! the device has no quantized matmuls for attention (CUDA), dequantized for
+//! each attention call: the cache still takes its quantized size, and one
+//! layer's history at a time is held at 16 bits beside it.
 
 use mlx_rs_safe::{quantized, Array};
 
@@ -53,7 +56,8 @@ impl KvStore for AffineStore {
         let (kq, ks, kb) = quantized::quantize(keys, self.group_size, self.bits)?;
         let (vq, vs, vb) = quantized::quantize(values, self.group_size, self.bits)?;
         let c = self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
-        sdpa::quantized(queries, &c[..3], &c[3..], args.scale, &mask, args.sinks, self.group_size, self.bits)
+        let attend = if sdpa::quantized_matmuls_run() { sdpa::quantized } else { sdpa::dequantized };
+        attend(queries, &c[..3], &c[3..], args.scale, &mask, args.sinks, self.group_size, self.bits)
     }
 
     fn row(&self, b: usize) -> Result<KvRow> {

@@ -12,17 +12,8 @@ const Q_HEADS: i32 = 4;
 const KV_HEADS: i32 = 2;
 const DIM: i32 = 32;
 
-/// MLX has no CUDA `quantized_matmul` for attention shapes, so the affine kind
-/// is tested where it runs (CPU, Metal).
-fn affine_runs_here() -> bool {
-    mlx_rs_safe::kernels::gpu_backend() != Some("cuda")
-}
-
 fn kinds() -> Vec<KvKind> {
-    let mut kinds = vec![KvKind::Dense, KvKind::Rotating { max_size: 8 }];
-    if affine_runs_here() {
-        kinds.push(KvKind::Affine { group_size: 32, bits: 8 });
-    }
+    let mut kinds = vec![KvKind::Dense, KvKind::Rotating { max_size: 8 }, KvKind::Affine { group_size: 32, bits: 8 }];
     for preset in TurboPreset::ALL {
         kinds.push(KvKind::Turbo(preset.format(2, 8, 3)));
     }
@@ -230,9 +221,6 @@ fn a_rotating_cache_that_dropped_positions_refuses_to_trim() {
 
 #[test]
 fn rows_crossing_the_quantization_start_at_different_steps_match_each_row_alone() {
-    if !affine_runs_here() {
-        return eprintln!("skipped: MLX has no CUDA quantized_matmul for attention shapes");
-    }
     let policy = KvCompression::affine(8, 32, 10).unwrap();
     let at = CompressAt { layer: 0, layers: 1, phase: Phase::Decode };
     let target = |k: &KvKind, n: i32| policy.target(k, n, at);

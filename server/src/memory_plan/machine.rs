@@ -81,6 +81,31 @@ impl Machine {
             Backend::Metal => matches!(head_dim, 64 | 80 | 128),
         }
     }
+
+    /// How this machine's device attends a prefill chunk.
+    pub fn prefill_attention(&self, head_dim: i32, element_bits: u32) -> PrefillAttention {
+        PrefillAttention {
+            fused: self.fuses_prefill_attention(head_dim, element_bits),
+            // MLX's CUDA backend has no quantized matmuls for attention
+            // (kv::sdpa::quantized_matmuls_run).
+            quantized_matmuls: self.backend != Backend::Cuda,
+        }
+    }
+}
+
+/// How a device attends a prefill chunk, as far as its working memory goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillAttention {
+    /// One fused kernel over a 16-bit history: no scores array.
+    pub fused: bool,
+    /// Quantized matmuls over an affine-quantized history (`--kv-bits`);
+    /// where false, the history is dequantized for each attention call.
+    pub quantized_matmuls: bool,
+}
+
+impl PrefillAttention {
+    /// The CPU's (layers past --gpu-layers).
+    pub const CPU: PrefillAttention = PrefillAttention { fused: false, quantized_matmuls: true };
 }
 
 /// Host memory this process may still take, and where the figure came from.

@@ -11,7 +11,7 @@ pub mod machine;
 
 use serde::Serialize;
 
-pub use machine::{Backend, Machine};
+pub use machine::{Backend, Machine, PrefillAttention};
 
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::Array;
@@ -48,7 +48,8 @@ const PLANNED_TURBO_THRESHOLD: i32 = 4096;
 const SCORES_COPIES: f64 = 1.25;
 /// A history decoded for attention (TurboQuant's prefill chunks): the keys
 /// and values decoded, then joined with the sinks and the chunk's own; 1.85x
-/// one decoded copy measured on the CPU, with room to spare.
+/// one decoded copy measured on the CPU, with room to spare. A quantized
+/// cache dequantized for attention (CUDA) is counted alike.
 const DECODED_HISTORY_COPIES: f64 = 2.0;
 
 /// What the flags fix; None: the plan chooses.
@@ -195,33 +196,38 @@ impl MemoryPlan {
 
 /// Bytes per token of context that one layer's attention holds beside the
 /// cache while a prefill chunk of `chunk` tokens attends to the context, in
-/// `compression`: its scores where MLX has no fused kernel for it (not
-/// `fused` where the layer runs, and for a quantized cache, which attends by
-/// matmuls everywhere), and the history decoded for it (TurboQuant's prefill
-/// chunks, on every backend). Layers that hold a bounded window or a
-/// recurrent state add nothing that grows.
-fn attention_working_per_token(fused: bool, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
+/// `compression`, as `attention` attends: its scores where it is not one fused
+/// kernel (not `fused`, and a quantized cache attended by quantized matmuls),
+/// and the history decoded for it (TurboQuant's prefill chunks on every
+/// device; a quantized cache where the device has no quantized matmuls). Layers that hold a bounded window or a recurrent state add nothing
+/// that grows.
+fn attention_working_per_token(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
         return 0.0;
     }
     let element = element_bits as f64 / 8.0;
-    let unfused = !fused || matches!(compression, Some(KvCompression::Affine { .. }));
-    let scores = if unfused { SCORES_COPIES * layout.query_heads as f64 * chunk.max(1) as f64 * element } else { 0.0 };
-    let history = match compression {
-        Some(KvCompression::Turbo { .. }) => DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * element,
-        _ => 0.0,
+    let (by_matmuls, decoded) = match compression {
+        Some(KvCompression::Affine { .. }) => (attention.quantized_matmuls, !attention.quantized_matmuls),
+        Some(KvCompression::Turbo { .. }) => (false, true),
+        None => (false, false),
     };
+    let scores = if !attention.fused || by_matmuls { SCORES_COPIES * layout.query_heads as f64 * chunk.max(1) as f64 * element } else { 0.0 };
+    let history = if decoded { DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * element } else { 0.0 };
     scores + history
 }
 
-/// The KV formats the plan tries, least compressed first.
-fn kv_candidates(head_dim: i32, sinks: bool, fixed: Option<&str>) -> Vec<(&'static str, Option<KvCompression>)> {
+/// The KV formats the plan tries, least compressed first. The 8-bit affine
+/// cache only where the device attends it by quantized matmuls: on CUDA it
+/// is dequantized at every step (a third of the 16-bit cache's decode speed
+/// at 32K tokens on an H100), and TurboQuant's `balanced`, smaller still, is
+/// read by kernels at the 16-bit cache's speed.
+fn kv_candidates(head_dim: i32, sinks: bool, fixed: Option<&str>, quantized_matmuls: bool) -> Vec<(&'static str, Option<KvCompression>)> {
     let mut out = vec![("fp16", None)];
     if fixed.is_some() {
         return out;
     }
     let group = if head_dim % 64 == 0 { 64 } else { 32 };
-    if head_dim % group == 0 {
+    if head_dim % group == 0 && quantized_matmuls {
         out.push(("kv8", KvCompression::affine(8, group, 0).ok()));
     }
     for preset in ["balanced", "compact"] {
@@ -354,9 +360,9 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     };
     // Attention's working memory per token of context, with the device's
     // attention and (layers past --gpu-layers) the CPU's.
-    let fused = machine.fuses_prefill_attention(layout.head_dim, element_bits);
-    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(fused, layout, element_bits, c, wants.prefill_size);
-    let working_on_host = |c: Option<&KvCompression>| attention_working_per_token(false, layout, element_bits, c, wants.prefill_size);
+    let attention = machine.prefill_attention(layout.head_dim, element_bits);
+    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(attention, layout, element_bits, c, wants.prefill_size);
+    let working_on_host = |c: Option<&KvCompression>| attention_working_per_token(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size);
     let pool_tokens = |bpt: f64, transient: f64, c: Option<&KvCompression>| -> u64 {
         let on_device = match on_gpu {
             0 => f64::INFINITY,
@@ -377,7 +383,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
             let c = c.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?;
             vec![(kv_name(&c), Some(c))]
         }
-        None => kv_candidates(layout.head_dim, layout.attention_sinks, layout.fixed_kv).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
+        None => kv_candidates(layout.head_dim, layout.attention_sinks, layout.fixed_kv, attention.quantized_matmuls).into_iter().map(|(n, c)| (n.to_string(), c)).collect(),
     };
     let sized: Vec<(String, Option<KvCompression>, f64, u64)> = candidates
         .into_iter()

@@ -72,6 +72,10 @@ fn less_memory_compresses_the_kv_cache_before_cutting_the_context() {
     check_within_budget(&p);
     let roomy = plan(&cpu(24 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
     assert_eq!(roomy.kv_format, "kv8", "{}", roomy.describe());
+    // CUDA dequantizes the 8-bit cache at every step: TurboQuant instead.
+    let on_cuda = plan(&cuda(24 * GIB, 64 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!((on_cuda.kv_format.as_str(), on_cuda.context), ("turbo-balanced", 131_072), "{}", on_cuda.describe());
+    check_within_budget(&on_cuda);
     // Too little even for the most compact format: the context is cut to fit.
     let tight = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
     assert_eq!(tight.kv_format, "turbo-compact");
@@ -94,11 +98,17 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     assert_eq!(unfused.attention_working_bytes, (scores * 131_072.0).ceil() as u64, "{}", unfused.describe());
     assert!(fused.kv_tokens - unfused.kv_tokens - (scores as u64) < 2, "{} against {}", unfused.kv_tokens, fused.kv_tokens);
     check_within_budget(&unfused);
-    // A quantized cache attends by matmuls on every backend; TurboQuant's
-    // prefill chunks read a decoded history (keys and values, 16 bits) on every backend.
-    let kv8 = plan(&metal(20 * GIB), &llama8b(), Some(131_072), &wants(Some(KvCompression::affine(8, 64, 0).unwrap()), None)).unwrap();
-    assert_eq!(kv8.attention_working_bytes, (scores * kv8.context as f64).ceil() as u64, "{}", kv8.describe());
+    // A quantized cache attends by matmuls where the device has them (not
+    // CUDA: there attention reads a dequantized history, keys and values at
+    // 16 bits); TurboQuant's prefill chunks read a decoded history
+    // on every backend.
+    let kv8 = || Some(KvCompression::affine(8, 64, 0).unwrap());
     let history: f64 = 2.0 * 2.0 * 8.0 * 128.0 * 2.0;
+    let by_matmuls = plan(&metal(20 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
+    assert_eq!(by_matmuls.attention_working_bytes, (scores * by_matmuls.context as f64).ceil() as u64, "{}", by_matmuls.describe());
+    let dequantized = plan(&cuda(12 * GIB, 64 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
+    assert_eq!(dequantized.attention_working_bytes, (history * dequantized.context as f64).ceil() as u64, "{}", dequantized.describe());
+    check_within_budget(&dequantized);
     let compact = plan(&metal(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
     assert_eq!(compact.attention_working_bytes, (history * compact.context as f64).ceil() as u64, "{}", compact.describe());
     assert!(compact.context < 131_072, "{}", compact.describe());
@@ -110,6 +120,7 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     let gpu = cuda(80 * GIB, 256 * GIB);
     assert!(gpu.fuses_prefill_attention(128, 16) && !gpu.fuses_prefill_attention(256, 16) && !gpu.fuses_prefill_attention(128, 32));
     assert!(metal(GIB).fuses_prefill_attention(64, 32) && !metal(GIB).fuses_prefill_attention(256, 16) && !cpu(GIB).fuses_prefill_attention(128, 16));
+    assert!(!gpu.prefill_attention(128, 16).quantized_matmuls && metal(GIB).prefill_attention(128, 16).quantized_matmuls && cpu(GIB).prefill_attention(128, 16) == PrefillAttention::CPU);
     // A shorter context bounds it: the pool gives up only that context's working memory.
     let short = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
     let free = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
