@@ -3,7 +3,7 @@
 //! prefills a sequence in a cache of its own, then moves it into the decode
 //! batch's cache; rows leave as [`KvSnapshot`]s for the prompt cache.
 
-use mlx_rs_safe::Array;
+use mlx_rs_safe::{eval, Array};
 
 use super::compression::{attention_ranks, CompressAt, KvCompression, Phase};
 use super::layer::LayerCache;
@@ -72,13 +72,27 @@ impl ModelCache {
         }
         for (l, o) in self.layers.iter_mut().zip(other.layers) {
             l.extend(o)?;
+            Self::settle(l)?;
         }
         Ok(())
     }
 
     /// Keeps the sequences `keep`, in that order.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
-        self.layers.iter_mut().try_for_each(|l| l.filter(keep))
+        self.layers.iter_mut().try_for_each(|l| {
+            l.filter(keep)?;
+            Self::settle(l)
+        })
+    }
+
+    /// Computes a layer's rebuilt rows now. Joining or leaving a batch copies
+    /// every row into new buffers; left lazy, the next step would copy every
+    /// layer at once while the old buffers live, twice the batch's KV for a
+    /// moment. A layer at a time, the old buffers go as the new ones come:
+    /// one layer's KV beside the batch's.
+    fn settle(layer: &LayerCache) -> Result<()> {
+        let state = layer.state();
+        Ok(eval(&state.iter().collect::<Vec<_>>())?)
     }
 
     /// Sequence `b`'s KV in every layer.

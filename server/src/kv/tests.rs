@@ -6,7 +6,7 @@ use mlx_rs_safe::{ops, random, Array, Dtype};
 
 use super::turbo::SINKS;
 use super::values;
-use super::{AttendArgs, CompressAt, KvCompression, KvKind, LayerCache, StepMemo, Phase, TurboPreset};
+use super::{AttendArgs, CompressAt, KvCompression, KvKind, KvSnapshot, LayerCache, ModelCache, StepMemo, Phase, TurboPreset};
 
 const Q_HEADS: i32 = 4;
 const KV_HEADS: i32 = 2;
@@ -291,4 +291,40 @@ fn a_prompt_reserves_its_room_once_and_a_compressing_policy_keeps_the_16_bit_sto
         assert_close(&chunked[0], &feed(&mut plain, &r, 0, 128), "first chunk");
         assert_close(&chunked[1], &feed(&mut plain, &r, 128, 256), "second chunk");
     }
+}
+
+#[test]
+fn joining_and_leaving_a_batch_copies_one_layer_at_a_time() {
+    // Eight layers of 16-bit rows, 1024 positions of [2 heads x 32] floats
+    // each: 0.5 MiB a layer per row.
+    let layers = 8;
+    let sequence = |seed| {
+        let r = row(1024, seed);
+        let layer = prefilled(&KvKind::Dense, &r, 1024).row(0).unwrap();
+        ModelCache::restore(&KvSnapshot { layers: vec![layer; layers] }).unwrap()
+    };
+    let settled = |c: &ModelCache| mlx_rs_safe::eval(&c.state().iter().collect::<Vec<_>>()).unwrap();
+    let mut batch = sequence(1);
+    batch.extend(sequence(4)).unwrap();
+    let joining = sequence(7);
+    settled(&batch);
+    settled(&joining);
+    let grew_by = |before: usize| mlx_rs_safe::memory::peak_memory().unwrap().saturating_sub(before);
+    let before = mlx_rs_safe::memory::active_memory().unwrap();
+    mlx_rs_safe::memory::reset_peak_memory().unwrap();
+    batch.extend(joining).unwrap();
+    settled(&batch);
+    // The rebuilt batch holds three rows; at most one layer's worth of it is
+    // held beside the old rows (with room for its capacity rounding), not
+    // every layer's.
+    let join = grew_by(before);
+    assert_eq!(batch.rows(), 3);
+    let per_layer = batch.nbytes() / layers;
+    assert!(join < 3 * per_layer, "a join took {join} bytes beyond the rows; one layer of the batch is {per_layer}");
+    let before = mlx_rs_safe::memory::active_memory().unwrap();
+    mlx_rs_safe::memory::reset_peak_memory().unwrap();
+    batch.filter(&[0, 2]).unwrap();
+    settled(&batch);
+    let leave = grew_by(before);
+    assert!(leave < 3 * per_layer, "a row leaving took {leave} bytes beyond the rows; one layer of the batch is {per_layer}");
 }
