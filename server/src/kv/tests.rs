@@ -328,3 +328,34 @@ fn joining_and_leaving_a_batch_copies_one_layer_at_a_time() {
     let leave = grew_by(before);
     assert!(leave < 3 * per_layer, "a row leaving took {leave} bytes beyond the rows; one layer of the batch is {per_layer}");
 }
+
+#[test]
+fn turbo_rows_reading_their_history_block_by_block_attend_as_with_it_read_whole() {
+    // Where attention is unfused (the CPU), 8-position blocks: a prefill
+    // chunk past its history (one row, causal) and rows of other lengths
+    // decoding together (a padding mask) attend as they do with the history
+    // read whole in one call.
+    use super::turbo::blocked::TEST_BLOCK;
+    if !super::turbo::blocked::applies_here() {
+        return eprintln!("skipped: a GPU reads the history with its kernels");
+    }
+    for preset in TurboPreset::ALL {
+        let kind = KvKind::Turbo(preset.format(2, 8, 3));
+        let (a, b) = (row(60, 200), row(60, 210));
+        let run = |block: Option<i32>| -> Vec<Array> {
+            TEST_BLOCK.with(|t| t.set(block));
+            let mut batch = prefilled(&kind, &a, 20);
+            let mut out = vec![feed(&mut batch, &a, 20, 26)];
+            batch.extend(prefilled(&kind, &b, 33)).unwrap();
+            for i in 0..10 {
+                out.extend(step(&mut batch, &[&a, &b], &[26 + i, 33 + i]));
+            }
+            TEST_BLOCK.with(|t| t.set(None));
+            out
+        };
+        let (whole, blocks) = (run(None), run(Some(8)));
+        for (i, (w, bl)) in whole.iter().zip(&blocks).enumerate() {
+            assert_close(bl, w, &format!("{preset:?}, output {i}"));
+        }
+    }
+}

@@ -89,6 +89,8 @@ impl Machine {
             // MLX's CUDA backend has no quantized matmuls for attention
             // (kv::sdpa::quantized_matmuls_run).
             quantized_matmuls: self.backend != Backend::Cuda,
+            // kv::turbo::blocked::applies_here: the CPU, unfused.
+            blocked_history: self.backend == Backend::Cpu,
         }
     }
 }
@@ -101,11 +103,14 @@ pub struct PrefillAttention {
     /// Quantized matmuls over an affine-quantized history (`--kv-bits`);
     /// where false, the history is dequantized for each attention call.
     pub quantized_matmuls: bool,
+    /// TurboQuant's prefill chunks attend the compressed history a block at
+    /// a time (bounded working memory) rather than decoded whole.
+    pub blocked_history: bool,
 }
 
 impl PrefillAttention {
     /// The CPU's (layers past --gpu-layers).
-    pub const CPU: PrefillAttention = PrefillAttention { fused: false, quantized_matmuls: true };
+    pub const CPU: PrefillAttention = PrefillAttention { fused: false, quantized_matmuls: true, blocked_history: true };
 }
 
 /// Host memory this process may still take, and where the figure came from.

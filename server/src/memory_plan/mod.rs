@@ -18,6 +18,7 @@ use mlx_rs_safe::Array;
 
 use crate::error::{Error, Result};
 use crate::experts::CacheBudget;
+use crate::kv::turbo::blocked;
 use crate::kv::{bytes_per_token, KvCompression, KvKind};
 use crate::models::{KvLayout, ModelShape};
 
@@ -194,26 +195,60 @@ impl MemoryPlan {
     }
 }
 
-/// Bytes per token of context that one layer's attention holds beside the
-/// cache while a prefill chunk of `chunk` tokens attends to the context, in
-/// `compression`, as `attention` attends: its scores where it is not one fused
-/// kernel (not `fused`, and a quantized cache attended by quantized matmuls),
-/// and the history decoded for it (TurboQuant's prefill chunks on every
-/// device; a quantized cache where the device has no quantized matmuls). Layers that hold a bounded window or a recurrent state add nothing
-/// that grows.
-fn attention_working_per_token(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> f64 {
+/// A history block's scores and decoded keys and values as MLX holds them
+/// (the scores and their exponentials, partly in place), with room to spare:
+/// the CPU's working memory stayed within 70-80 MB at 8K and 16K tokens of
+/// llama-tiny `balanced` for 32 MiB blocks, prefill activations included.
+const BLOCK_COPIES: f64 = 2.0;
+
+/// What one layer's attention holds beside the cache while a prefill chunk
+/// of `chunk` tokens attends to the context.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Working {
+    /// Bytes per token of the context.
+    per_token: f64,
+    /// Bytes whatever the context's length.
+    fixed: f64,
+}
+
+impl Working {
+    fn at(&self, context: f64) -> f64 {
+        self.per_token * context + self.fixed
+    }
+}
+
+/// Attention's working memory in `compression`, as `attention` attends: the
+/// scores where it is not one fused kernel (not `fused`, and a quantized
+/// cache attended by quantized matmuls), and the history decoded for it
+/// (TurboQuant's; a quantized cache where the device has no quantized
+/// matmuls). Both grow with the context, except TurboQuant's where the
+/// history is attended a block at a time (`blocked_history`): its prompt's
+/// first `prefill_threshold` tokens held at 16 bits attend as the 16-bit
+/// cache does, and past them one block's float32 scores and decoded keys and
+/// values are held. Layers that hold a bounded window or a
+/// recurrent state add nothing that grows.
+fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> Working {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
-        return 0.0;
+        return Working::default();
     }
     let element = element_bits as f64 / 8.0;
+    let chunk = chunk.max(1);
+    let scores_per_token = SCORES_COPIES * layout.query_heads as f64 * chunk as f64 * element;
+    let decoded_per_token = |bytes: f64| DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * bytes;
     let (by_matmuls, decoded) = match compression {
+        Some(KvCompression::Turbo { prefill_threshold, .. }) if attention.blocked_history => {
+            let queries = chunk.min(i32::MAX as usize) as i32;
+            let block = BLOCK_COPIES * blocked::block_bytes(layout.query_heads, layout.kv_heads, layout.head_dim, queries) as f64;
+            let unfused_prompt = if attention.fused { 0.0 } else { scores_per_token * (*prefill_threshold).max(0) as f64 };
+            return Working { per_token: 0.0, fixed: unfused_prompt.max(block) };
+        }
         Some(KvCompression::Affine { .. }) => (attention.quantized_matmuls, !attention.quantized_matmuls),
         Some(KvCompression::Turbo { .. }) => (false, true),
         None => (false, false),
     };
-    let scores = if !attention.fused || by_matmuls { SCORES_COPIES * layout.query_heads as f64 * chunk.max(1) as f64 * element } else { 0.0 };
-    let history = if decoded { DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * element } else { 0.0 };
-    scores + history
+    let scores = if !attention.fused || by_matmuls { scores_per_token } else { 0.0 };
+    let history = if decoded { decoded_per_token(element) } else { 0.0 };
+    Working { per_token: scores + history, fixed: 0.0 }
 }
 
 /// The KV formats the plan tries, least compressed first. The 8-bit affine
@@ -361,15 +396,21 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     // Attention's working memory per token of context, with the device's
     // attention and (layers past --gpu-layers) the CPU's.
     let attention = machine.prefill_attention(layout.head_dim, element_bits);
-    let working_per_token = |c: Option<&KvCompression>| attention_working_per_token(attention, layout, element_bits, c, wants.prefill_size);
-    let working_on_host = |c: Option<&KvCompression>| attention_working_per_token(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size);
+    let working = |c: Option<&KvCompression>| attention_working(attention, layout, element_bits, c, wants.prefill_size);
+    let working_on_host = |c: Option<&KvCompression>| attention_working(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size);
     let pool_tokens = |bpt: f64, transient: f64, c: Option<&KvCompression>| -> u64 {
         let on_device = match on_gpu {
             0 => f64::INFINITY,
-            _ => fit(left as f64 - transient * device_share, bpt * device_share, working_per_token(c)),
+            _ => {
+                let w = working(c);
+                fit(left as f64 - transient * device_share - w.fixed, bpt * device_share, w.per_token)
+            }
         };
         let on_host = match host_left {
-            Some(h) if device_share < 1.0 => fit(h as f64 - transient * (1.0 - device_share), bpt * (1.0 - device_share), working_on_host(c)),
+            Some(h) if device_share < 1.0 => {
+                let w = working_on_host(c);
+                fit(h as f64 - transient * (1.0 - device_share) - w.fixed, bpt * (1.0 - device_share), w.per_token)
+            }
             _ => f64::INFINITY,
         };
         on_device.min(on_host).floor() as u64
@@ -422,7 +463,7 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     // The device's (its layers attend there); the CPU's layers hold theirs in host memory.
     let attention_working_bytes = match on_gpu {
         0 => 0,
-        _ => (working_per_token(kv_compression.as_ref()) * context as f64).ceil() as u64,
+        _ => working(kv_compression.as_ref()).at(context as f64).ceil() as u64,
     };
     Ok(MemoryPlan {
         budget_bytes: budget,

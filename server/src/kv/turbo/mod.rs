@@ -2,6 +2,7 @@
 //! Hadamard transform, then quantized with Lloyd-Max codebooks (or 8-bit
 //! affine keys), read by attention in the rotated basis.
 
+pub mod blocked;
 mod codebook;
 mod codec;
 pub mod kernels;

@@ -8,12 +8,13 @@
 //! This file is the MLX-ops path (every backend; the reference the GPU kernels
 //! are tested against): it decodes the history into a temporary per layer and
 //! step. A chunk of several tokens (prefill past the compression threshold)
-//! attends to its own keys and values unquantized, as native attention would.
+//! attends to its own keys and values unquantized, as native attention would;
+//! on the CPU, past one block of history, a block at a time (`blocked.rs`).
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::codec::{Codec, TurboFormat, SINKS};
-use super::kernels;
+use super::{blocked, kernels};
 use crate::error::{Error, Result};
 use crate::kv::mask::{AttentionMask, MaskKey, StepMemo};
 use crate::kv::padded::PaddedRows;
@@ -77,13 +78,6 @@ impl TurboStore {
         let sinks = [part(0)?, part(1)?];
         let body_rows: Vec<Vec<Array>> = rows.iter().map(|r| r.columns[2..].to_vec()).collect();
         Ok(TurboStore { codec, sinks, body: PaddedRows::from_rows(&body_rows)? })
-    }
-
-    /// Keys and values of the body's rows `views` (its one column), decoded
-    /// into the rotated basis.
-    fn decode(&self, views: &[Array], dtype: Dtype) -> Result<(Array, Array)> {
-        let rows = views.first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        self.codec.decode(rows, dtype)
     }
 }
 
@@ -150,21 +144,26 @@ impl KvStore for TurboStore {
         if let Some(pad) = common_pad.filter(|&p| p > 0) {
             views = views.iter().map(|c| Ok(ops::slice_axis(c, 2, pad, c.dim(2)?)?)).collect::<Result<_>>()?;
         }
-        let (k, v) = if n > 1 {
-            // History decoded, the chunk's own positions as computed.
-            let before = views[0].dim(2)? - n;
-            let hist: Vec<Array> = views.iter().map(|c| Ok(ops::slice_axis(c, 2, 0, before)?)).collect::<Result<_>>()?;
-            let (hk, hv) = self.decode(&hist, dtype)?;
-            (
-                ops::concatenate(&[&sink_k, &hk, &ops::astype(&kr, dtype)?], 2)?,
-                ops::concatenate(&[&sink_v, &hv, &ops::astype(&vr, dtype)?], 2)?,
-            )
-        } else {
-            let (hk, hv) = self.decode(&views, dtype)?;
-            (ops::concatenate(&[&sink_k, &hk], 2)?, ops::concatenate(&[&sink_v, &hv], 2)?)
-        };
         let qr = ops::astype(&rot.apply(queries)?, queries.dtype())?;
-        let out = sdpa::dense(&qr, &k, &v, args.scale, &mask, None)?;
+        let rows = views.first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
+        // A chunk's history, then its own positions as computed; a decode
+        // step's whole history, its new token read back from the cache.
+        let before = rows.dim(2)? - if n > 1 { n } else { 0 };
+        let history = ops::slice_axis(rows, 2, 0, before)?;
+        let chunk = (n > 1).then_some([&kr, &vr]);
+        let block = blocked::history_block(queries.dim(1)?, keys.dim(1)?, keys.dim(3)?, n);
+        let out = if before > block && blocked::applies_here() {
+            blocked::attend(&self.codec, &qr, [&sink_k, &sink_v], &history, chunk, &mask, args.scale, block)?
+        } else {
+            let (hk, hv) = self.codec.decode(&history, dtype)?;
+            let (mut k, mut v) = (vec![&sink_k, &hk], vec![&sink_v, &hv]);
+            let own = chunk.map(|[ck, cv]| Ok::<_, Error>([ops::astype(ck, dtype)?, ops::astype(cv, dtype)?])).transpose()?;
+            if let Some([ck, cv]) = &own {
+                k.push(ck);
+                v.push(cv);
+            }
+            sdpa::dense(&qr, &ops::concatenate(&k, 2)?, &ops::concatenate(&v, 2)?, args.scale, &mask, None)?
+        };
         Ok(ops::astype(&rot.invert(&out)?, queries.dtype())?)
     }
 

@@ -7,7 +7,7 @@
 use mlx_rs_safe::{fast, ops, random, Array, Dtype};
 
 use super::{Codec, TurboFormat, SINKS};
-use crate::kv::{values, AttendArgs, KvKind, LayerCache, StepMemo, TurboPreset};
+use crate::kv::{values, AttendArgs, AttentionMask, KvKind, LayerCache, StepMemo, TurboPreset};
 
 fn normal(shape: &[i32], seed: u64) -> Array {
     random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap()
@@ -224,4 +224,42 @@ fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
         let err = relative_error(&first, &one);
         assert!(err < 1e-5, "{n} new tokens: {err}");
     }
+}
+
+#[test]
+fn a_chunk_attending_the_history_block_by_block_equals_one_call() {
+    // The CPU's attention past one block of history: the online softmax over
+    // sinks, history blocks (across and within block boundaries) and the
+    // chunk's own causal keys gives what one attention call over them all does.
+    for (dim, gqa, history, n, block) in [(64, 1, 100, 8, 16), (128, 4, 333, 5, 64), (64, 2, 40, 12, 40), (256, 8, 70, 3, 256)] {
+        let kv_heads = 2;
+        let format = TurboPreset::Balanced.format(2, 8, 3);
+        let codec = Codec::new(format, dim, Dtype::Float32).unwrap();
+        let rotated = |seed| codec.rotation.apply(&with_outliers(&normal(&[1, kv_heads, SINKS + history + n, dim], seed), dim)).unwrap();
+        let (k, v) = (rotated(1), rotated(2));
+        let part = |x: &Array, from: i32, to: i32| ops::slice_axis(x, 2, from, to).unwrap();
+        let (sinks, chunk) = ([part(&k, 0, SINKS), part(&v, 0, SINKS)], [part(&k, SINKS + history, SINKS + history + n), part(&v, SINKS + history, SINKS + history + n)]);
+        let rows = codec.encode(&part(&k, SINKS, SINKS + history), &part(&v, SINKS, SINKS + history)).unwrap();
+        let q = normal(&[1, kv_heads * gqa, n, dim], 3);
+        let scale = (dim as f32).powf(-0.5);
+        let blocks = super::blocked::attend(&codec, &q, [&sinks[0], &sinks[1]], &rows, Some([&chunk[0], &chunk[1]]), &AttentionMask::Causal, scale, block).unwrap();
+        let (hk, hv) = codec.decode(&rows, Dtype::Float32).unwrap();
+        let keys = ops::concatenate(&[&sinks[0], &hk, &chunk[0]], 2).unwrap();
+        let vals = ops::concatenate(&[&sinks[1], &hv, &chunk[1]], 2).unwrap();
+        let one_call = fast::scaled_dot_product_attention(&q, &keys, &vals, scale, fast::SdpaMask::Causal, None).unwrap();
+        let err = relative_error(&blocks, &one_call);
+        assert!(err < 1e-5, "d={dim} gqa={gqa} history={history} chunk={n} block={block}: {err}");
+    }
+}
+
+#[test]
+fn history_blocks_bound_their_scores_and_stay_a_few_hundred_positions_at_least() {
+    use super::blocked::history_block;
+    // 32 MiB of float32 scores and decoded keys and values: 4 query heads x
+    // 512 queries and 2 KV heads of 64 take 9216 bytes a position.
+    assert_eq!(history_block(4, 2, 64, 512), (32 << 20) / 9216);
+    assert_eq!(history_block(32, 8, 128, 1), (32 << 20) / (4 * (32 + 2048)));
+    assert_eq!(history_block(128, 8, 128, 2048), 256);
+    assert_eq!(super::blocked::block_bytes(128, 8, 128, 2048), 256 * 4 * (128 * 2048 + 2048));
+    assert_eq!(super::blocked::block_bytes(4, 2, 64, 512), 9216 * ((32 << 20) / 9216));
 }
