@@ -53,11 +53,13 @@ def planned(a, config, env) -> dict:
     if "error" in plan:
         return plan
     out = {k: plan[k] for k in ("kv_format", "kv_bytes_per_token", "kv_tokens", "kv_element_bits", "budget_bytes")}
-    # The pool at the probe's context gave up that context's working memory; the longest
-    # context gives up its own: the room is shared by its tokens and their working memory.
-    bpt, working = plan["kv_bytes_per_token"], plan["attention_working_bytes"] / plan["context"]
+    # The pool at the probe's context gave up that context's working memory (per token; a
+    # fixed part the same at any length); the longest context gives up its own: the room is
+    # shared by its tokens and their working memory.
+    bpt, working = plan["kv_bytes_per_token"], plan["attention_working_bytes_per_token"]
     out["working_per_token"] = working
-    out["longest"] = int((plan["kv_tokens"] * bpt + plan["attention_working_bytes"]) / (bpt + working)) - 1
+    out["working_fixed"] = plan["attention_working_bytes"] - working * plan["context"]
+    out["longest"] = int((plan["kv_tokens"] * bpt + working * plan["context"]) / (bpt + working)) - 1
     return out
 
 
@@ -149,7 +151,7 @@ def table(results) -> str:
             lines.append(f"| {x['config']} | - | refused: {p['error'][:120]} | - | - | - | - | - |")
             continue
         ok = f"{f['prompt_tokens'] + f['completion_tokens']}" if f.get("status") == 200 else f"error: {f.get('error') or x.get('error')}"
-        working = p["working_per_token"] * x.get("context", 0)
+        working = p["working_per_token"] * x.get("context", 0) + p.get("working_fixed", 0)
         lines.append(f"| {p['kv_format']} | {p['kv_bytes_per_token']:.0f} | {p['longest']} | {working / 1e9:.2f} | {ok} | {gb(f.get('peak_bytes'))} | "
                      f"{f.get('peak_rss_mib', 0):.0f} | {f.get('wall_s', 0):.1f} |")
     if "over" in results:

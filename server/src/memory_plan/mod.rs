@@ -109,6 +109,8 @@ pub struct MemoryPlan {
     /// chunk attends to a whole context: grows with the context where the
     /// attention is unfused or reads a decoded history.
     pub attention_working_bytes: u64,
+    /// Of that, bytes per token of the context (the rest is fixed).
+    pub attention_working_bytes_per_token: f64,
     pub prompt_cache_bytes: u64,
     /// The recurrent states of the running sequences (linear-attention
     /// layers: a fixed size per sequence, whatever its length).
@@ -197,7 +199,7 @@ impl MemoryPlan {
 
 /// A history block's scores and decoded keys and values as MLX holds them
 /// (the scores and their exponentials, partly in place), with room to spare:
-/// the CPU's working memory stayed within 70-80 MB at 8K and 16K tokens of
+/// the CPU's working memory stayed within 68-81 MB at 8K and 16K tokens of
 /// llama-tiny `balanced` for 32 MiB blocks, prefill activations included.
 const BLOCK_COPIES: f64 = 2.0;
 
@@ -449,21 +451,26 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         return Err(Error::Internal("the memory plan has no KV format to try"));
     };
     if kv_tokens < 2 {
+        // What ate the memory may be the prompt TurboQuant holds uncompressed,
+        // or attention's working memory: say which, and what moves it.
+        let beside = match working(kv_compression.as_ref()).fixed {
+            0.0 => String::new(),
+            fixed => format!(" and {} of attention's working memory", gib(fixed as u64)),
+        };
         let why = match &kv_compression {
-            // What ate the memory may be the prompt TurboQuant holds uncompressed: say which flag moves it.
             Some(KvCompression::Turbo { prefill_threshold, .. }) if *prefill_threshold > 0 => format!(
-                "no memory is left for the KV cache ({kv_bpt:.0} bytes per token) beside a prompt of {prefill_threshold} tokens held at 16 bits before TurboQuant compresses it ({}); a lower --turbo-kv-prefill-threshold leaves more",
+                "no memory is left for the KV cache ({kv_bpt:.0} bytes per token) beside a prompt of {prefill_threshold} tokens held at 16 bits before TurboQuant compresses it ({}){beside}; a lower --turbo-kv-prefill-threshold or --prefill-size leaves more",
                 gib((fp16_bpt * *prefill_threshold as f64) as u64)
             ),
-            _ => format!("no memory is left for the KV cache ({kv_bpt:.0} bytes per token)"),
+            _ => format!("no memory is left for the KV cache ({kv_bpt:.0} bytes per token){beside}"),
         };
         return Err(too_small(why));
     }
     let context = target.min(kv_tokens);
     // The device's (its layers attend there); the CPU's layers hold theirs in host memory.
-    let attention_working_bytes = match on_gpu {
-        0 => 0,
-        _ => working(kv_compression.as_ref()).at(context as f64).ceil() as u64,
+    let device_working = match on_gpu {
+        0 => Working::default(),
+        _ => working(kv_compression.as_ref()),
     };
     Ok(MemoryPlan {
         budget_bytes: budget,
@@ -479,7 +486,8 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
         kv_element_bits: element_bits,
         kv_tokens,
         context,
-        attention_working_bytes,
+        attention_working_bytes: device_working.at(context as f64).ceil() as u64,
+        attention_working_bytes_per_token: device_working.per_token,
         prompt_cache_bytes,
         recurrent_state_bytes,
         from_flags,

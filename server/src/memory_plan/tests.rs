@@ -116,8 +116,8 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     // The CPU reads TurboQuant's history a block at a time: nothing grows
     // with the context. What it holds is the larger of the prompt's first
     // 4096 tokens, held at 16 bits and attended unfused, and two copies of a
-    // block (455 positions of 32 heads x 512 queries of scores and 8 heads x
-    // 128 of keys and values, float32).
+    // block (its fewest, 256 positions, of 32 heads x 512 queries of scores
+    // and 8 heads x 128 of keys and values, float32).
     let on_cpu = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
     assert_eq!(on_cpu.attention_working_bytes, (scores * 4096.0).ceil() as u64, "{}", on_cpu.describe());
     check_within_budget(&on_cpu);
@@ -125,7 +125,7 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     assert!(roomier.context > on_cpu.context && roomier.attention_working_bytes == on_cpu.attention_working_bytes, "{}", roomier.describe());
     let short_threshold = || Some(KvCompression::turbo("compact", 512).unwrap());
     let blocks = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &wants(short_threshold(), None)).unwrap();
-    assert_eq!(blocks.attention_working_bytes, 2 * 455 * 4 * (32 * 512 + 2 * 8 * 128), "{}", blocks.describe());
+    assert_eq!(blocks.attention_working_bytes, 2 * 256 * 4 * (32 * 512 + 2 * 8 * 128), "{}", blocks.describe());
     check_within_budget(&blocks);
     // CUDA fuses 16-bit attention of head dims up to 128 (cuDNN), Metal its own head dims.
     let gpu = cuda(80 * GIB, 256 * GIB);

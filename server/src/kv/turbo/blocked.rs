@@ -17,7 +17,7 @@ use crate::kv::mask::AttentionMask;
 
 /// Bytes one history block holds: its float32 scores (query heads x queries
 /// x positions) and its keys and values decoded to float32.
-const BLOCK_BYTES: i64 = 32 << 20;
+const BLOCK_BYTES: i64 = 8 << 20;
 /// The fewest history positions a block holds, so a wide chunk of many heads
 /// still reads the history in a few hundred calls per layer, not thousands.
 const MIN_BLOCK: i64 = 256;

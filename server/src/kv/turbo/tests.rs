@@ -255,11 +255,11 @@ fn a_chunk_attending_the_history_block_by_block_equals_one_call() {
 #[test]
 fn history_blocks_bound_their_scores_and_stay_a_few_hundred_positions_at_least() {
     use super::blocked::history_block;
-    // 32 MiB of float32 scores and decoded keys and values: 4 query heads x
+    // 8 MiB of float32 scores and decoded keys and values: 4 query heads x
     // 512 queries and 2 KV heads of 64 take 9216 bytes a position.
-    assert_eq!(history_block(4, 2, 64, 512), (32 << 20) / 9216);
-    assert_eq!(history_block(32, 8, 128, 1), (32 << 20) / (4 * (32 + 2048)));
+    assert_eq!(history_block(4, 2, 64, 512), (8 << 20) / 9216);
+    assert_eq!(history_block(32, 8, 128, 1), (8 << 20) / (4 * (32 + 2048)));
     assert_eq!(history_block(128, 8, 128, 2048), 256);
     assert_eq!(super::blocked::block_bytes(128, 8, 128, 2048), 256 * 4 * (128 * 2048 + 2048));
-    assert_eq!(super::blocked::block_bytes(4, 2, 64, 512), 9216 * ((32 << 20) / 9216));
+    assert_eq!(super::blocked::block_bytes(4, 2, 64, 512), 9216 * ((8 << 20) / 9216));
 }
