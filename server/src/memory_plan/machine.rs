@@ -103,8 +103,8 @@ pub struct PrefillAttention {
     /// Quantized matmuls over an affine-quantized history (`--kv-bits`);
     /// where false, the history is dequantized for each attention call.
     pub quantized_matmuls: bool,
-    /// TurboQuant's prefill chunks attend the compressed history a block at
-    /// a time (bounded working memory) rather than decoded whole.
+    /// TurboQuant's attention reads the compressed history a block at a
+    /// time (bounded working memory) rather than decoded whole.
     pub blocked_history: bool,
 }
 

@@ -203,8 +203,8 @@ impl MemoryPlan {
 /// llama-tiny `balanced` for 32 MiB blocks, prefill activations included.
 const BLOCK_COPIES: f64 = 2.0;
 
-/// What one layer's attention holds beside the cache while a prefill chunk
-/// of `chunk` tokens attends to the context.
+/// What one layer's attention holds beside the cache while it attends to
+/// the context.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct Working {
     /// Bytes per token of the context.
@@ -219,7 +219,8 @@ impl Working {
     }
 }
 
-/// Attention's working memory in `compression`, as `attention` attends: the
+/// Attention's working memory in `compression`, as `attention` attends a
+/// prefill chunk of `chunk` tokens or a decode step of `sequences` rows: the
 /// scores where it is not one fused kernel (not `fused`, and a quantized
 /// cache attended by quantized matmuls), and the history decoded for it
 /// (TurboQuant's; a quantized cache where the device has no quantized
@@ -229,7 +230,7 @@ impl Working {
 /// cache does, and past them one block's float32 scores and decoded keys and
 /// values are held. Layers that hold a bounded window or a
 /// recurrent state add nothing that grows.
-fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize) -> Working {
+fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize, sequences: usize) -> Working {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
         return Working::default();
     }
@@ -239,8 +240,16 @@ fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bit
     let decoded_per_token = |bytes: f64| DECODED_HISTORY_COPIES * 2.0 * layout.kv_heads as f64 * layout.head_dim as f64 * bytes;
     let (by_matmuls, decoded) = match compression {
         Some(KvCompression::Turbo { prefill_threshold, .. }) if attention.blocked_history => {
-            let queries = chunk.min(i32::MAX as usize) as i32;
-            let block = BLOCK_COPIES * blocked::block_bytes(layout.query_heads, layout.kv_heads, layout.head_dim, queries) as f64;
+            // A prompt's chunk, or a decode step of every running sequence.
+            let shape = |rows: usize, queries: usize| blocked::Shape {
+                rows: rows.min(i32::MAX as usize) as i32,
+                query_heads: layout.query_heads,
+                kv_heads: layout.kv_heads,
+                head_dim: layout.head_dim,
+                queries: queries.min(i32::MAX as usize) as i32,
+            };
+            let widest = shape(1, chunk).block_bytes().max(shape(sequences, 1).block_bytes());
+            let block = BLOCK_COPIES * widest as f64;
             let unfused_prompt = if attention.fused { 0.0 } else { scores_per_token * (*prefill_threshold).max(0) as f64 };
             return Working { per_token: 0.0, fixed: unfused_prompt.max(block) };
         }
@@ -398,8 +407,8 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     // Attention's working memory per token of context, with the device's
     // attention and (layers past --gpu-layers) the CPU's.
     let attention = machine.prefill_attention(layout.head_dim, element_bits);
-    let working = |c: Option<&KvCompression>| attention_working(attention, layout, element_bits, c, wants.prefill_size);
-    let working_on_host = |c: Option<&KvCompression>| attention_working(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size);
+    let working = |c: Option<&KvCompression>| attention_working(attention, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1));
+    let working_on_host = |c: Option<&KvCompression>| attention_working(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1));
     let pool_tokens = |bpt: f64, transient: f64, c: Option<&KvCompression>| -> u64 {
         let on_device = match on_gpu {
             0 => f64::INFINITY,

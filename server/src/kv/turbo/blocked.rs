@@ -22,26 +22,42 @@ const BLOCK_BYTES: i64 = 8 << 20;
 /// still reads the history in a few hundred calls per layer, not thousands.
 const MIN_BLOCK: i64 = 256;
 
-/// History positions per block for `queries` queries (a chunk's, or one per
-/// row of a decode step) in each of `query_heads` heads over `kv_heads`
-/// heads of `head_dim`. The memory plan sizes attention's working memory by
-/// this too.
-pub fn history_block(query_heads: i32, kv_heads: i32, head_dim: i32, queries: i32) -> i32 {
-    #[cfg(test)]
-    if let Some(block) = TEST_BLOCK.with(|b| b.get()) {
-        return block;
+/// The shape of one attention call over a history, as far as its blocks'
+/// memory goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Batch rows.
+    pub rows: i32,
+    pub query_heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    /// Queries per row: a prefill chunk's, or one for a decode step.
+    pub queries: i32,
+}
+
+impl Shape {
+    /// History positions per block. The memory plan sizes attention's
+    /// working memory by this too.
+    pub fn block(&self) -> i32 {
+        #[cfg(test)]
+        if let Some(block) = TEST_BLOCK.with(|b| b.get()) {
+            return block;
+        }
+        (BLOCK_BYTES / self.bytes_per_position()).max(MIN_BLOCK).min(i32::MAX as i64) as i32
     }
-    (BLOCK_BYTES / block_bytes_per_position(query_heads, kv_heads, head_dim, queries)).max(MIN_BLOCK).min(i32::MAX as i64) as i32
-}
 
-/// Bytes one block of [`history_block`] positions holds (at least
-/// `BLOCK_BYTES` where the fewest positions take more).
-pub fn block_bytes(query_heads: i32, kv_heads: i32, head_dim: i32, queries: i32) -> i64 {
-    block_bytes_per_position(query_heads, kv_heads, head_dim, queries) * history_block(query_heads, kv_heads, head_dim, queries) as i64
-}
+    /// Bytes one block holds (at least `BLOCK_BYTES` where the fewest
+    /// positions take more).
+    pub fn block_bytes(&self) -> i64 {
+        self.bytes_per_position() * self.block() as i64
+    }
 
-fn block_bytes_per_position(query_heads: i32, kv_heads: i32, head_dim: i32, queries: i32) -> i64 {
-    4 * (query_heads.max(1) as i64 * queries.max(1) as i64 + 2 * kv_heads.max(1) as i64 * head_dim.max(1) as i64)
+    /// A position's float32 scores (rows x query heads x queries) and its
+    /// decoded keys and values (rows x 2 x KV heads x head dim).
+    fn bytes_per_position(&self) -> i64 {
+        let at_least_one = |x: i32| x.max(1) as i64;
+        4 * at_least_one(self.rows) * (at_least_one(self.query_heads) * at_least_one(self.queries) + 2 * at_least_one(self.kv_heads) * at_least_one(self.head_dim))
+    }
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ impl KvStore for TurboStore {
         let before = rows.dim(2)? - if n > 1 { n } else { 0 };
         let history = ops::slice_axis(rows, 2, 0, before)?;
         let chunk = (n > 1).then_some([&kr, &vr]);
-        let block = blocked::history_block(queries.dim(1)?, keys.dim(1)?, keys.dim(3)?, n);
+        let block = blocked::Shape { rows: queries.dim(0)?, query_heads: queries.dim(1)?, kv_heads: keys.dim(1)?, head_dim: keys.dim(3)?, queries: n }.block();
         let out = if before > block && blocked::applies_here() {
             blocked::attend(&self.codec, &qr, [&sink_k, &sink_v], &history, chunk, &mask, args.scale, block)?
         } else {

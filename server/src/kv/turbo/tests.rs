@@ -254,12 +254,16 @@ fn a_chunk_attending_the_history_block_by_block_equals_one_call() {
 
 #[test]
 fn history_blocks_bound_their_scores_and_stay_a_few_hundred_positions_at_least() {
-    use super::blocked::history_block;
+    use super::blocked::Shape;
+    let shape = |rows, query_heads, kv_heads, head_dim, queries| Shape { rows, query_heads, kv_heads, head_dim, queries };
     // 8 MiB of float32 scores and decoded keys and values: 4 query heads x
     // 512 queries and 2 KV heads of 64 take 9216 bytes a position.
-    assert_eq!(history_block(4, 2, 64, 512), (8 << 20) / 9216);
-    assert_eq!(history_block(32, 8, 128, 1), (8 << 20) / (4 * (32 + 2048)));
-    assert_eq!(history_block(128, 8, 128, 2048), 256);
-    assert_eq!(super::blocked::block_bytes(128, 8, 128, 2048), 256 * 4 * (128 * 2048 + 2048));
-    assert_eq!(super::blocked::block_bytes(4, 2, 64, 512), 9216 * ((8 << 20) / 9216));
+    assert_eq!(shape(1, 4, 2, 64, 512).block(), (8 << 20) / 9216);
+    assert_eq!(shape(1, 4, 2, 64, 512).block_bytes(), 9216 * ((8 << 20) / 9216));
+    // A decode step's rows each take their own scores and history.
+    assert_eq!(shape(1, 32, 8, 128, 1).block(), (8 << 20) / (4 * (32 + 2048)));
+    assert_eq!(shape(2, 32, 8, 128, 1).block(), (8 << 20) / (2 * 4 * (32 + 2048)));
+    // Never fewer than 256 positions: then a block holds more.
+    assert_eq!(shape(1, 128, 8, 128, 2048).block(), 256);
+    assert_eq!(shape(1, 128, 8, 128, 2048).block_bytes(), 256 * 4 * (128 * 2048 + 2048));
 }
