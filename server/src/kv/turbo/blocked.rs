@@ -1,10 +1,11 @@
-//! A prefill chunk's attention over a long compressed history, a block of
-//! the history at a time (flash attention's online softmax, in MLX ops).
+//! Attention over a long compressed history a block of the history at a
+//! time (flash attention's online softmax, in MLX ops): a prefill chunk's,
+//! or a decode step's.
 //!
-//! Where MLX attends unfused (the CPU), attending the chunk to the whole
-//! history at once holds a [query heads, chunk, context] scores array and the
-//! whole history decoded: working memory that grows with the context, more
-//! per token than the compressed cache itself. A block at a time it stays
+//! Where MLX attends unfused (the CPU), attending to the whole history at
+//! once holds a [query heads, queries, context] scores array and the whole
+//! history decoded: working memory that grows with the context, more per
+//! token than the compressed cache itself. A block at a time it stays
 //! bounded: each block's scores and decoded keys and values are freed once
 //! its partial result joins the running one.
 
@@ -15,8 +16,8 @@ use super::f32s;
 use crate::error::Result;
 use crate::kv::mask::AttentionMask;
 
-/// Bytes one history block holds: its float32 scores (query heads x queries
-/// x positions) and its keys and values decoded to float32.
+/// Bytes one history block holds: its float32 scores (rows x query heads x
+/// queries x positions) and its keys and values decoded to float32.
 const BLOCK_BYTES: i64 = 8 << 20;
 /// The fewest history positions a block holds, so a wide chunk of many heads
 /// still reads the history in a few hundred calls per layer, not thousands.
