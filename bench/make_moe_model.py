@@ -8,7 +8,7 @@ biases. gpt-oss shapes: as mlx-community's MXFP4-Q8 conversions, experts in mxfp
 (group 32, e8m0 byte scales) with a bf16 bias per expert, everything else affine 8-bit
 (group 64), attention with biases and sinks.
 
-usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0]
+usage: python make_moe_model.py SHAPE OUT_DIR [--seed 0] [--embed-scale 1]
 SHAPE: qwen3-30b-a3b | qwen3-moe-cpu (a small one for CPU benchmark runs) | gpt-oss-20b |
        qwen3.5-35b-a3b | gemma-4-26b-a4b
 
@@ -91,21 +91,21 @@ class Shard:
                 f.write(np.ascontiguousarray(arr).data)
 
 
-def quantized(shard, rng, name, shape):
+def quantized(shard, rng, name, shape, scale=1.0):
     """A random affine 4-bit matrix [..., rows, cols]: packed uint32, bf16 scales/biases."""
     *lead, rows, cols = shape
     shard.add(f"{name}.weight", rng.integers(0, 2**32, (*lead, rows, cols * BITS // 32), dtype=np.uint32), "U32")
     # Values scale * q + bias with q in 0..15 centred on 0: std about 0.02 / sqrt(cols / 512).
-    s = (0.02 / 4.6) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // GROUP), dtype=np.float32))
+    s = scale * (0.02 / 4.6) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // GROUP), dtype=np.float32))
     shard.add(f"{name}.scales", bf16(s), "BF16")
     shard.add(f"{name}.biases", bf16(-7.5 * s), "BF16")
 
 
-def affine8(shard, rng, name, shape, overrides):
+def affine8(shard, rng, name, shape, overrides, scale=1.0):
     """A random affine 8-bit matrix (group 64), named in the config's per-layer overrides."""
     *lead, rows, cols = shape
     shard.add(f"{name}.weight", rng.integers(0, 2**32, (*lead, rows, cols // 4), dtype=np.uint32), "U32")
-    s = (0.02 / 74) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // 64), dtype=np.float32))
+    s = scale * (0.02 / 74) * np.sqrt(512 / cols) * (1 + 0.1 * rng.standard_normal((*lead, rows, cols // 64), dtype=np.float32))
     shard.add(f"{name}.scales", bf16(s), "BF16")
     shard.add(f"{name}.biases", bf16(-127.5 * s), "BF16")
     overrides[name] = {"group_size": 64, "bits": 8}
@@ -281,6 +281,12 @@ def main():
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--embed-scale", type=float, default=1.0,
+                    help="scales the token embeddings: with random weights the residual stream collapses onto a "
+                         "direction every token shares, so the routers pick the same few experts for any prompt "
+                         "(qwen3-moe-cpu, 512 random tokens: 64, 47, 38, 30, 27, 27, 20, 21 of 64 experts in its 8 "
+                         "layers); 100 keeps each token's own embedding in front and a prompt reaches every expert "
+                         "of every layer, as a trained model's prefill does")
     a = ap.parse_args()
     c = SHAPES[a.shape]
     out = Path(a.out)
@@ -302,16 +308,16 @@ def main():
         weight_map.update({t[0]: name for t in s.tensors})
     s = Shard()
     if qwen3_5:
-        quantized(s, rng, "language_model.model.embed_tokens", (vocab, h))
+        quantized(s, rng, "language_model.model.embed_tokens", (vocab, h), a.embed_scale)
         quantized(s, rng, "language_model.lm_head", (vocab, h))
         s.add("language_model.model.norm.weight", ones(h), "BF16")
     elif gemma4:
-        quantized(s, rng, "model.embed_tokens", (vocab, h))
+        quantized(s, rng, "model.embed_tokens", (vocab, h), a.embed_scale)
     elif gpt_oss:
-        affine8(s, rng, "model.embed_tokens", (vocab, h), overrides)
+        affine8(s, rng, "model.embed_tokens", (vocab, h), overrides, a.embed_scale)
         affine8(s, rng, "lm_head", (vocab, h), overrides)
     else:
-        quantized(s, rng, "model.embed_tokens", (vocab, h))
+        quantized(s, rng, "model.embed_tokens", (vocab, h), a.embed_scale)
         quantized(s, rng, "lm_head", (vocab, h))
     if not qwen3_5:
         s.add("model.norm.weight", ones(h), "BF16")
