@@ -291,6 +291,8 @@ fn a_turbo_cache_whose_uncompressed_prompt_leaves_no_room_names_the_threshold() 
     let turbo = |threshold| Wants { kv_compression: Some(KvCompression::turbo("balanced", threshold).unwrap()), ..Wants::default() };
     let e = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &turbo(32_768)).unwrap_err().to_string();
     assert!(e.contains("32768 tokens held at 16 bits") && e.contains("--turbo-kv-prefill-threshold"), "{e}");
+    // On the CPU that prompt attends unfused before it is compressed: its scores are named too.
+    assert!(e.contains("GiB of attention's working memory") && e.contains("--prefill-size"), "{e}");
     let p = plan(&cpu(10 * GIB), &llama8b(), Some(131_072), &turbo(2048)).unwrap();
     assert_eq!(p.kv_format, "turbo-balanced", "{}", p.describe());
     check_within_budget(&p);
