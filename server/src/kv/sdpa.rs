@@ -6,7 +6,7 @@
 use mlx_rs_safe::fast::{self, SdpaMask};
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
-use super::mask::AttentionMask;
+use super::mask::{causal_mask, AttentionMask};
 use super::store::AttendArgs;
 use crate::error::Result;
 
@@ -140,9 +140,7 @@ pub fn quantized(
         AttentionMask::Causal => {
             let ss = scores.shape();
             let (ql, kl) = (ss[ss.len() - 2], ss[ss.len() - 1]);
-            let qi = ops::arange((kl - ql) as f64, kl as f64, 1.0, Dtype::Int32)?;
-            let ki = ops::arange(0.0, kl as f64, 1.0, Dtype::Int32)?;
-            Some(ops::greater_equal(&ops::expand_dims(&qi, &[1])?, &ops::expand_dims(&ki, &[0])?)?)
+            Some(causal_mask(ql, kl - ql, None)?)
         }
         // A batch mask [B, 1, L, S] lines up with the [B, n_kv, repeats, L, S]
         // scores once it has a repeat axis too.

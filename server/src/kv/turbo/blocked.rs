@@ -14,7 +14,7 @@ use mlx_rs_safe::{eval, ops, Array, Dtype};
 use super::codec::Codec;
 use super::f32s;
 use crate::error::Result;
-use crate::kv::mask::AttentionMask;
+use crate::kv::mask::{causal_mask, AttentionMask};
 
 /// Bytes one history block holds: its float32 scores (rows x query heads x
 /// queries x positions) and its keys and values decoded to float32.
@@ -161,10 +161,7 @@ pub fn attend(
     if let Some([k, v]) = chunk {
         let keys = sink_len + positions;
         let keep = match mask {
-            AttentionMask::Causal => Some(ops::greater_equal(
-                &ops::expand_dims(&ops::arange(0.0, n as f64, 1.0, Dtype::Int32)?, &[1])?,
-                &ops::expand_dims(&ops::arange(0.0, n as f64, 1.0, Dtype::Int32)?, &[0])?,
-            )?),
+            AttentionMask::Causal => Some(causal_mask(n, 0, None)?),
             _ => columns(keys, keys + n)?,
         };
         acc = merge(acc, partial(&q, k, v, keep.as_ref())?)?;
