@@ -31,6 +31,15 @@ pub fn gpu_backend() -> Option<&'static str> {
     }
 }
 
+/// [`gpu_backend`] when this thread's current stream runs on the GPU (not,
+/// say, a layer placed on the CPU): the backend the next op runs on, if a GPU's.
+pub fn current_gpu_backend() -> Option<&'static str> {
+    match crate::device::current_device() {
+        Ok(crate::device::Device::Gpu) => gpu_backend(),
+        _ => None,
+    }
+}
+
 /// Which GPU language a kernel source is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KernelLanguage {

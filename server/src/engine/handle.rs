@@ -96,7 +96,7 @@ impl EngineHandle {
                         // One process on a GPU compiles its kernels now, not in a
                         // request (a distributed group's ranks would each need the
                         // same forward passes in step: not there).
-                        let on_gpu = mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && mlx_rs_safe::kernels::gpu_backend().is_some();
+                        let on_gpu = mlx_rs_safe::kernels::current_gpu_backend().is_some();
                         if on_gpu && group.as_ref().is_none_or(|g| g.size() <= 1) {
                             match engine.warm_up() {
                                 Ok(took) => log::info!("engine: warmed up the GPU kernels in {:.1} s", took.as_secs_f64()),

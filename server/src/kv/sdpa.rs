@@ -80,8 +80,7 @@ fn finfo_min(dtype: Dtype) -> f32 {
 /// module's test; the CPU and Metal run every shape. The memory plan counts
 /// the dequantized history where they don't (`PrefillAttention::quantized_matmuls`).
 pub fn quantized_matmuls_run() -> bool {
-    let on_cuda = mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && mlx_rs_safe::kernels::gpu_backend() == Some("cuda");
-    !on_cuda
+    mlx_rs_safe::kernels::current_gpu_backend() != Some("cuda")
 }
 
 /// Attention over an affine-quantized cache by dequantizing it first (one

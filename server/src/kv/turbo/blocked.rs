@@ -71,7 +71,7 @@ thread_local! {
 /// runs: on the CPU, whose attention is unfused. A GPU attends decode steps
 /// with its kernels and prefill chunks fused, over the history decoded once.
 pub fn applies_here() -> bool {
-    mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) || mlx_rs_safe::kernels::gpu_backend().is_none()
+    mlx_rs_safe::kernels::current_gpu_backend().is_none()
 }
 
 /// Attention over a part of the keys: the row maxima of the scores, the
