@@ -252,10 +252,24 @@ impl Engine {
             // token at the next step, not after another prompt's chunk.
             self.place_ready();
             self.lap("join", start);
-            return;
+        } else {
+            self.prefill_chunk();
+            self.lap("prefill", start);
         }
-        self.prefill_chunk();
-        self.lap("prefill", start);
+        if self.is_idle() {
+            self.settle();
+        }
+    }
+
+    /// Waits for the device work still queued when the engine goes idle: a
+    /// decode step queued ahead (pipelining) for rows that all ended holds
+    /// the batch's KV and activations until it runs. The snapshot taken after
+    /// this turn is the last one until the next request, so without the wait
+    /// /health and /metrics would go on reporting those buffers as live.
+    fn settle(&self) {
+        if let Err(e) = mlx_rs_safe::synchronize() {
+            log::warn!("engine: waiting for the last queued work failed: {e}");
+        }
     }
 
     /// Records the time since `since` as `part` of the turn; returns now.
@@ -581,8 +595,6 @@ impl Drop for Engine {
         // A decode step may still be running (queued with async_eval ahead of
         // its tokens): wait for it, so no MLX stream thread is still freeing
         // its buffers when the process exits after the engine.
-        if let Err(e) = mlx_rs_safe::synchronize() {
-            log::warn!("waiting for the last MLX work of the engine failed: {e}");
-        }
+        self.settle();
     }
 }
