@@ -1,33 +1,46 @@
-// Split-K decode attention over a 16-bit (or float32) KV cache whose rows
-// start at their own first position: one query per row, keys and values as
-// the model computed them. It serves batches whose rows have other lengths
-// (left-padded, mlx-lm's BatchKVCache layout), which MLX 0.32's CUDA
-// attention only runs unfused (matmul, mask, softmax, matmul) because neither
-// its vector kernel nor cuDNN's decode path takes an array mask.
+// Split-K decode attention over a KV cache whose rows start at their own
+// first position: one query per row. It serves two caches MLX 0.32's CUDA
+// backend has no fused decode attention for:
+//  - 16-bit (or float32) keys and values (BITS 0) in batches whose rows have
+//    other lengths (left-padded, mlx-lm's BatchKVCache layout), which MLX's
+//    CUDA attention only runs unfused (matmul, mask, softmax, matmul) because
+//    neither its vector kernel nor cuDNN's decode path takes an array mask;
+//  - affine-quantized keys and values (BITS 8 or 4, `--kv-bits`: MLX's
+//    quantize layout, codes packed low bits first into uint32 words, a scale
+//    and a bias of type T for each group of GS coordinates), which MLX's CUDA
+//    quantized matmuls refuse at attention's shapes: read as codes, never
+//    dequantized into a copy of the history.
 //
 // Block (row b, KV head g, split s) takes the s-th slice of the row's valid
 // positions [first, written) for every query head of the KV head's group.
 // A position's key and value rows are read by LPP = D / 8 lanes, 8
-// coordinates (16 bytes of a 16-bit row) each, so a warp reads 32 / LPP
-// consecutive positions at once (one contiguous range) and each such lane
-// group keeps its own online softmax; the groups' states are merged at the
-// end (shuffles within a warp, shared memory across the 4 warps) into the
-// partial turbo_merge.cu (ROT = 0) combines over the splits. Scores are in
-// base 2 (the query carries log2(e)), as the merge expects.
-// Inputs: q [B, HQ, 1, D]; k, v [B, HKV, CAP, D] (whole buffers; CAP ≥
-// written); params [2 + B] int32: positions written (the same for all rows),
-// the scale's float bits, each row's first valid position.
+// coordinates each (16 bytes of a 16-bit row, 8 of an 8-bit one; a group
+// holds whole lanes), so a warp reads 32 / LPP consecutive positions at once
+// (one contiguous range) and each such lane group keeps its own online
+// softmax; the groups' states are merged at the end (shuffles within a warp,
+// shared memory across the 4 warps) into the partial turbo_merge.cu (ROT = 0)
+// combines over the splits. Scores are in base 2 (the query carries
+// log2(e)), as the merge expects.
+// Inputs: q [B, HQ, 1, D]; k, v [B, HKV, CAP, D] of T (BITS 0) or [B, HKV,
+// CAP, D * BITS / 32] uint32 (whole buffers; CAP >= written); params [2 + B]
+// int32: positions written (the same for all rows), the scale's float bits,
+// each row's first valid position; ks, kb, vs, vb [B, HKV, CAP, D / GS]: the
+// scales and biases (BITS 0: not read; any arrays stand in).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is the
-// grid's blocks per (row, KV head). 128 threads a block (dense_kernel.rs).
+// grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int C = 8;                    // coordinates a lane owns
 constexpr int LPP = D / C;              // lanes a position: 8, 16 or 32
 constexpr int PPW = 32 / LPP;           // positions a warp reads at once
 constexpr int GROUPS = WARPS * PPW;     // softmax states a block keeps
-constexpr int WORDS = C * (int)sizeof(T) / 16;   // 16-byte loads a lane's coordinates take
+constexpr int LB = BITS == 0 ? C * (int)sizeof(T) : C * BITS / 8;   // bytes of a lane's coordinates
+constexpr int RB = LB * LPP;            // bytes of a position's row
+constexpr int NG = BITS == 0 ? 1 : D / GS;   // scale groups of a row
 static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128, 256");
 static_assert(REP >= 1 && REP <= 8, "1 to 8 query heads per KV head");
+static_assert(BITS == 0 || BITS == 4 || BITS == 8, "16-bit rows, or 8- or 4-bit codes");
+static_assert(BITS == 0 || (GS % C == 0 && D % GS == 0), "a scale group holds whole lanes");
 __shared__ float qs[REP * D];
 __shared__ float mw[WARPS * REP];
 __shared__ float lw[WARPS * REP];
@@ -80,27 +93,53 @@ for (int h = 0; h < REP; ++h) {
 }
 
 const size_t head = (size_t)b * HKV + g;
+// A lane's part of a position's key or value row: its coordinates' bytes
+// and, for codes, their group's scale and bias.
 struct Row {
-  uint4 w[WORDS];
+  uint32_t w[LB / 4];
+  float scale, bias;
 };
-// This lane's 16-byte words of position t's key and value rows (zeros past
-// the slice: such positions are skipped below).
+auto load_row = [&](const uint8_t* rows, const T* scales, const T* biases, size_t at, Row& r) {
+  const uint8_t* p = rows + at * RB + sub * LB;
+  if constexpr (LB % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < LB / 16; ++i) {
+      reinterpret_cast<uint4*>(r.w)[i] = reinterpret_cast<const uint4*>(p)[i];
+    }
+  } else if constexpr (LB == 8) {
+    *reinterpret_cast<uint2*>(r.w) = *reinterpret_cast<const uint2*>(p);
+  } else {
+    r.w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+  if constexpr (BITS != 0) {
+    const size_t grp = at * NG + sub * C / GS;
+    r.scale = static_cast<float>(scales[grp]);
+    r.bias = static_cast<float>(biases[grp]);
+  }
+};
+// This lane's part of position t's key and value rows (zeros past the slice:
+// such positions are skipped below).
 auto load = [&](int t, Row& kr, Row& vr) {
   if (t < t1) {
-    const size_t at = (head * CAP + (size_t)t) * D + sub * C;
-    const uint4* kp = reinterpret_cast<const uint4*>(k + at);
-    const uint4* vp = reinterpret_cast<const uint4*>(v + at);
-#pragma unroll
-    for (int i = 0; i < WORDS; ++i) {
-      kr.w[i] = kp[i];
-      vr.w[i] = vp[i];
-    }
+    const size_t at = head * CAP + (size_t)t;
+    load_row(reinterpret_cast<const uint8_t*>(k), ks, kb, at, kr);
+    load_row(reinterpret_cast<const uint8_t*>(v), vs, vb, at, vr);
   } else {
 #pragma unroll
-    for (int i = 0; i < WORDS; ++i) {
-      kr.w[i] = make_uint4(0, 0, 0, 0);
-      vr.w[i] = make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < LB / 4; ++i) {
+      kr.w[i] = 0;
+      vr.w[i] = 0;
     }
+    kr.scale = kr.bias = vr.scale = vr.bias = 0.0f;
+  }
+};
+// Coordinate c of a lane's row part as a float.
+auto coordinate = [&](const Row& r, int c) -> float {
+  if constexpr (BITS == 0) {
+    return static_cast<float>(reinterpret_cast<const T*>(r.w)[c]);
+  } else {
+    const uint32_t code = (r.w[c * BITS / 32] >> ((c * BITS) % 32)) & ((1u << BITS) - 1);
+    return static_cast<float>(code) * r.scale + r.bias;
   }
 };
 
@@ -115,8 +154,8 @@ for (int base = t0 + warp * PPW; base < t1; base += GROUPS) {
   float kf[C], vf[C];
 #pragma unroll
   for (int c = 0; c < C; ++c) {
-    kf[c] = static_cast<float>(reinterpret_cast<const T*>(kr.w)[c]);
-    vf[c] = static_cast<float>(reinterpret_cast<const T*>(vr.w)[c]);
+    kf[c] = coordinate(kr, c);
+    vf[c] = coordinate(vr, c);
   }
 #pragma unroll
   for (int h = 0; h < REP; ++h) {

@@ -1,9 +1,10 @@
 //! The affine-quantized cache (`--kv-bits`): keys and values stored as MLX
 //! quantized triples (packed uint32, scales, biases), read by quantized
-//! matmuls — mlx-lm's QuantizedKVCache, here for a batch of rows — or, where
-//! the device has no quantized matmuls for attention (CUDA), dequantized for
-//! each attention call: the cache still takes its quantized size, and one
-//! layer's history at a time is held at 16 bits beside it.
+//! matmuls — mlx-lm's QuantizedKVCache, here for a batch of rows. Where the
+//! device has no quantized matmuls for attention (CUDA), a decode step reads
+//! the codes in a kernel (`kernels::affine_attend`), and a prefill chunk
+//! dequantizes one layer's history for MLX's attention (held at 16 bits
+//! beside the cache for the call).
 
 use mlx_rs_safe::{quantized, Array};
 
@@ -11,6 +12,7 @@ use super::mask::StepMemo;
 use super::padded::PaddedRows;
 use super::sdpa;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
+use super::turbo::kernels;
 use crate::error::Result;
 
 pub struct AffineStore {
@@ -51,10 +53,21 @@ impl KvStore for AffineStore {
 
     fn attend(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let n = queries.shape()[2];
-        let rows = &self.rows;
-        let mask = masks.get(rows.mask_key("affine", n, args.window), || rows.mask(n, args.window))?;
         let (kq, ks, kb) = quantized::quantize(keys, self.group_size, self.bits)?;
         let (vq, vs, vb) = quantized::quantize(values, self.group_size, self.bits)?;
+        let on_kernel = n == 1
+            && args.window.is_none()
+            && args.sinks.is_none()
+            && kernels::affine_applies(queries, keys.dim(1)?, self.group_size, self.bits, ks.dtype());
+        if on_kernel {
+            // Read as codes from the whole buffers, each row from its first position.
+            self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
+            let params = self.rows.step_params(args.scale, masks)?;
+            let c = self.rows.buffers();
+            return kernels::affine_attend(queries, &c[..3], &c[3..], &params, self.rows.written(), self.group_size, self.bits);
+        }
+        let rows = &self.rows;
+        let mask = masks.get(rows.mask_key("affine", n, args.window), || rows.mask(n, args.window))?;
         let c = self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
         let attend = if sdpa::quantized_matmuls_run() { sdpa::quantized } else { sdpa::dequantized };
         attend(queries, &c[..3], &c[3..], args.scale, &mask, args.sinks, self.group_size, self.bits)

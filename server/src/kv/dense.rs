@@ -4,7 +4,7 @@
 use mlx_rs_safe::{quantized, Array};
 
 use super::affine::AffineStore;
-use super::mask::{MaskKey, StepMemo};
+use super::mask::StepMemo;
 use super::padded::PaddedRows;
 use super::sdpa::Attended;
 use super::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
@@ -40,12 +40,9 @@ impl DenseStore {
         self.rows.append(&[keys.clone(), values.clone()])?;
         self.last = None;
         let rows = &self.rows;
-        let written = rows.written();
-        let mut layout = vec![written, args.scale.to_bits() as i32];
-        layout.extend(rows.left_pad());
-        let params = masks.array(MaskKey { kind: "dense-params", layout }, || kernels::step_params(written, args.scale, rows.left_pad()))?;
+        let params = rows.step_params(args.scale, masks)?;
         let [k, v] = rows.buffers() else { return Err(Error::Internal("a dense cache without its key and value columns")) };
-        kernels::dense_attend(queries, k, v, &params, written)
+        kernels::dense_attend(queries, k, v, &params, rows.written())
     }
 }
 

@@ -8,7 +8,8 @@
 
 use mlx_rs_safe::{ops, Array};
 
-use super::mask::{padded_causal_mask, AttentionMask, MaskKey};
+use super::mask::{padded_causal_mask, AttentionMask, MaskKey, StepMemo};
+use super::turbo::kernels;
 use crate::error::{Error, Result};
 
 /// Positions allocated at a time.
@@ -82,6 +83,15 @@ impl PaddedRows {
         let mut layout = vec![self.idx, n, window.unwrap_or(-1)];
         layout.extend(&self.left_pad);
         MaskKey { kind, layout }
+    }
+
+    /// The decode kernels' scalars for these rows ([`kernels::step_params`]:
+    /// positions written, `scale`, each row's first position), made once a
+    /// step for every layer whose rows are laid out alike.
+    pub fn step_params(&self, scale: f32, masks: &StepMemo) -> Result<Array> {
+        let mut layout = vec![self.idx, scale.to_bits() as i32];
+        layout.extend(&self.left_pad);
+        masks.array(MaskKey { kind: "kernel-params", layout }, || kernels::step_params(self.idx, scale, &self.left_pad))
     }
 
     /// Makes the next growth room for `positions` in all (a prompt prefilled

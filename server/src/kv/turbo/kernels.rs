@@ -12,10 +12,12 @@
 //! the first time that shape is asked for; everything else takes the MLX-ops
 //! path.
 //!
-//! The same split-K layout and merge also serve the 16-bit cache on CUDA
-//! ([`dense_attend`]): rows of other lengths in one batch, which MLX's CUDA
-//! attention only runs unfused (it has no fused kernel for an array mask at
-//! one query position).
+//! The same split-K layout and merge also serve two caches on CUDA that
+//! MLX's CUDA attention has no fused decode kernel for: the 16-bit cache's
+//! rows of other lengths in one batch ([`dense_attend`]; no fused kernel
+//! takes an array mask at one query position), and the affine-quantized
+//! cache of `--kv-bits` ([`affine_attend`]; its quantized matmuls refuse
+//! attention's shapes), read as codes.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -183,7 +185,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
                 "turbo_attend" => (&["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
-                "dense_attend" => (&["q", "k", "v", "params"], &["part_o", "part_ml"], DENSE_CUDA),
+                "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb"], &["part_o", "part_ml"], DENSE_CUDA),
                 _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
@@ -330,21 +332,47 @@ fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> 
     out.into_iter().next().ok_or(Error::Internal("the attention merge kernel returned nothing"))
 }
 
-/// Whether decode attention of `q` [B, HQ, 1, D] over a 16-bit (or float32)
-/// cache of `kv_heads` heads in `q`'s dtype runs on [`dense_attend`] here: CUDA
-/// (unless `MLX_SERVE_DENSE_KERNEL=0`), head dims 64/128/256, 1-8 query heads
-/// per KV head, once a start-up check found it agreeing with MLX's attention.
-pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
+/// Whether decode attention of `q` [B, HQ, 1, D] over `kv_heads` heads fits
+/// dense_attend.cu: one query, 1-8 query heads per KV head, head dims
+/// 64/128/256, a 16-bit or float32 query.
+fn split_attend_fits(q: &Array, kv_heads: i32) -> bool {
     let s = q.shape();
     let (hq, d) = (s[1], s[3]);
-    let dtype_ok = matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32) && q.dtype() == cache_dtype;
-    dtype_ok
+    matches!(q.dtype(), Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32)
         && s[2] == 1
         && kv_heads > 0
         && hq % kv_heads == 0
         && (1..=8).contains(&(hq / kv_heads))
         && [64, 128, 256].contains(&d)
-        && dense_usable()
+}
+
+/// Whether the split-K kernels run on this thread's device: CUDA, the GPU.
+fn on_cuda_gpu() -> bool {
+    language() == Some(KernelLanguage::Cuda) && mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu)
+}
+
+/// Whether decode attention of `q` [B, HQ, 1, D] over a 16-bit (or float32)
+/// cache of `kv_heads` heads in `q`'s dtype runs on [`dense_attend`] here: CUDA
+/// (unless `MLX_SERVE_DENSE_KERNEL=0`), head dims 64/128/256, 1-8 query heads
+/// per KV head, once a start-up check found it agreeing with MLX's attention.
+pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
+    q.dtype() == cache_dtype && split_attend_fits(q, kv_heads) && dense_usable()
+}
+
+/// Whether decode attention of `q` over an affine-quantized cache
+/// (`--kv-bits`) of `kv_heads` heads, `bits`-bit codes in groups of
+/// `group_size` with scales of `scales_dtype`, runs on [`affine_attend`] here:
+/// CUDA (unless `MLX_SERVE_AFFINE_KERNEL=0`), 8- or 4-bit codes, groups of
+/// 32/64/128, scales of the query's dtype, the shapes of [`dense_applies`],
+/// once a start-up check found it agreeing with MLX's attention over the
+/// dequantized cache.
+pub fn affine_applies(q: &Array, kv_heads: i32, group_size: i32, bits: i32, scales_dtype: Dtype) -> bool {
+    q.dtype() == scales_dtype
+        && [4, 8].contains(&bits)
+        && [32, 64, 128].contains(&group_size)
+        && q.dim(-1).is_ok_and(|d| d % group_size == 0)
+        && split_attend_fits(q, kv_heads)
+        && affine_usable()
 }
 
 /// Whether the dense kernel runs here, is not turned off
@@ -352,37 +380,67 @@ pub fn dense_applies(q: &Array, kv_heads: i32, cache_dtype: Dtype) -> bool {
 /// agrees with MLX's attention (checked once, like [`usable`]).
 fn dense_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
-    if language() != Some(KernelLanguage::Cuda) || mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) {
+    if !on_cuda_gpu() {
         return false;
     }
     *USABLE.get_or_init(|| {
         !crate::kernel_check::turned_off("MLX_SERVE_DENSE_KERNEL", "16-bit decode attention of rows of other lengths uses MLX's masked attention")
-            && crate::kernel_check::passes("16-bit decode attention: the CUDA kernel", "MLX's attention", dense_self_check)
+            && crate::kernel_check::passes("16-bit decode attention: the CUDA kernel", "MLX's attention", || split_attend_check(None))
+    })
+}
+
+/// Whether the kernel runs here over affine codes, is not turned off
+/// (`MLX_SERVE_AFFINE_KERNEL=0`) and agrees with MLX's attention over the
+/// dequantized cache for 8- and 4-bit codes (checked once).
+fn affine_usable() -> bool {
+    static USABLE: OnceLock<bool> = OnceLock::new();
+    if !on_cuda_gpu() {
+        return false;
+    }
+    *USABLE.get_or_init(|| {
+        let instead = "--kv-bits decode attention dequantizes each layer's history for MLX's attention";
+        let check = || Ok(split_attend_check(Some((64, 8)))?.or(split_attend_check(Some((32, 4)))?));
+        !crate::kernel_check::turned_off("MLX_SERVE_AFFINE_KERNEL", instead)
+            && crate::kernel_check::passes("--kv-bits decode attention: the CUDA kernel", "dequantizing for MLX's attention", check)
     })
 }
 
 /// Rows of other lengths attended by the kernel and by MLX's attention with
-/// the mask that left padding needs; None when they agree.
-fn dense_self_check() -> Result<Option<String>> {
+/// the mask that left padding needs (`quant`: affine codes of (group size,
+/// bits), dequantized for MLX's); None when they agree.
+fn split_attend_check(quant: Option<(i32, i32)>) -> Result<Option<String>> {
     let (d, hkv, rep, cap, written) = (64, 2, 4, 320, 300);
     let pads = [0, 37, 299];
-    let (got, want) = dense_against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32)?;
+    let (got, want) = against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32, quant)?;
     let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want)?)?, false)?.item::<f32>()?;
     // Loose enough for MLX's float32 matmuls, which run as TF32 on CUDA.
     Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
 }
 
 /// (kernel, reference) outputs for random data: `pads.len()` rows whose first
-/// valid positions are `pads`, `written` positions of a `cap`-position buffer.
-pub fn dense_against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pads: &[i32], dtype: Dtype) -> Result<(Array, Array)> {
-    use mlx_rs_safe::random;
+/// valid positions are `pads`, `written` positions of a `cap`-position buffer,
+/// held as they are or (`quant`) as affine codes of (group size, bits), which
+/// the reference dequantizes.
+#[allow(clippy::too_many_arguments)]
+pub fn against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pads: &[i32], dtype: Dtype, quant: Option<(i32, i32)>) -> Result<(Array, Array)> {
+    use mlx_rs_safe::{quantized, random};
     let b = pads.len() as i32;
     let normal = |shape: &[i32], seed: u64| -> Result<Array> { Ok(ops::astype(&random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed)?)?, dtype)?) };
     let (k, v) = (normal(&[b, hkv, cap, d], 11)?, normal(&[b, hkv, cap, d], 12)?);
     let q = normal(&[b, hkv * rep, 1, d], 13)?;
     let scale = (d as f32).powf(-0.5);
     let params = step_params(written, scale, pads)?;
-    let got = dense_attend(&q, &k, &v, &params, written)?;
+    let (got, k, v) = match quant {
+        None => (dense_attend(&q, &k, &v, &params, written)?, k, v),
+        Some((group, bits)) => {
+            let (kq, ks, kb) = quantized::quantize(&k, group, bits)?;
+            let (vq, vs, vb) = quantized::quantize(&v, group, bits)?;
+            let got = affine_attend(&q, &[kq.clone(), ks.clone(), kb.clone()], &[vq.clone(), vs.clone(), vb.clone()], &params, written, group, bits)?;
+            let k = quantized::dequantize(&kq, &ks, Some(&kb), group, bits)?;
+            let v = quantized::dequantize(&vq, &vs, Some(&vb), group, bits)?;
+            (got, k, v)
+        }
+    };
     let keys = ops::arange(0.0, written as f64, 1.0, Dtype::Int32)?;
     let first = Array::from_slice(pads, &[b, 1, 1, 1])?;
     let mask = ops::greater_equal(&keys, &first)?;
@@ -397,21 +455,41 @@ pub fn dense_against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i3
 /// which positions are valid; the output in `q`'s dtype. No mask: each row
 /// starts at its own first position.
 pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i32) -> Result<Array> {
+    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
+        return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
+    }
+    // The scales and biases are not read at 16 bits: the keys and values stand in.
+    split_attend(q, [k, v, k, k, v, v], params, written, (32, 0))
+}
+
+/// [`dense_attend`] over an affine-quantized cache: `keys` and `values` are
+/// the whole buffers' (packed codes, scales, biases), `bits`-bit codes in
+/// groups of `group_size`, read as codes (nothing dequantized).
+pub fn affine_attend(q: &Array, keys: &[Array], values: &[Array], params: &Array, written: i32, group_size: i32, bits: i32) -> Result<Array> {
+    let ([kq, ks, kb], [vq, vs, vb]) = (keys, values) else {
+        return Err(Error::Internal("--kv-bits attention without codes, scales and biases"));
+    };
+    if ks.dtype() != q.dtype() || vs.dtype() != q.dtype() {
+        return Err(Error::Internal("--kv-bits decode attention: the cache's scales are not of the query's dtype"));
+    }
+    split_attend(q, [kq, vq, ks, kb, vs, vb], params, written, (group_size, bits))
+}
+
+/// dense_attend.cu over (k, v, ks, kb, vs, vb) with (GS, BITS), then the merge.
+fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group_size, bits): (i32, i32)) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
-    let hkv = k.dim(1)?;
+    let hkv = kv[0].dim(1)?;
     let rep = hq / hkv;
     if params.dim(0)? - 2 != b {
         return Err(Error::Internal("the step's parameters name other rows than the query's"));
     }
-    if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
-        return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
-    }
     let ns = splits(written, b * hkv);
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.extend(ints(&[("D", d), ("REP", rep)]));
+    template.extend(ints(&[("D", d), ("REP", rep), ("BITS", bits), ("GS", group_size)]));
     let call = split_call([b, hq, hkv, ns, d], DENSE_THREADS, template);
-    let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params], &call)?))?;
+    let [k, v, ks, kb, vs, vb] = kv;
+    let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params, ks, kb, vs, vb], &call)?))?;
     merge(&parts, q.dtype(), None)
 }
 

@@ -16,7 +16,7 @@ use mlx_rs_safe::{ops, Array, Dtype};
 use super::codec::{Codec, TurboFormat, SINKS};
 use super::{blocked, kernels};
 use crate::error::{Error, Result};
-use crate::kv::mask::{AttentionMask, MaskKey, StepMemo};
+use crate::kv::mask::{AttentionMask, StepMemo};
 use crate::kv::padded::PaddedRows;
 use crate::kv::sdpa;
 use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
@@ -88,17 +88,9 @@ impl TurboStore {
         let encoded = kernels::encode(&self.codec, keys, values)?;
         self.body.append(&[encoded])?;
         let body = &self.body;
-        let written = body.written();
-        let layout = |what: &'static str, extra: Vec<i32>| {
-            let mut layout = extra;
-            layout.extend(body.left_pad());
-            MaskKey { kind: what, layout }
-        };
-        let params = masks.array(layout("turbo-params", vec![written, args.scale.to_bits() as i32]), || {
-            kernels::step_params(written, args.scale, body.left_pad())
-        })?;
+        let params = body.step_params(args.scale, masks)?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, written)
+        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, body.written())
     }
 }
 

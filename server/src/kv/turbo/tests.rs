@@ -172,7 +172,7 @@ fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
     let mut checked = 0;
     for (d, rep, written, pads) in [(64, 1, 40, vec![0, 7, 39]), (128, 4, 2000, vec![0, 300, 1999, 1024]), (256, 8, 700, vec![5, 0]), (128, 8, 4100, vec![4099, 17, 0])] {
         for (dtype, tol) in [(Dtype::Float32, 1e-2), (Dtype::Bfloat16, 3e-2), (Dtype::Float16, 1e-2)] {
-            let (got, want) = super::kernels::dense_against_reference(d, 2, rep, written + 64, written, &pads, dtype).unwrap();
+            let (got, want) = super::kernels::against_reference(d, 2, rep, written + 64, written, &pads, dtype, None).unwrap();
             assert_eq!(got.shape(), want.shape());
             let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
             let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
@@ -181,6 +181,33 @@ fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
         }
     }
     assert_eq!(checked, 12);
+}
+
+#[test]
+fn the_kv_bits_decode_attention_kernel_equals_attention_over_the_dequantized_cache_on_cuda() {
+    // `--kv-bits` codes read by the CUDA kernel from each row's own first
+    // position, against MLX's attention over the same codes dequantized, with
+    // the array mask: 8- and 4-bit codes, groups of 32/64/128, head dims
+    // 64/128/256, 1/4/8 query heads per KV head, float32/bfloat16 scales,
+    // lengths that take one split and many. Elsewhere the kernel is not used.
+    if mlx_rs_safe::kernels::gpu_backend() != Some("cuda") {
+        let q = normal(&[2, 4, 1, 64], 1);
+        assert!(!super::kernels::affine_applies(&q, 2, 64, 8, Dtype::Float32), "used only on CUDA");
+        return;
+    }
+    let mut checked = 0;
+    let shapes = [(64, 1, 40, vec![0, 7, 39], (32, 8)), (128, 4, 2000, vec![0, 300, 1999, 1024], (64, 8)), (256, 8, 700, vec![5, 0], (128, 4)), (128, 8, 4100, vec![4099, 17, 0], (32, 4))];
+    for (d, rep, written, pads, quant) in shapes {
+        for (dtype, tol) in [(Dtype::Float32, 1e-2), (Dtype::Bfloat16, 3e-2)] {
+            let (got, want) = super::kernels::against_reference(d, 2, rep, written + 64, written, &pads, dtype, Some(quant)).unwrap();
+            assert_eq!(got.shape(), want.shape());
+            let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
+            let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
+            assert!(diff < tol, "head dim {d}, {rep} query heads per KV head, {written} positions, {quant:?}, {dtype:?}: differs by {diff}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 8);
 }
 
 #[test]
@@ -231,6 +258,12 @@ fn a_chunk_attending_the_history_block_by_block_equals_one_call() {
     // The CPU's attention past one block of history: the online softmax over
     // sinks, history blocks (across and within block boundaries) and the
     // chunk's own causal keys gives what one attention call over them all does.
+    // On the CPU, where the blocks run (a GPU's float32 matmuls may be TF32).
+    let cpu = mlx_rs_safe::Stream::default_for(mlx_rs_safe::Device::Cpu).unwrap();
+    mlx_rs_safe::with_stream(&cpu, blocks_equal_one_call);
+}
+
+fn blocks_equal_one_call() {
     for (dim, gqa, history, n, block) in [(64, 1, 100, 8, 16), (128, 4, 333, 5, 64), (64, 2, 40, 12, 40), (256, 8, 70, 3, 256)] {
         let kv_heads = 2;
         let format = TurboPreset::Balanced.format(2, 8, 3);
