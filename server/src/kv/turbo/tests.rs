@@ -155,6 +155,17 @@ fn every_shape_the_presets_use_passes_its_own_start_up_check_on_a_gpu() {
     assert_eq!(shapes, 16);
 }
 
+/// The largest difference between the split-K kernel and MLX's masked
+/// attention (over the dequantized codes with `quant`) for random rows of 2
+/// KV heads whose first positions are `pads`, in a buffer with 64 positions
+/// of room past the `written` ones.
+fn split_attend_difference(d: i32, rep: i32, written: i32, pads: &[i32], dtype: Dtype, quant: Option<(i32, i32)>) -> f32 {
+    let (got, want) = super::kernels::against_reference(d, 2, rep, written + 64, written, pads, dtype, quant).unwrap();
+    assert_eq!(got.shape(), want.shape());
+    let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
+    ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap()
+}
+
 #[test]
 fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
     // Rows of other lengths (left-padded), attended by the CUDA kernel from each
@@ -172,10 +183,7 @@ fn the_16_bit_decode_attention_kernel_equals_masked_attention_on_cuda() {
     let mut checked = 0;
     for (d, rep, written, pads) in [(64, 1, 40, vec![0, 7, 39]), (128, 4, 2000, vec![0, 300, 1999, 1024]), (256, 8, 700, vec![5, 0]), (128, 8, 4100, vec![4099, 17, 0])] {
         for (dtype, tol) in [(Dtype::Float32, 1e-2), (Dtype::Bfloat16, 3e-2), (Dtype::Float16, 1e-2)] {
-            let (got, want) = super::kernels::against_reference(d, 2, rep, written + 64, written, &pads, dtype, None).unwrap();
-            assert_eq!(got.shape(), want.shape());
-            let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
-            let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
+            let diff = split_attend_difference(d, rep, written, &pads, dtype, None);
             assert!(diff < tol, "head dim {d}, {rep} query heads per KV head, {written} positions, {dtype:?}: differs by {diff}");
             checked += 1;
         }
@@ -199,10 +207,7 @@ fn the_kv_bits_decode_attention_kernel_equals_attention_over_the_dequantized_cac
     let shapes = [(64, 1, 40, vec![0, 7, 39], (32, 8)), (128, 4, 2000, vec![0, 300, 1999, 1024], (64, 8)), (256, 8, 700, vec![5, 0], (128, 4)), (128, 8, 4100, vec![4099, 17, 0], (32, 4))];
     for (d, rep, written, pads, quant) in shapes {
         for (dtype, tol) in [(Dtype::Float32, 1e-2), (Dtype::Bfloat16, 3e-2)] {
-            let (got, want) = super::kernels::against_reference(d, 2, rep, written + 64, written, &pads, dtype, Some(quant)).unwrap();
-            assert_eq!(got.shape(), want.shape());
-            let (got, want) = (ops::astype(&got, Dtype::Float32).unwrap(), ops::astype(&want, Dtype::Float32).unwrap());
-            let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
+            let diff = split_attend_difference(d, rep, written, &pads, dtype, Some(quant));
             assert!(diff < tol, "head dim {d}, {rep} query heads per KV head, {written} positions, {quant:?}, {dtype:?}: differs by {diff}");
             checked += 1;
         }
