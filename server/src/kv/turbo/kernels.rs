@@ -346,11 +346,6 @@ fn split_attend_fits(q: &Array, kv_heads: i32) -> bool {
         && [64, 128, 256].contains(&d)
 }
 
-/// Whether the split-K kernels run on this thread's device: CUDA, the GPU.
-fn on_cuda_gpu() -> bool {
-    language() == Some(KernelLanguage::Cuda) && mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu)
-}
-
 /// Whether decode attention of `q` [B, HQ, 1, D] over a 16-bit (or float32)
 /// cache of `kv_heads` heads in `q`'s dtype runs on [`dense_attend`] here: CUDA
 /// (unless `MLX_SERVE_DENSE_KERNEL=0`), head dims 64/128/256, 1-8 query heads
@@ -380,7 +375,7 @@ pub fn affine_applies(q: &Array, kv_heads: i32, group_size: i32, bits: i32, scal
 /// agrees with MLX's attention (checked once, like [`usable`]).
 fn dense_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
-    if !on_cuda_gpu() {
+    if mlx_rs_safe::kernels::current_gpu_backend() != Some("cuda") {
         return false;
     }
     *USABLE.get_or_init(|| {
@@ -394,7 +389,7 @@ fn dense_usable() -> bool {
 /// dequantized cache for 8- and 4-bit codes (checked once).
 fn affine_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
-    if !on_cuda_gpu() {
+    if mlx_rs_safe::kernels::current_gpu_backend() != Some("cuda") {
         return false;
     }
     *USABLE.get_or_init(|| {
@@ -433,12 +428,14 @@ pub fn against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pad
     let (got, k, v) = match quant {
         None => (dense_attend(&q, &k, &v, &params, written)?, k, v),
         Some((group, bits)) => {
-            let (kq, ks, kb) = quantized::quantize(&k, group, bits)?;
-            let (vq, vs, vb) = quantized::quantize(&v, group, bits)?;
-            let got = affine_attend(&q, &[kq.clone(), ks.clone(), kb.clone()], &[vq.clone(), vs.clone(), vb.clone()], &params, written, group, bits)?;
-            let k = quantized::dequantize(&kq, &ks, Some(&kb), group, bits)?;
-            let v = quantized::dequantize(&vq, &vs, Some(&vb), group, bits)?;
-            (got, k, v)
+            let codes = |x: &Array| -> Result<[Array; 3]> {
+                let (packed, scales, biases) = quantized::quantize(x, group, bits)?;
+                Ok([packed, scales, biases])
+            };
+            let (kc, vc) = (codes(&k)?, codes(&v)?);
+            let got = affine_attend(&q, &kc, &vc, &params, written, group, bits)?;
+            let back = |[packed, scales, biases]: &[Array; 3]| quantized::dequantize(packed, scales, Some(biases), group, bits);
+            (got, back(&kc)?, back(&vc)?)
         }
     };
     let keys = ops::arange(0.0, written as f64, 1.0, Dtype::Int32)?;
