@@ -168,7 +168,13 @@ def main():
                        prefill_gb_read=p["bytes_read"] / 1e9,
                        prefill_read_gbps=p["bytes_read"] / 1e9 / (r["prompt_tokens"] / r["prompt_tps"]),
                        read_ahead=p.get("prefetch_issued", 0), read_ahead_used=p.get("prefetch_used", 0),
-                       stall_s=z["stall_seconds"], syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
+                       stall_s=z["stall_seconds"],
+                       # Where prefill's time went: the model waiting for reads (stall) and for
+                       # its routers' choice (the compute queued before it); the readers' time
+                       # in read calls and making arrays, summed over reader threads.
+                       prefill_s=r["prompt_tokens"] / r["prompt_tps"], prefill_stall_s=p["stall_seconds"],
+                       prefill_router_wait_s=p.get("router_wait_seconds"), prefill_read_call_s=p.get("read_call_seconds"),
+                       prefill_array_s=p.get("array_seconds"), syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
                        speculative_steps=z.get("speculative_steps", 0) - p.get("speculative_steps", 0),
                        replayed_steps=z.get("replayed_steps", 0) - p.get("replayed_steps", 0),
                        decode_read_ahead=z["prefetch_issued"] - p["prefetch_issued"],

@@ -417,9 +417,9 @@ pub struct LoadArgs {
     #[arg(long, env = "MLX_SERVE_EXPERT_READERS", default_value_t = 8, requires = "stream_experts")]
     pub expert_readers: usize,
     /// With --stream-experts: do not start a MoE layer's reads before its
-    /// router runs in wide prefill chunks (read-ahead overlaps reads with the
-    /// previous layer's compute, at the cost of reading some experts in vain
-    /// when routing changes between prompts).
+    /// router runs in wide prefill chunks (read-ahead reads the experts the
+    /// layer's router picks for the previous layer's input while that layer
+    /// computes, at the cost of reading in vain what the guess gets wrong).
     #[arg(long, env = "MLX_SERVE_NO_EXPERT_READ_AHEAD", requires = "stream_experts")]
     pub no_expert_read_ahead: bool,
     /// With --stream-experts: whether decode steps run on the experts the

@@ -231,7 +231,8 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
     for name in ["mlx_serve_expert_read_bytes_total", "mlx_serve_expert_disk_read_bytes_total", "mlx_serve_expert_reads_total",
                  "mlx_serve_expert_cache_hits_total{layer=\"1\"}", "mlx_serve_expert_cache_misses_total{layer=\"0\"}",
                  "mlx_serve_expert_host_syncs_total", "mlx_serve_expert_stall_seconds_total", "mlx_serve_expert_io_mode{mode=\"direct\"}",
-                 "mlx_serve_expert_prefetch_issued_total", "mlx_serve_expert_prefetch_used_total"] {
+                 "mlx_serve_expert_prefetch_issued_total", "mlx_serve_expert_prefetch_used_total", "mlx_serve_expert_read_call_seconds_total",
+                 "mlx_serve_expert_array_seconds_total", "mlx_serve_expert_router_wait_seconds_total"] {
         let v = mlx_serve::metrics::counter_value(&m, name).unwrap_or_else(|| panic!("no {name} in /metrics:\n{m}"));
         assert!(v > 0.0, "{name} is {v}");
     }

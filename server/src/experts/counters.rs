@@ -43,6 +43,12 @@ pub struct ExpertCounters {
     hits_all: Counter,
     misses_all: Counter,
     stall_seconds: Counter<f64, AtomicU64>,
+    /// Reader threads' time in read calls, summed over threads.
+    pub(super) read_call_seconds: Counter<f64, AtomicU64>,
+    /// Reader threads' time checking read bytes and copying them into MLX
+    /// arrays, summed over threads.
+    pub(super) array_seconds: Counter<f64, AtomicU64>,
+    router_wait_seconds: Counter<f64, AtomicU64>,
     host_syncs: Counter,
     prefetch_issued: Counter,
     prefetch_used: Counter,
@@ -84,6 +90,24 @@ impl ExpertCounters {
             "Time the model waited for expert reads",
             Unit::Seconds,
             self.stall_seconds.clone(),
+        );
+        r.register_with_unit(
+            "expert_read_call",
+            "Time the expert reader threads spent in read calls, summed over threads",
+            Unit::Seconds,
+            self.read_call_seconds.clone(),
+        );
+        r.register_with_unit(
+            "expert_array",
+            "Time the expert reader threads spent checking read bytes and copying them into MLX arrays, summed over threads",
+            Unit::Seconds,
+            self.array_seconds.clone(),
+        );
+        r.register_with_unit(
+            "expert_router_wait",
+            "Time streamed MoE layers waited for their router's choice to reach the host (the device work queued before it)",
+            Unit::Seconds,
+            self.router_wait_seconds.clone(),
         );
         r.register(
             "expert_host_syncs",
@@ -130,13 +154,15 @@ impl ExpertCounters {
     }
 
     pub(crate) fn record_stall(&self, seconds: f64) {
-        if seconds.is_finite() && seconds >= 0.0 {
-            self.stall_seconds.inc_by(seconds);
-        }
+        add_seconds(&self.stall_seconds, seconds);
     }
 
     pub(crate) fn record_host_sync(&self) {
         self.host_syncs.inc();
+    }
+
+    pub(crate) fn record_router_wait(&self, seconds: f64) {
+        add_seconds(&self.router_wait_seconds, seconds);
     }
 
     pub(crate) fn record_prefetch_issued(&self, experts: u64) {
@@ -230,6 +256,9 @@ impl ExpertCounters {
             "misses": misses,
             "hit_rate": (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
             "stall_seconds": self.stall_seconds.get(),
+            "read_call_seconds": self.read_call_seconds.get(),
+            "array_seconds": self.array_seconds.get(),
+            "router_wait_seconds": self.router_wait_seconds.get(),
             "host_syncs": self.host_syncs.get(),
             "speculative_steps": self.speculative_steps.get(),
             "speculative_passes": self.speculative_passes.get(),
@@ -239,6 +268,12 @@ impl ExpertCounters {
             "resident_bytes": self.resident_bytes.get(),
             "capacity_bytes": self.capacity_bytes.get(),
         })
+    }
+}
+
+pub(super) fn add_seconds(counter: &Counter<f64, AtomicU64>, seconds: f64) {
+    if seconds.is_finite() && seconds >= 0.0 {
+        counter.inc_by(seconds);
     }
 }
 

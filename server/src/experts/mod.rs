@@ -52,15 +52,16 @@ pub struct ExpertOptions {
 /// A streamed MoE layer as the others see it: one that can start reading its
 /// experts before its router has run, and check a speculative step's choice.
 pub trait StreamedLayer: Send + Sync {
-    /// Starts reading every expert the layer does not hold (a no-op when such
-    /// reads are already under way or the layer holds them all).
-    fn read_ahead(&self) -> Result<()>;
+    /// Starts reading the experts of `predicted` (its router's picks for a
+    /// wide step's input, see [`Self::predict`]) that the layer does not hold
+    /// (a no-op when such reads are already under way or it holds them all).
+    fn read_ahead(&self, predicted: &[u32]) -> Result<()>;
 
     /// The experts this layer's router would pick for `x` (an earlier layer's
     /// MoE input, [..., D]), flat uint32, queued not evaluated; None when the
-    /// layer takes no guesses (it holds every expert, has reads under way or
-    /// stopped guessing).
-    fn predict(&self, x: &Array) -> Result<Option<Array>>;
+    /// layer takes no guesses (it holds every expert, has reads under way or,
+    /// for a narrow step, stopped guessing).
+    fn predict(&self, x: &Array, wide: bool) -> Result<Option<Array>>;
 
     /// Starts reading up to `cap` of `experts` (predicted) that the layer lacks.
     fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()>;
@@ -159,7 +160,7 @@ impl ExpertStream {
         Ok(slots)
     }
 
-    /// Makes streamed layer `layer` known to [`ExpertStream::read_ahead_after`].
+    /// Makes streamed layer `layer` known to [`ExpertStream::next_layer`].
     pub fn register(&self, layer: u32, target: Weak<dyn StreamedLayer>) {
         self.layers.lock().unwrap_or_else(|e| e.into_inner()).insert(layer, target);
     }
@@ -176,11 +177,8 @@ impl ExpertStream {
         layers.range(layer + 1..).next().and_then(|(_, l)| l.upgrade())
     }
 
-    /// Starts the reads of the first streamed layer after `layer`, if any.
-    pub fn read_ahead_after(&self, layer: u32) -> Result<()> {
-        if !self.read_ahead {
-            return Ok(());
-        }
-        self.next_layer(layer).map_or(Ok(()), |l| l.read_ahead())
+    /// Whether wide steps start the next layer's reads before its router runs.
+    pub fn reads_ahead(&self) -> bool {
+        self.read_ahead
     }
 }

@@ -16,7 +16,7 @@ use std::time::Instant;
 use mlx_rs_safe::io::uncached::{self, DIRECT_IO_ALIGN};
 use mlx_rs_safe::{Array, Dtype};
 
-use super::counters::ExpertCounters;
+use super::counters::{add_seconds, ExpertCounters};
 use crate::error::{Error, Result};
 
 /// How expert reads reach the disk (`--expert-io`).
@@ -259,13 +259,19 @@ impl Worker {
         let skip = (offset - start) as usize;
         let f = self.file(file)?;
         let mut buf = std::mem::take(&mut self.buf);
-        let result = read_span(&f, start, aligned(&mut buf, span), &self.counters).and_then(|got| {
+        let began = Instant::now();
+        let got = read_span(&f, start, aligned(&mut buf, span), &self.counters);
+        let read = Instant::now();
+        add_seconds(&self.counters.read_call_seconds, (read - began).as_secs_f64());
+        let result = got.and_then(|got| {
             if got < skip + len {
                 return Err(format!("the file ends {} bytes into the {len}-byte tensor slab at offset {offset}: truncated?", got.saturating_sub(skip)));
             }
             let bytes = &aligned(&mut buf, span)[skip..skip + len];
             check_finite(bytes, job.dtype)?;
-            Array::from_bytes(bytes, &job.shape, job.dtype).map_err(|e| e.to_string())
+            let array = Array::from_bytes(bytes, &job.shape, job.dtype).map_err(|e| e.to_string());
+            add_seconds(&self.counters.array_seconds, read.elapsed().as_secs_f64());
+            array
         });
         self.buf = buf;
         if self.mode == IoMode::Buffered {

@@ -17,23 +17,20 @@
 //! slots on the device. A budget that holds every expert fills the pools at
 //! load, so such layers never sync.
 //!
-//! A wide step (a prefill chunk whose tokens pick every expert several times
-//! over) does not wait for the next layer's router: once its own reads are in
-//! it starts the next streamed layer's, and they go on while this layer
-//! computes. What is read ahead is what that layer lacks of the experts
-//! its last wide step used (nothing before its first: how many of its experts
-//! a prompt reaches varies from a third to all of them): chunks of one prompt,
-//! and prompts of one kind, route alike, so little is read in vain. The next
-//! layer takes what it uses from those reads.
-//!
-//! A narrow step (decoding) guesses instead, with `--expert-prefetch N`: the
-//! next streamed layer's router runs on this layer's input (the residual
-//! stream changes little from one layer to the next), read back in the same
-//! sync as this layer's own ids, and up to N of the experts it picks that the
-//! next layer lacks are read while this layer computes. The guesses wait
-//! outside the pool; the next layer installs those its router chose and drops
-//! the rest, so a wrong guess costs its read and evicts nothing. A layer
-//! whose guesses are mostly wrong stops taking them.
+//! A step does not always wait for the next layer's router: that router runs
+//! on this layer's input (the residual stream changes little from one layer
+//! to the next), read back in the same sync as this layer's own ids, and the
+//! experts it picks that the next layer lacks are read while this layer
+//! computes. A wide step (a prefill chunk whose tokens pick every expert
+//! several times over) reads all of them once its own reads are in. The
+//! guess replaced reading what the next layer's previous wide chunk used:
+//! it covers a prompt's first chunk too, and on the H200 78% of a prefill's
+//! misses were read ahead (49% before; 95% of what was read ahead was used),
+//! for 1.28x the prefill speed (BENCHMARKS.md). A narrow step (decoding) reads up to
+//! `--expert-prefetch N` of them (off by default). The reads wait outside
+//! the pool; the next layer takes those its router chose and drops the
+//! rest, so a wrong guess costs its read and evicts nothing. A layer whose
+//! decode-step guesses are mostly wrong stops taking them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -74,8 +71,6 @@ struct State {
     /// Experts installed for a speculative step's next pass, not yet used or
     /// passed over by it: counted as misses when used.
     replay_installed: Vec<u32>,
-    /// The experts the layer's last wide step used: what the next one reads ahead.
-    wide_used: Option<Vec<u32>>,
     guesses: GuessRecord,
     /// How the layer before guesses this layer's experts (set after load).
     guesser: Option<Guesser>,
@@ -220,7 +215,6 @@ impl StreamedSwitchGlu {
                 ahead: None,
                 replay: None,
                 replay_installed: Vec::new(),
-                wide_used: None,
                 guesses: GuessRecord::default(),
                 guesser: None,
             }),
@@ -272,18 +266,24 @@ impl StreamedSwitchGlu {
         let counters = self.stream.reader.counters();
         let experts = self.tensors[0].regions.len();
         let wide = indices.size() >= WIDE_PICKS_PER_EXPERT * experts;
-        // A narrow step guesses the next layer's experts, read back with its own.
-        let next = if self.stream.prefetch > 0 && !wide { self.stream.next_layer(self.layer) } else { None };
+        // The next streamed layer's router runs on this layer's input (the
+        // residual stream changes little from one layer to the next), read
+        // back with this layer's own ids: a wide step reads ahead what it
+        // picks, a narrow one guesses from it (`--expert-prefetch`).
+        let predicts = if wide { self.stream.reads_ahead() } else { self.stream.prefetch > 0 };
+        let next = if predicts { self.stream.next_layer(self.layer) } else { None };
         let guess = match &next {
-            Some(next) => next.predict(x)?,
+            Some(next) => next.predict(x, wide)?,
             None => None,
         };
         counters.record_host_sync();
         let own = ops::reshape(&ops::astype(indices, Dtype::Uint32)?, &[-1])?;
+        let waiting = std::time::Instant::now();
         let read_back = match &guess {
             Some(guess) => ops::concatenate(&[&own, guess], 0)?.to_vec::<u32>()?,
             None => own.to_vec::<u32>()?,
         };
+        counters.record_router_wait(waiting.elapsed().as_secs_f64());
         let (ids, guessed) = read_back.split_at(indices.size());
         self.check_choice(ids)?;
         let plan = st.table.plan(ids);
@@ -298,12 +298,12 @@ impl StreamedSwitchGlu {
         let read = reads.wait()?;
         // Only once this layer's reads succeeded: a failed step leaves no
         // reads running for a step that will not come.
-        if wide {
-            st.wide_used = Some(plan.used.clone());
-            self.stream.read_ahead_after(self.layer)?;
-        }
         if let (Some(next), Some(_)) = (&next, &guess) {
-            next.prefetch(guessed, self.stream.prefetch)?;
+            if wide {
+                next.read_ahead(guessed)?;
+            } else {
+                next.prefetch(guessed, self.stream.prefetch)?;
+            }
         }
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
@@ -448,13 +448,17 @@ impl State {
 }
 
 impl StreamedLayer for StreamedSwitchGlu {
-    fn read_ahead(&self) -> Result<()> {
+    fn read_ahead(&self, predicted: &[u32]) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.ahead.is_some() || st.complete {
             return Ok(());
         }
-        let Some(likely) = &st.wide_used else { return Ok(()) };
-        let lacking: Vec<u32> = likely.iter().copied().filter(|&e| st.table.slot(e).is_none()).collect();
+        let experts = self.tensors[0].regions.len();
+        let mut picked = vec![false; experts];
+        for &e in predicted.iter().filter(|&&e| (e as usize) < experts) {
+            picked[e as usize] = true;
+        }
+        let lacking: Vec<u32> = (0..experts as u32).filter(|&e| picked[e as usize] && st.table.slot(e).is_none()).collect();
         if lacking.is_empty() {
             return Ok(());
         }
@@ -464,10 +468,10 @@ impl StreamedLayer for StreamedSwitchGlu {
         Ok(())
     }
 
-    fn predict(&self, x: &Array) -> Result<Option<Array>> {
+    fn predict(&self, x: &Array, wide: bool) -> Result<Option<Array>> {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let Some(g) = &st.guesser else { return Ok(None) };
-        if st.complete || st.ahead.is_some() || st.guesses.stopped {
+        if st.complete || st.ahead.is_some() || (st.guesses.stopped && !wide) {
             return Ok(None);
         }
         let h = match &g.norm {
