@@ -68,7 +68,7 @@ impl Speculation {
         match self {
             Speculation::On => true,
             Speculation::Off => false,
-            Speculation::Auto => missing < MissRate::SPECULATE_BELOW && mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu),
+            Speculation::Auto => missing < MissRate::SPECULATE_BELOW && mlx_rs_safe::kernels::current_gpu_backend().is_some(),
         }
     }
 }
@@ -250,7 +250,7 @@ mod tests {
         for _ in 0..12 {
             rate.observe(false);
         }
-        assert!(Speculation::Auto.now(rate.share()) == (mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu)));
+        assert!(Speculation::Auto.now(rate.share()) == (mlx_rs_safe::kernels::current_gpu_backend().is_some()));
         // One step in six lacking: stays below.
         for i in 0..60 {
             rate.observe(i % 6 == 0);

@@ -139,7 +139,7 @@ const BLOCK: i32 = 128;
 /// passed. `MLX_SERVE_GDN_KERNEL=0` keeps the ops path (to compare with
 /// mlx-lm, which runs the ops path on CUDA).
 fn kernel_applies(dk: i32) -> bool {
-    dk % 32 == 0 && dk <= 256 && mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && kernel_usable()
+    dk % 32 == 0 && dk <= 256 && mlx_rs_safe::kernels::current_gpu_backend().is_some() && kernel_usable()
 }
 
 fn kernel_usable() -> bool {

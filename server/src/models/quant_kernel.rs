@@ -275,7 +275,7 @@ fn make_kernel(gathered: bool) -> Option<CustomKernel> {
 /// Whether the kernel serves calls on this thread's device: CUDA, the GPU
 /// current, not turned off, and its start-up check passed (once a process).
 pub fn in_use() -> bool {
-    mlx_rs_safe::current_device().ok() == Some(mlx_rs_safe::Device::Gpu) && usable()
+    mlx_rs_safe::kernels::current_gpu_backend().is_some() && usable()
 }
 
 fn usable() -> bool {

@@ -85,7 +85,7 @@ pub fn encode_applies(codec: &Codec) -> bool {
 /// (`--gpu-layers`) takes the MLX-ops path.
 pub fn usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
-    if mlx_rs_safe::current_device().ok() != Some(mlx_rs_safe::Device::Gpu) {
+    if mlx_rs_safe::kernels::current_gpu_backend().is_none() {
         return false;
     }
     *USABLE.get_or_init(|| {
