@@ -203,10 +203,15 @@ def main():
                 row["pct_of_bound_fastest_resident"] = row["decode_tps"] / bound
                 print(f"{row['run']}: {row['decode_tps']:.1f} tok/s = {100 * row['decode_tps'] / bound:.0f}% of {bound:.1f} "
                       f"(the bound with the fastest resident run, {fastest:.1f} tok/s)")
+    # The disk again at the readers' depth: a cloud disk's rate can change over
+    # a run (burst credits, the model's own writeback right after it was made).
+    disk_after = {} if a.no_probe else probe_disk(a.model, eb, [a.readers])
+    for d, bw_after in disk_after.items():
+        print(f"disk after the runs: O_DIRECT {eb} B reads at depth {d}: {bw_after:.2f} GB/s")
     if a.out:
         for row in rows:
             row["logprobs"] = row.pop("raw")["generated_logprobs"]
-        Path(a.out).write_text(json.dumps({"disk_gbps": disk, "expert_bytes": eb, "rows": rows}, indent=1))
+        Path(a.out).write_text(json.dumps({"disk_gbps": disk, "disk_gbps_after": disk_after, "expert_bytes": eb, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
