@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 11's measurements on the GPU machine, in one call, on the Qwen3-30B-A3B shape whose
+# routing spreads (make_moe_model.py --embed-scale 100; 16.3 GB of experts on the local disk).
+# Run from the project root after `source .device/cuda-env.sh`, with `cargo build --release`'s
+# mlx-serve and libmlxc.so under $BIN_DIR.
+#
+# The disk's rate changes over a call (a freshly written model's writeback, a cloud disk's
+# burst credits), so the model is flushed first, each stage probes the disk before and after
+# (expert_bench.py), and A/B runs alternate within one stage.
+#
+# usage: bash bench/expert_gpu.sh STAGE...
+#   warm     one short streamed run: CUDA compiles its kernels (~2 min) outside the timed runs
+#   disk     the read-pattern probe (bench/expert_read_pattern.py) at 8 and 16 reads in flight
+#   chunks   prefill of a 2K prompt at 25% in 512- and 2048-token chunks, alternating, twice
+#   readers  prefill and decode at 25% with 8 and 16 reader threads, alternating, twice
+#   budgets  resident, 100%, 50%, 25% (decode hit rates and the serial bound), 64 tokens
+# env: BIN_DIR (default .device/bin), MODEL (default /root/m-spread), OUT (default /tmp/experts-out)
+set -uo pipefail
+BIN_DIR=${BIN_DIR:-.device/bin}
+MODEL=${MODEL:-/root/m-spread}
+OUT=${OUT:-/tmp/experts-out}
+mkdir -p "$OUT" ~/.cache/huggingface/hub
+export LD_LIBRARY_PATH=$PWD/$BIN_DIR:${LD_LIBRARY_PATH:-}
+
+echo "== machine"
+date -u
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
+df -h "$(dirname "$MODEL")" | tail -1
+
+if [ ! -f "$MODEL/config.json" ]; then
+  start=$(date +%s)
+  # A child process: MLX's buffer cache would otherwise keep the memory the servers need.
+  python3 bench/make_moe_model.py qwen3-30b-a3b "$MODEL" --embed-scale 100 >/dev/null || exit 1
+  sync
+  echo "model built and flushed in $(( $(date +%s) - start )) s"
+fi
+
+bench() {
+  python3 bench/expert_bench.py --model "$MODEL" --bin "$BIN_DIR/mlx-serve" --prompt-kind random \
+    --temp 0 "$@" 2>&1 | grep -v '^$'
+}
+
+for stage in "$@"; do
+  echo "== $stage"
+  case $stage in
+    warm) bench --no-probe --runs 25% --prompt-tokens 600 --gen-tokens 2 | tail -1 | cut -c1-160 ;;
+    disk)
+      for t in 8 16; do python3 bench/expert_read_pattern.py --model "$MODEL" --layers 10 --threads $t; done ;;
+    chunks)
+      for round in 1 2; do
+        for size in 512 2048; do
+          echo "-- round $round, --prefill-size $size"
+          bench --runs 25% --prompt-tokens 2048 --prefill-size $size --gen-tokens 4 \
+            --out "$OUT/chunks-$size-$round.json" | grep -E '"run"|disk'
+        done
+      done ;;
+    readers)
+      for round in 1 2; do
+        for readers in 8 16; do
+          echo "-- round $round, $readers readers"
+          bench --runs 25% --readers $readers --prompt-tokens 2048 --prefill-size 512 --gen-tokens 32 \
+            --out "$OUT/readers-$readers-$round.json" | grep -E '"run"|disk'
+        done
+      done ;;
+    budgets)
+      bench --runs resident,100%,50%,25% --prompt-tokens 2048 --prefill-size 512 --gen-tokens 64 \
+        --out "$OUT/budgets.json" | grep -E '"run"|disk|tok/s' ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
