@@ -10,18 +10,18 @@ arrays (`--experts` experts of `--expert-mb` MB in `--parts` slabs each):
   create   the arrays made from host bytes by `--threads` threads at once
   gather   one GPU concatenation of them (what staging a prefill step does):
            host-made arrays, the same arrays a second time, device-made arrays
+  prefetched  creation followed by cudaMemPrefetchAsync of each array to the GPU
+           (through the CUDA runtime the process loaded), then the gather
   busy     array creation while the GPU runs a long matmul loop: does it wait?
 
 and prints each as seconds and GB/s. Run after `source .device/cuda-env.sh`.
 """
 import argparse
-import threading
-import time
-
 import ctypes
-import ctypes.util
 import glob
 import os
+import threading
+import time
 
 import mlx.core as mx
 import numpy as np
