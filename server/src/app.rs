@@ -26,7 +26,7 @@ use crate::tokenizer::Tokenizer;
 use crate::models::ModelFiles;
 use crate::{http_server, hub, models};
 
-fn init_logging(level: &str) -> Result<()> {
+pub(crate) fn init_logging(level: &str) -> Result<()> {
     let filter: log::LevelFilter = match level {
         "error" | "warn" | "info" | "debug" | "trace" | "off" => level.parse().unwrap_or(log::LevelFilter::Info),
         other => return Err(Error::Config(format!("--log-level must be one of error, warn, info, debug (got {other:?})"))),

@@ -321,6 +321,9 @@ pub struct GenerateArgs {
     /// The prompt ("-" reads standard input).
     #[arg(long, default_value = "hello")]
     pub prompt: String,
+    /// error, warn, info or debug (logged to standard error).
+    #[arg(long, env = "MLX_SERVE_LOG_LEVEL", default_value = "warn")]
+    pub log_level: String,
     #[arg(long, default_value_t = 100)]
     pub max_tokens: usize,
     /// Sampling temperature (0 = greedy).

@@ -116,6 +116,7 @@ fn generate_once(engine: &mut Engine, params: Generation, experts: Option<&Exper
 }
 
 pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
+    crate::app::init_logging(&args.log_level)?;
     let load = args.load.options()?;
     let kv_compression = match &args.turbo_kv {
         Some(preset) => Some(KvCompression::turbo(preset, args.turbo_kv_prefill_threshold)?),

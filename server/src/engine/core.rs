@@ -393,7 +393,15 @@ impl Engine {
             // A chunk's temporaries (attention scores over the whole prompt so far) are the
             // largest buffers the engine allocates; kept in MLX's cache they would pile up, a
             // different size per chunk, until the device is full (mlx-lm clears here too).
-            let waited = eval(&states.iter().collect::<Vec<_>>()).and_then(|()| memory::clear_cache());
+            let began = std::time::Instant::now();
+            let waited = eval(&states.iter().collect::<Vec<_>>()).and_then(|()| {
+                let computed = began.elapsed();
+                memory::clear_cache()?;
+                // Both can be seconds on a GPU (a streamed MoE's chunk ends in its last
+                // layers' reads; clearing frees every cached buffer): say which.
+                log::debug!("prefill chunk: waited {:.1} ms for its cache, cleared MLX's buffer cache in {:.1} ms", computed.as_secs_f64() * 1e3, (began.elapsed() - computed).as_secs_f64() * 1e3);
+                Ok(())
+            });
             if let Err(e) = waited {
                 let e = crate::error::Error::from(e);
                 self.note_step_failure(&e);
