@@ -397,8 +397,9 @@ impl Engine {
             let waited = eval(&states.iter().collect::<Vec<_>>()).and_then(|()| {
                 let computed = began.elapsed();
                 memory::clear_cache()?;
-                // Both can be seconds on a GPU (a streamed MoE's chunk ends in its last
-                // layers' reads; clearing frees every cached buffer): say which.
+                // Which of the two a chunk's end spends its time in (a streamed MoE's
+                // chunk ends with its last layers' reads; clearing frees every cached
+                // buffer, each a free call on a GPU): unmeasured on a GPU so far.
                 log::debug!("prefill chunk: waited {:.1} ms for its cache, cleared MLX's buffer cache in {:.1} ms", computed.as_secs_f64() * 1e3, (began.elapsed() - computed).as_secs_f64() * 1e3);
                 Ok(())
             });
