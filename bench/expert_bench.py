@@ -174,7 +174,11 @@ def main():
                        # in read calls and making arrays, summed over reader threads.
                        prefill_s=r["prompt_tokens"] / r["prompt_tps"], prefill_stall_s=p["stall_seconds"],
                        prefill_router_wait_s=p.get("router_wait_seconds"), prefill_read_call_s=p.get("read_call_seconds"),
-                       prefill_array_s=p.get("array_seconds"), syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
+                       prefill_array_s=p.get("array_seconds"),
+                       # The rest: the other layers, the engine between chunks (each chunk's
+                       # end waits for its cache and clears MLX's buffer cache).
+                       prefill_other_s=r["prompt_tokens"] / r["prompt_tps"] - p["stall_seconds"] - p.get("router_wait_seconds", 0.0),
+                       syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
                        speculative_steps=z.get("speculative_steps", 0) - p.get("speculative_steps", 0),
                        replayed_steps=z.get("replayed_steps", 0) - p.get("replayed_steps", 0),
                        decode_read_ahead=z["prefetch_issued"] - p["prefetch_issued"],
