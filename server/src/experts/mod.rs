@@ -52,19 +52,19 @@ pub struct ExpertOptions {
 /// A streamed MoE layer as the others see it: one that can start reading its
 /// experts before its router has run, and check a speculative step's choice.
 pub trait StreamedLayer: Send + Sync {
-    /// Starts reading the experts of `predicted` (its router's picks for a
-    /// wide step's input, see [`Self::predict`]) that the layer does not hold
-    /// (a no-op when such reads are already under way or it holds them all).
-    fn read_ahead(&self, predicted: &[u32]) -> Result<()>;
+    /// Starts reading the experts of `predicted` (its router's picks for an
+    /// earlier layer's input, see [`Self::predict`]) that the layer does not
+    /// hold, the most picked first: all of them for a wide step, the
+    /// `--expert-prefetch` most picked for a narrow one (a no-op when such
+    /// reads are already under way, the layer holds every expert or, for a
+    /// narrow step, stopped guessing).
+    fn read_ahead(&self, predicted: &[u32], wide: bool) -> Result<()>;
 
     /// The experts this layer's router would pick for `x` (an earlier layer's
     /// MoE input, [..., D]), flat uint32, queued not evaluated; None when the
     /// layer takes no guesses (it holds every expert, has reads under way or,
     /// for a narrow step, stopped guessing).
     fn predict(&self, x: &Array, wide: bool) -> Result<Option<Array>>;
-
-    /// Starts reading up to `cap` of `experts` (predicted) that the layer lacks.
-    fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()>;
 
     /// A speculative step's router chose `ids` (row-major, token order): if
     /// the slots held them all, records the step's hits and returns true; if

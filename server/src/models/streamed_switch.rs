@@ -299,11 +299,7 @@ impl StreamedSwitchGlu {
         // Only once this layer's reads succeeded: a failed step leaves no
         // reads running for a step that will not come.
         if let (Some(next), Some(_)) = (&next, &guess) {
-            if wide {
-                next.read_ahead(guessed)?;
-            } else {
-                next.prefetch(guessed, self.stream.prefetch)?;
-            }
+            next.read_ahead(guessed, wide)?;
         }
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
@@ -448,23 +444,32 @@ impl State {
 }
 
 impl StreamedLayer for StreamedSwitchGlu {
-    fn read_ahead(&self, predicted: &[u32]) -> Result<()> {
+    fn read_ahead(&self, predicted: &[u32], wide: bool) -> Result<()> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.complete {
+        if st.ahead.is_some() || st.complete || (st.guesses.stopped && !wide) {
             return Ok(());
         }
         let experts = self.tensors[0].regions.len();
-        let mut picked = vec![false; experts];
+        let mut picks = vec![0usize; experts];
         for &e in predicted.iter().filter(|&&e| (e as usize) < experts) {
-            picked[e as usize] = true;
+            picks[e as usize] += 1;
         }
-        let lacking: Vec<u32> = (0..experts as u32).filter(|&e| picked[e as usize] && st.table.slot(e).is_none()).collect();
+        let mut lacking: Vec<u32> = (0..experts as u32).filter(|&e| picks[e as usize] > 0 && st.table.slot(e).is_none()).collect();
+        // The most picked first (a stable sort: ties by id).
+        lacking.sort_by_key(|&e| std::cmp::Reverse(picks[e as usize]));
+        if !wide {
+            lacking.truncate(self.stream.prefetch);
+        }
         if lacking.is_empty() {
             return Ok(());
         }
         let reads = self.stream.reader.submit(self.jobs(&lacking))?;
         self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
-        st.ahead = Some(Ahead { experts: lacking, reads, guessed: false });
+        // Only a narrow step's guesses are judged (see `GuessRecord`).
+        if !wide {
+            st.guesses.issued += lacking.len() as u64;
+        }
+        st.ahead = Some(Ahead { experts: lacking, reads, guessed: !wide });
         Ok(())
     }
 
@@ -552,29 +557,6 @@ impl StreamedLayer for StreamedSwitchGlu {
 
     fn expert_bytes(&self) -> u64 {
         self.expert_bytes
-    }
-
-    fn prefetch(&self, experts: &[u32], cap: usize) -> Result<()> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.ahead.is_some() || st.complete || st.guesses.stopped {
-            return Ok(());
-        }
-        // The batch's most guessed experts first.
-        let mut count: HashMap<u32, usize> = HashMap::new();
-        for &e in experts.iter().filter(|&&e| (e as usize) < self.tensors[0].regions.len()) {
-            *count.entry(e).or_default() += 1;
-        }
-        let mut lacking: Vec<(u32, usize)> = count.into_iter().filter(|&(e, _)| st.table.slot(e).is_none()).collect();
-        lacking.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        let lacking: Vec<u32> = lacking.into_iter().take(cap).map(|(e, _)| e).collect();
-        if lacking.is_empty() {
-            return Ok(());
-        }
-        let reads = self.stream.reader.submit(self.jobs(&lacking))?;
-        self.stream.reader.counters().record_prefetch_issued(lacking.len() as u64);
-        st.guesses.issued += lacking.len() as u64;
-        st.ahead = Some(Ahead { experts: lacking, reads, guessed: true });
-        Ok(())
     }
 }
 
