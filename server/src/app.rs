@@ -89,7 +89,7 @@ fn plan_wants(args: &ServeArgs, kv_compression: Option<KvCompression>) -> Result
         context: args.context_length,
         prompt_cache_bytes: args.prompt_cache_bytes.map(|b| b as u64),
         max_sequences: args.max_concurrency,
-        prefill_size: args.prefill_size,
+        prefill_size: args.load.prefill_size(args.prefill_size),
     })
 }
 
@@ -229,7 +229,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let metrics = Arc::new(metrics);
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
-    let (prefill_size, max_concurrency, max_queue) = (args.prefill_size.max(1), args.max_concurrency, args.max_queue);
+    let (prefill_size, max_concurrency, max_queue) = (args.load.prefill_size(args.prefill_size), args.max_concurrency, args.max_queue);
     // The loader plans the memory from the opened files, loads as planned,
     // and hands back what the server reads of the model: its KV layout, its
     // config and the plan.

@@ -119,9 +119,11 @@ pub struct ServeArgs {
     /// Tokens generated when a request does not say.
     #[arg(long, env = "MLX_SERVE_MAX_TOKENS", default_value_t = 2048)]
     pub max_tokens: usize,
-    /// Prompt tokens per prefill step.
-    #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", default_value_t = 512, alias = "prefill-step-size")]
-    pub prefill_size: usize,
+    /// Prompt tokens per prefill step. Default: 512, or 2048 with
+    /// --stream-experts (each chunk reads every expert it uses that the cache
+    /// lacks, so larger chunks read less).
+    #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", alias = "prefill-step-size")]
+    pub prefill_size: Option<usize>,
     /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8), once a
     /// sequence holds --quantized-kv-start tokens.
     #[arg(long, env = "MLX_SERVE_KV_BITS")]
@@ -347,9 +349,9 @@ pub struct GenerateArgs {
     pub xtc_threshold: f32,
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Prompt tokens per prefill step.
-    #[arg(long, default_value_t = 512)]
-    pub prefill_size: usize,
+    /// Prompt tokens per prefill step. Default: 512, or 2048 with --stream-experts.
+    #[arg(long)]
+    pub prefill_size: Option<usize>,
     #[command(flatten)]
     pub load: LoadArgs,
     /// Quantize the KV cache to this many bits (e.g. 4 or 8).
@@ -449,7 +451,21 @@ pub struct LoadArgs {
     pub gpu_layers: Option<usize>,
 }
 
+/// Prompt tokens per prefill chunk unless `--prefill-size` says.
+pub const PREFILL_SIZE: usize = 512;
+/// The same with `--stream-experts`: a chunk reads every expert it uses that
+/// the cache lacks, once, so the reads shrink as chunks grow (on the H200, a
+/// 2K prompt's prefill at 25% read 40 GB in 512-token chunks and 18 GB in one
+/// chunk, 1.8x faster; BENCHMARKS.md). mlx_lm prefills 2048 tokens a step.
+pub const STREAMED_PREFILL_SIZE: usize = 2048;
+
 impl LoadArgs {
+    /// Prompt tokens per prefill chunk: `asked` (`--prefill-size`), else the
+    /// default for how the model is loaded; at least 1.
+    pub fn prefill_size(&self, asked: Option<usize>) -> usize {
+        asked.unwrap_or(if self.stream_experts { STREAMED_PREFILL_SIZE } else { PREFILL_SIZE }).max(1)
+    }
+
     pub fn options(&self) -> crate::error::Result<crate::models::LoadOptions> {
         let experts = match self.stream_experts {
             true => Some(crate::experts::ExpertOptions {

@@ -142,7 +142,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     };
     sampling.validate()?;
     let config = EngineConfig {
-        prefill_size: args.prefill_size.max(1),
+        prefill_size: args.load.prefill_size(args.prefill_size),
         max_concurrency: 1,
         max_queue: 1,
         prompt_cache_bytes: 0,

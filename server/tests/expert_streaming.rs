@@ -242,6 +242,27 @@ fn every_expert_byte_is_counted_and_the_kernel_counts_the_same_reads() {
     }
 }
 
+/// Without `--prefill-size` a streamed model prefills 2048 tokens a chunk
+/// (512 otherwise). Each pass of the model reads back each streamed layer's
+/// router once (2 layers): a 700-token prompt answered in one token makes
+/// its prefill's passes (its last token is the first decode step's input)
+/// and two decode steps (the first token's, and the one the engine queues
+/// behind it before it sees the request end).
+#[test]
+fn a_streamed_model_prefills_in_2048_token_chunks_unless_told() {
+    let dir = q4_fixture();
+    let prompt: Vec<u32> = prompt_of(&dir).into_iter().cycle().take(700).collect();
+    for (chunk_flags, chunks) in [(&[][..], 1), (&["--prefill-size", "512"][..], 2)] {
+        let flags = [&["--stream-experts", "--expert-cache-bytes", "25%"][..], chunk_flags].concat();
+        let server = TestServer::start(&dir, &flags);
+        let before = experts(&server);
+        let r = complete(&server, &prompt, 1);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let syncs = n(&experts(&server), "host_syncs") - n(&before, "host_syncs");
+        assert_eq!(syncs, 2 * (chunks + 2), "flags {flags:?}: {syncs} router read-backs for a 700-token prompt in {chunks} chunk(s)");
+    }
+}
+
 /// A server started with `flags` over `dir`, warmed up, decodes 48 tokens
 /// after `prompt[..120]`: the text, how much each of `fields` (of /health's
 /// experts) moved over that request, and /metrics after it.
