@@ -98,6 +98,8 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
             cmd += flags[o]
     t0 = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    # The server's own log (warnings; chunk timings under MLX_SERVE_LOG_LEVEL=debug).
+    sys.stderr.write(out.stderr)
     r = json.loads(out.stdout)
     r["wall_s"] = time.time() - t0
     return r

@@ -9,7 +9,12 @@ use crate::error::Result;
 /// differs) and says in the log what `what` (e.g. "Gated DeltaNet: the cuda
 /// kernel") will serve: itself, or `fallback` when it disagrees or fails.
 pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<String>>) -> bool {
-    match check() {
+    let began = std::time::Instant::now();
+    let checked = check();
+    // A check compiles its kernels (the first time on a machine: NVRTC), which a
+    // request pays for when the first use is inside one.
+    log::debug!("{what}: start-up check took {:.0} ms", began.elapsed().as_secs_f64() * 1e3);
+    match checked {
         Ok(None) => {
             log::info!("{what} is in use");
             true
