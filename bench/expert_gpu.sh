@@ -14,6 +14,9 @@
 #   chunks   prefill of a 2K prompt at 25% in 512- and 2048-token chunks, alternating, twice
 #   readers  prefill and decode at 25% with 8 and 16 reader threads, alternating, twice
 #   budgets  resident, 100%, 50%, 25% (decode hit rates and the serial bound), 64 tokens
+#   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
+#            with our quantized-matmul kernel and without (MLX_SERVE_QMM_KERNEL=0): what
+#            the first use of each kernel costs (compiled by NVRTC in every process)
 # Rough durations on an H200 with a ~1 GB/s disk: model 40 s, warm 150 s, disk 30 s, chunks
 # ~6 min, readers ~8 min, budgets ~5 min. A device call may run 10 minutes, so split them, e.g.
 # `warm disk chunks`, then `warm readers`, then `warm budgets` (the model stays on a machine
@@ -69,6 +72,15 @@ for stage in "$@"; do
     budgets)
       bench --runs resident,100%,50%,25% --prompt-tokens 2048 --prefill-size 512 --gen-tokens 64 \
         --out "$OUT/budgets.json" | grep -E '"run"|disk|tok/s' ;;
+    timeline)
+      for qmm in 1 0; do
+        echo "-- MLX_SERVE_QMM_KERNEL=$qmm"
+        MLX_SERVE_QMM_KERNEL=$qmm MLX_SERVE_LOG_LEVEL=trace python3 bench/expert_bench.py --model "$MODEL" \
+          --bin "$BIN_DIR/mlx-serve" --prompt-kind random --temp 0 --no-probe --runs 25% --prompt-tokens 2048 \
+          --gen-tokens 8 --out "$OUT/timeline-qmm$qmm.json" 2> "$OUT/timeline-qmm$qmm.log" | grep '"run"'
+        grep -E "start-up check|in use" "$OUT/timeline-qmm$qmm.log"
+        python3 bench/expert_timeline.py "$OUT/timeline-qmm$qmm.log"
+      done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

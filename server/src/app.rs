@@ -29,10 +29,12 @@ use crate::{http_server, hub, models};
 pub(crate) fn init_logging(level: &str) -> Result<()> {
     let filter: log::LevelFilter = match level {
         "error" | "warn" | "info" | "debug" | "trace" | "off" => level.parse().unwrap_or(log::LevelFilter::Info),
-        other => return Err(Error::Config(format!("--log-level must be one of error, warn, info, debug (got {other:?})"))),
+        other => return Err(Error::Config(format!("--log-level must be one of error, warn, info, debug, trace, off (got {other:?})"))),
     };
     // A second init (tests starting several servers in one process) is harmless.
-    let _ = env_logger::Builder::new().filter_level(filter).format_target(false).try_init();
+    // Trace is this crate's own (the expert-streaming timeline); other crates
+    // (the HTTP stack) stop at debug.
+    let _ = env_logger::Builder::new().filter_level(filter.min(log::LevelFilter::Debug)).filter_module("mlx_serve", filter).format_target(false).try_init();
     Ok(())
 }
 

@@ -242,7 +242,7 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes); larger ones get 413.
     #[arg(long, env = "MLX_SERVE_MAX_BODY_BYTES", default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
-    /// error, warn, info or debug.
+    /// error, warn, info, debug, trace (per-layer expert-streaming timeline) or off.
     #[arg(long, env = "MLX_SERVE_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 }
@@ -323,7 +323,7 @@ pub struct GenerateArgs {
     /// The prompt ("-" reads standard input).
     #[arg(long, default_value = "hello")]
     pub prompt: String,
-    /// error, warn, info or debug (logged to standard error).
+    /// error, warn, info, debug, trace (per-layer expert-streaming timeline) or off (logged to standard error).
     #[arg(long, env = "MLX_SERVE_LOG_LEVEL", default_value = "warn")]
     pub log_level: String,
     #[arg(long, default_value_t = 100)]

@@ -108,6 +108,8 @@ pub struct ExpertStream {
     miss_rate: Mutex<speculation::MissRate>,
     /// `--expert-prefetch`: experts read ahead per layer and decode step.
     pub prefetch: usize,
+    /// When the readers started: the origin of the trace log's timeline.
+    started: std::time::Instant,
 }
 
 impl ExpertStream {
@@ -142,7 +144,13 @@ impl ExpertStream {
             step: Mutex::new(None),
             miss_rate: Mutex::new(speculation::MissRate::default()),
             prefetch: opts.prefetch,
+            started: std::time::Instant::now(),
         })
+    }
+
+    /// Milliseconds from the readers' start to `t` (the trace log's clock).
+    pub fn millis_since_start(&self, t: std::time::Instant) -> f64 {
+        t.saturating_duration_since(self.started).as_secs_f64() * 1e3
     }
 
     /// Slots of a layer of `experts` experts routing `top_k` per token; a

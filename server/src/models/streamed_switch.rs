@@ -263,6 +263,7 @@ impl StreamedSwitchGlu {
             let slots = ops::take(st.device_map()?, indices, 0)?;
             return SwitchGlu::from_stacks(&st.pools, &self.layouts, self.activation)?.forward(x, &slots);
         }
+        let entered = std::time::Instant::now();
         let counters = self.stream.reader.counters();
         let experts = self.tensors[0].regions.len();
         let wide = indices.size() >= WIDE_PICKS_PER_EXPERT * experts;
@@ -283,7 +284,8 @@ impl StreamedSwitchGlu {
             Some(guess) => ops::concatenate(&[&own, guess], 0)?.to_vec::<u32>()?,
             None => own.to_vec::<u32>()?,
         };
-        counters.record_router_wait(waiting.elapsed().as_secs_f64());
+        let router_wait = waiting.elapsed();
+        counters.record_router_wait(router_wait.as_secs_f64());
         let (ids, guessed) = read_back.split_at(indices.size());
         self.check_choice(ids)?;
         let plan = st.table.plan(ids);
@@ -296,6 +298,7 @@ impl StreamedSwitchGlu {
             st.guesses.record_use(self.layer, used_ahead);
         }
         let read = reads.wait()?;
+        let read_wait = waiting.elapsed() - router_wait;
         // Only once this layer's reads succeeded: a failed step leaves no
         // reads running for a step that will not come.
         if let (Some(next), Some(_)) = (&next, &guess) {
@@ -313,7 +316,20 @@ impl StreamedSwitchGlu {
             }
         };
         let index = Array::from_slice(&index, &indices.shape())?;
-        SwitchGlu::from_stacks(&stacks, &self.layouts, self.activation)?.forward(x, &index)
+        let out = SwitchGlu::from_stacks(&stacks, &self.layouts, self.activation)?.forward(x, &index);
+        // A timeline of the step's streamed layers (`bench/expert_timeline.py`
+        // groups it into passes): where the time between layers goes.
+        log::trace!(
+            "expert step: layer {} {} at {:.1} ms, {} misses, router wait {:.1} ms, read wait {:.1} ms, done at {:.1} ms",
+            self.layer,
+            if wide { "wide" } else { "narrow" },
+            self.stream.millis_since_start(entered),
+            plan.misses.len(),
+            router_wait.as_secs_f64() * 1e3,
+            read_wait.as_secs_f64() * 1e3,
+            self.stream.millis_since_start(std::time::Instant::now()),
+        );
+        out
     }
 
     /// A router's choice read back: every id names one of the layer's experts.
