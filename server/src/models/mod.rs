@@ -329,6 +329,12 @@ impl ModelFiles {
         self.weights.shard(opts.sharding.clone());
         let config = ConfigFile { value: &self.config, path: &self.config_path };
         let model = self.arch.load(&config, self.weights, &self.quant, opts.placement)?;
+        if self.quant.is_quantized() {
+            // On CUDA the quantized-matmul kernel's start-up check compiles it
+            // (NVRTC, in every process: 6.9 s on an H200): here, not inside
+            // the first request. Elsewhere this returns at once.
+            quant_kernel::in_use();
+        }
         // The weight checks' temporaries: not kept for reuse.
         mlx_rs_safe::memory::clear_cache()?;
         Ok(LoadedModel { model, config: self.config })
