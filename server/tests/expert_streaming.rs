@@ -485,26 +485,31 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
     let tokens: Vec<u32> = serde_json::from_value(reference["tokens"].clone()).unwrap();
     let expected = mlx_serve::tokenizer::Tokenizer::load(&dir, None).unwrap().decode(&tokens, true).unwrap();
 
-    // Three prefill chunks, each reading each layer's experts ahead.
-    let flags = ["--stream-experts", "--expert-cache-bytes", "10%", "--prompt-cache-bytes", "0", "--prefill-size", "128"];
-    let server = TestServer::start(&dir, &flags);
-    let r = complete(&server, &prompt, tokens.len());
-    assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at 10%: not mlx-lm's greedy text");
-    let h = server.get("/health").json();
-    let e = &h["experts"];
-    let cap = n(e, "capacity_bytes");
-    assert_eq!(cap, 8 * 6 * expert, "10% of 64 experts: 6 slots a layer");
-    assert!(n(e, "bytes_read") >= all_experts / 2, "the prompt should have read most experts: {e}");
-    assert!(n(e, "prefetch_used") > 0, "the prompt's chunks should read layers ahead: {e}");
-    // MLX's peak: resident weights, the slot pools, and one layer's staging set
-    // (a prefill chunk routes to nearly every expert of a layer) with the reads
-    // it is built from, and the next layer's experts being read ahead: three
-    // layers' worth, plus activations and MLX's rounding of buffer sizes
-    // (128 MB). Holding every expert would take 805 MB.
-    let peak = h["memory"]["peak_bytes"].as_u64().unwrap();
-    let bound = 8_000_000 + cap + 3 * 64 * expert + 128_000_000;
-    eprintln!("MLX peak {peak} bytes (bound {bound}, all experts {all_experts}); RSS high-water {} KiB", server.proc_status_kib("VmHWM"));
-    assert!(peak <= bound, "MLX peak {peak} bytes is above {bound}");
-    assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "the process held as much memory as all experts");
+    // Three prefill chunks, each reading each layer's experts ahead; at 10%
+    // and at 50% (where the slots' updates, if left lazy, would hold a
+    // second copy of the pools: each layer's old pool and the reads written
+    // into it, until the next chunk).
+    for (budget, slots) in [("10%", 6), ("50%", 32)] {
+        let flags = ["--stream-experts", "--expert-cache-bytes", budget, "--prompt-cache-bytes", "0", "--prefill-size", "128"];
+        let server = TestServer::start(&dir, &flags);
+        let r = complete(&server, &prompt, tokens.len());
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at {budget}: not mlx-lm's greedy text");
+        let h = server.get("/health").json();
+        let e = &h["experts"];
+        let cap = n(e, "capacity_bytes");
+        assert_eq!(cap, 8 * slots * expert, "{budget} of 64 experts: {slots} slots a layer");
+        assert!(n(e, "bytes_read") >= all_experts / 2, "the prompt should have read most experts: {e}");
+        assert!(n(e, "prefetch_used") > 0, "the prompt's chunks should read layers ahead: {e}");
+        // MLX's peak: resident weights, the slot pools, and one layer's staging set
+        // (a prefill chunk routes to nearly every expert of a layer) with the reads
+        // it is built from, and the next layer's experts being read ahead: three
+        // layers' worth, plus activations and MLX's rounding of buffer sizes
+        // (128 MB). Holding every expert would take 805 MB.
+        let peak = h["memory"]["peak_bytes"].as_u64().unwrap();
+        let bound = 8_000_000 + cap + 3 * 64 * expert + 128_000_000;
+        eprintln!("{budget}: MLX peak {peak} bytes (bound {bound}, all experts {all_experts}); RSS high-water {} KiB", server.proc_status_kib("VmHWM"));
+        assert!(peak <= bound, "{budget}: MLX peak {peak} bytes is above {bound}");
+        assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "{budget}: the process held as much memory as all experts");
+    }
 }

@@ -307,6 +307,14 @@ impl StreamedSwitchGlu {
         // Staging reads the pool as it was before this step's installs.
         let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
         let pools = self.install(&st.pools, &plan, &read)?;
+        if staged.is_some() && !plan.installs.is_empty() {
+            // A staged step computes on its staging set, not the pools: their
+            // update must not wait for the layer's next step, or every layer
+            // would hold its old pool and the reads written into it until
+            // then (a second copy of the cache: at 50% MLX's peak rose above
+            // holding every expert).
+            mlx_rs_safe::async_eval(&pools.iter().collect::<Vec<_>>())?;
+        }
         st.commit(&plan, pools, self.expert_bytes, &self.stream);
         let (stacks, index) = match staged {
             Some((stacks, position)) => (stacks, ids.iter().map(|&e| position[e as usize]).collect::<Vec<u32>>()),
