@@ -90,12 +90,13 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
            "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json", "--logprobs", "2"]
     if budget != "resident":
         # "25%-noahead": the same budget without prefill read-ahead; "-nospec" /
-        # "-spec": decode steps without / with speculation (default: auto).
+        # "-spec": decode steps without / with speculation (default: auto);
+        # "-pf8": decode steps read up to 8 guessed experts ahead (--expert-prefetch).
         share, *options = budget.split("-")
         cmd += ["--stream-experts", "--expert-cache-bytes", share, "--expert-readers", str(readers)]
         flags = {"noahead": ["--no-expert-read-ahead"], "nospec": ["--expert-speculation", "off"], "spec": ["--expert-speculation", "on"]}
         for o in options:
-            cmd += flags[o]
+            cmd += ["--expert-prefetch", o[2:]] if o.startswith("pf") else flags[o]
     t0 = time.time()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     # The server's own log (warnings; chunk timings under MLX_SERVE_LOG_LEVEL=debug).
