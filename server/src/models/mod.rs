@@ -329,7 +329,7 @@ impl ModelFiles {
         self.weights.shard(opts.sharding.clone());
         let config = ConfigFile { value: &self.config, path: &self.config_path };
         let model = self.arch.load(&config, self.weights, &self.quant, opts.placement)?;
-        if self.quant.is_quantized() {
+        if self.quant.has_affine_layers() {
             // On CUDA the quantized-matmul kernel's start-up check compiles it
             // (NVRTC, in every process: 6.9 s on an H200): here, not inside
             // the first request. Elsewhere this returns at once.

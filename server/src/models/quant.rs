@@ -64,13 +64,21 @@ impl QuantConfig {
         self.default.is_some()
     }
 
+    /// Whether any layer may be affine-quantized (the default's mode, or an
+    /// override's), the only scheme the CUDA quantized-matmul kernel takes.
+    pub fn has_affine_layers(&self) -> bool {
+        let affine = |m: Result<QuantMode>| m.is_ok_and(|m| m == QuantMode::Affine);
+        self.default.is_some_and(|d| d.mode == QuantMode::Affine)
+            || self.overrides.values().any(|v| matches!(v, Value::Object(o) if affine(override_mode(o))))
+    }
+
     /// The parameters of layer `path` (e.g. "model.layers.0.mlp.gate_proj"),
     /// used when the weights hold `{path}.scales`. An override is a layer's
     /// own `to_quantized` arguments, so its mode is affine unless it names one
     /// (gpt-oss's 8-bit router beside mxfp4 experts).
     pub fn for_layer(&self, path: &str) -> Result<QuantSpec> {
         if let Some(Value::Object(o)) = self.overrides.get(path) {
-            let mode = mode(o.get("mode").and_then(Value::as_str).unwrap_or("affine"))?;
+            let mode = override_mode(o)?;
             let base = QuantSpec::default_for(mode);
             return Ok(QuantSpec {
                 group_size: o.get("group_size").map(|v| int(v, "group_size")).transpose()?.unwrap_or(base.group_size),
@@ -95,6 +103,11 @@ impl QuantConfig {
     }
 }
 
+/// An override's mode: affine unless it names one.
+fn override_mode(o: &serde_json::Map<String, Value>) -> Result<QuantMode> {
+    mode(o.get("mode").and_then(Value::as_str).unwrap_or("affine"))
+}
+
 fn int(v: &Value, field: &str) -> Result<i32> {
     v.as_i64()
         .and_then(|x| i32::try_from(x).ok())
@@ -103,4 +116,28 @@ fn int(v: &Value, field: &str) -> Result<i32> {
 
 fn bad(message: &str) -> Error {
     Error::ModelFile { file: "config.json".into(), message: message.to_string() }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::QuantConfig;
+
+    fn affine(config: serde_json::Value) -> bool {
+        QuantConfig::from_config(&config).unwrap().has_affine_layers()
+    }
+
+    #[test]
+    fn affine_layers_are_found_in_the_default_or_an_override() {
+        assert!(affine(json!({"quantization": {"group_size": 64, "bits": 4}})));
+        assert!(!affine(json!({})), "a float model");
+        assert!(!affine(json!({"quantization_config": {"quant_method": "mxfp4"}})), "mxfp4 everywhere");
+        assert!(!affine(json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}})));
+        // gpt-oss as mlx-lm converts it: mxfp4 experts, an 8-bit affine router.
+        let router = json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4", "model.layers.0.mlp.router": {"group_size": 64, "bits": 8}}});
+        assert!(affine(router));
+        let named = json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4", "model.layers.0.mlp.router": {"mode": "mxfp8"}}});
+        assert!(!affine(named), "an override naming a float mode");
+    }
 }
