@@ -165,6 +165,7 @@ def main():
         e = r.get("experts")
         if e:
             p, z = e["after_prefill"], e["at_end"]
+            prefill_s = r["prompt_tokens"] / r["prompt_tps"]
             hits, misses = z["hits"] - p["hits"], z["misses"] - p["misses"]
             dec_bytes = z["bytes_read"] - p["bytes_read"]
             row.update(hit=hits / max(1, hits + misses), decode_mb_per_token=dec_bytes / len(r["generated_token_ids"]) / 1e6,
@@ -175,12 +176,12 @@ def main():
                        # Where prefill's time went: the model waiting for reads (stall) and for
                        # its routers' choice (the compute queued before it); the readers' time
                        # in read calls and making arrays, summed over reader threads.
-                       prefill_s=r["prompt_tokens"] / r["prompt_tps"], prefill_stall_s=p["stall_seconds"],
+                       prefill_s=prefill_s, prefill_stall_s=p["stall_seconds"],
                        prefill_router_wait_s=p.get("router_wait_seconds"), prefill_read_call_s=p.get("read_call_seconds"),
                        prefill_array_s=p.get("array_seconds"),
                        # The rest: the other layers, the engine between chunks (each chunk's
                        # end waits for its cache and clears MLX's buffer cache).
-                       prefill_other_s=r["prompt_tokens"] / r["prompt_tps"] - p["stall_seconds"] - p.get("router_wait_seconds", 0.0),
+                       prefill_other_s=prefill_s - p["stall_seconds"] - p.get("router_wait_seconds", 0.0),
                        syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
                        speculative_steps=z.get("speculative_steps", 0) - p.get("speculative_steps", 0),
                        replayed_steps=z.get("replayed_steps", 0) - p.get("replayed_steps", 0),

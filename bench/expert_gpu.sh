@@ -85,10 +85,9 @@ for stage in "$@"; do
     timeline)
       for qmm in 1 0; do
         echo "-- MLX_SERVE_QMM_KERNEL=$qmm"
-        MLX_SERVE_QMM_KERNEL=$qmm MLX_SERVE_LOG_LEVEL=trace python3 bench/expert_bench.py --model "$MODEL" \
-          --bin "$BIN_DIR/mlx-serve" --prompt-kind random --temp 0 --no-probe --runs 25% --prompt-tokens 2048 \
-          --gen-tokens 8 --out "$OUT/timeline-qmm$qmm.json" 2> "$OUT/timeline-qmm$qmm.log" | grep '"run"'
-        grep -E "start-up check|in use" "$OUT/timeline-qmm$qmm.log"
+        MLX_SERVE_QMM_KERNEL=$qmm MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 25% --prompt-tokens 2048 \
+          --gen-tokens 8 --out "$OUT/timeline-qmm$qmm.json" > "$OUT/timeline-qmm$qmm.log"
+        grep -E '"run"|start-up check|in use' "$OUT/timeline-qmm$qmm.log"
         python3 bench/expert_timeline.py "$OUT/timeline-qmm$qmm.log"
       done ;;
     *) echo "unknown stage $stage" ;;

@@ -88,7 +88,7 @@ pub struct KvQualityArgs {
     #[arg(long, value_delimiter = ',', default_value = "0.1,0.5,0.9")]
     pub niah_depths: Vec<f64>,
     /// Prompt tokens per prefill chunk.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = PREFILL_SIZE)]
     pub prefill_size: usize,
     /// Print the report as JSON.
     #[arg(long)]
