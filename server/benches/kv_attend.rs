@@ -24,7 +24,7 @@ use common::{arg, Res};
 use std::time::Instant;
 
 use mlx_rs_safe::{eval, ops, random, Array, Dtype};
-use mlx_serve::kv::turbo::{kernels, Codec, SINKS};
+use mlx_serve::kv::turbo::{kernels, Codec, RECENT, ROOM, SINKS};
 use mlx_serve::kv::{AttendArgs, KvKind, KvRow, KvStore, StepMemo, TurboPreset};
 
 
@@ -145,9 +145,15 @@ fn main() -> Res<()> {
                         eval(&[&rows, &sinks[0], &sinks[1]])?;
                         sets.push((rows, sinks));
                     }
-                    let params = kernels::step_params(ctx, scale, &vec![SINKS; s.rows as usize])?;
-                    eval(&[&params])?;
-                    let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, ctx)?)).collect())?;
+                    // The newest RECENT positions read from a full window, the rest from codes.
+                    let cut = ctx - RECENT;
+                    let params = kernels::step_params(cut, scale, &vec![SINKS; s.rows as usize])?;
+                    let window_shape = [s.rows, s.kv_heads, ROOM, s.head_dim];
+                    let (wk, wv) = (normal(&window_shape, 500)?, normal(&window_shape, 600)?);
+                    let window_params = kernels::step_params(ROOM, scale, &vec![ROOM - RECENT; s.rows as usize])?;
+                    eval(&[&params, &wk, &wv, &window_params])?;
+                    let window = kernels::Window { keys: [&wk, &wv], params: &window_params, end: ROOM, scale };
+                    let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, cut, &window)?)).collect())?;
                     let kern = format!("{:.3} ({:.3})", step.1, step.0);
                     let step = time(5, steps, || (0..s.layers).map(|_| Ok(kernels::encode(&codec, &k1, &v1)?)).collect())?;
                     kernel_cols[i] = (kern, format!("{:.3} ({:.3})", step.1, step.0));

@@ -252,6 +252,8 @@ fn health_details(state: &AppState) -> Value {
             // What the running sequences' caches hold per token they have seen
             // (allocation steps and sliding windows included).
             "held_bytes_per_token": (s.kv_tokens > 0).then(|| s.kv_bytes as f64 / s.kv_tokens as f64),
+            // TurboQuant keeps each sequence's newest tokens at 16 bits too.
+            "recent_tokens": state.config.kv_compression.and_then(|c| c.turbo_preset()).map(|_| crate::kv::turbo::RECENT),
         },
         "capabilities": {
             "chat_completions": true,

@@ -89,9 +89,14 @@ impl PaddedRows {
     /// positions written, `scale`, each row's first position), made once a
     /// step for every layer whose rows are laid out alike.
     pub fn step_params(&self, scale: f32, masks: &StepMemo) -> Result<Array> {
-        let mut layout = vec![self.idx, scale.to_bits() as i32];
+        self.step_params_to(self.idx, scale, masks)
+    }
+
+    /// [`Self::step_params`] for the positions before `end` only.
+    pub fn step_params_to(&self, end: i32, scale: f32, masks: &StepMemo) -> Result<Array> {
+        let mut layout = vec![end, scale.to_bits() as i32];
         layout.extend(&self.left_pad);
-        masks.array(MaskKey { kind: "kernel-params", layout }, || kernels::step_params(self.idx, scale, &self.left_pad))
+        masks.array(MaskKey { kind: "kernel-params", layout }, || kernels::step_params(end, scale, &self.left_pad))
     }
 
     /// Makes the next growth room for `positions` in all (a prompt prefilled

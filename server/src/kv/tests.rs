@@ -12,7 +12,11 @@ const Q_HEADS: i32 = 4;
 const KV_HEADS: i32 = 2;
 const DIM: i32 = 32;
 
+/// Every kind, TurboQuant's with a recent window of 5 positions on this
+/// thread (128 in use), so these short rows cross it: their newest positions
+/// read unquantized, the older ones from codes.
 fn kinds() -> Vec<KvKind> {
+    super::turbo::TEST_RECENT.with(|w| w.set(Some(5)));
     let mut kinds = vec![KvKind::Dense, KvKind::Rotating { max_size: 8 }, KvKind::Affine { group_size: 32, bits: 8 }];
     for preset in TurboPreset::ALL {
         kinds.push(KvKind::Turbo(preset.format(2, 8, 3)));

@@ -447,9 +447,12 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
                 Some(KvCompression::Affine { start, .. }) if start > 0 => fp16_bpt,
                 _ => bytes_per_token(c.as_ref(), &layout.kinds, layout.kv_heads, layout.head_dim, element_bits),
             };
-            // A TurboQuant prompt shorter than its threshold is held at 16 bits until decoding starts.
+            // A TurboQuant prompt shorter than its threshold is held at 16 bits until
+            // decoding starts, and every sequence keeps its newest tokens at 16 bits too.
             let transient = match c {
-                Some(KvCompression::Turbo { prefill_threshold, .. }) => fp16_bpt * prefill_threshold.max(0) as f64,
+                Some(KvCompression::Turbo { prefill_threshold, .. }) => {
+                    fp16_bpt * (prefill_threshold.max(0) as f64 + crate::kv::turbo::ROOM as f64 * wants.max_sequences.max(1) as f64)
+                }
                 _ => 0.0,
             };
             (name, c, bpt, pool_tokens(bpt, transient, c.as_ref()))
@@ -468,9 +471,12 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
             fixed => format!(" and {} of attention's working memory", gib(fixed as u64)),
         };
         let why = match &kv_compression {
-            Some(KvCompression::Turbo { prefill_threshold, .. }) if *prefill_threshold > 0 => format!(
-                "no memory is left for the KV cache ({kv_bpt:.0} bytes per token) beside a prompt of {prefill_threshold} tokens held at 16 bits before TurboQuant compresses it ({}){beside}; a lower --turbo-kv-prefill-threshold or --prefill-size leaves more",
-                gib((fp16_bpt * *prefill_threshold as f64) as u64)
+            Some(KvCompression::Turbo { prefill_threshold, .. }) => format!(
+                "no memory is left for the KV cache ({kv_bpt:.0} bytes per token) beside a prompt of {prefill_threshold} tokens held at 16 bits before TurboQuant compresses it ({}), the newest {} tokens each of {} sequences keeps at 16 bits ({}){beside}; a lower --turbo-kv-prefill-threshold, --prefill-size or --max-concurrency leaves more",
+                gib((fp16_bpt * *prefill_threshold as f64) as u64),
+                crate::kv::turbo::RECENT,
+                wants.max_sequences.max(1),
+                gib((fp16_bpt * crate::kv::turbo::ROOM as f64 * wants.max_sequences.max(1) as f64) as u64)
             ),
             _ => format!("no memory is left for the KV cache ({kv_bpt:.0} bytes per token){beside}"),
         };

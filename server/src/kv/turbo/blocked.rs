@@ -76,10 +76,10 @@ pub fn applies_here() -> bool {
 
 /// Attention over a part of the keys: the row maxima of the scores, the
 /// softmax's denominators and the value sums, unnormalized.
-struct Partial {
-    max: Array,
-    sum: Array,
-    out: Array,
+pub(super) struct Partial {
+    pub max: Array,
+    pub sum: Array,
+    pub out: Array,
 }
 
 /// f32's most negative finite value: a masked score. Finite, so a query
@@ -90,7 +90,7 @@ const MASKED: f32 = f32::MIN;
 /// `q` ([B, kv heads, repeats, n, D], float32, already scaled) against keys
 /// and values [B, kv heads, S, D]; `keep`: which of the S keys each query
 /// sees ([B, 1, n, S] or [n, S]), all where None.
-fn partial(q: &Array, keys: &Array, values: &Array, keep: Option<&Array>) -> Result<Partial> {
+pub(super) fn partial(q: &Array, keys: &Array, values: &Array, keep: Option<&Array>) -> Result<Partial> {
     let k = ops::expand_dims(&f32s(keys)?, &[2])?;
     let v = ops::expand_dims(&f32s(values)?, &[2])?;
     let mut scores = ops::matmul(q, &ops::swapaxes(&k, -1, -2)?)?;
@@ -118,8 +118,10 @@ fn merge(a: Partial, b: Partial) -> Result<Partial> {
 /// Rotated queries `qr` ([B, query heads, n, D]) attending to the sinks
 /// (`sinks`: keys and values [B, kv heads, SINKS, D]), the compressed
 /// `history` rows ([B, kv heads, positions, row bytes]) `block` positions at
-/// a time, then `chunk` — a prefill chunk's own rotated keys and values, the
-/// last n positions — if given. `mask` is the attention's over all of them
+/// a time, the history's newest positions held unquantized (`exact`, rotated
+/// keys and values [B, kv heads, m, D]: the recent window), then `chunk` — a
+/// prefill chunk's own rotated keys and values, the last n positions — if
+/// given. `mask` is the attention's over all of them
 /// in that order: causal (the chunk's queries see the chunk causally), none,
 /// or an array ([B, 1, n, keys]: rows of other lengths). Returns
 /// [B, query heads, n, D] in float32, in the rotated basis.
@@ -129,6 +131,7 @@ pub fn attend(
     qr: &Array,
     sinks: [&Array; 2],
     history: &Array,
+    exact: [&Array; 2],
     chunk: Option<[&Array; 2]>,
     mask: &AttentionMask,
     scale: f32,
@@ -158,8 +161,13 @@ pub fn attend(
         eval(&[&acc.max, &acc.sum, &acc.out])?;
         start = end;
     }
+    let held = exact[0].dim(2)?;
+    if held > 0 {
+        let from = sink_len + positions;
+        acc = merge(acc, partial(&q, exact[0], exact[1], columns(from, from + held)?.as_ref())?)?;
+    }
     if let Some([k, v]) = chunk {
-        let keys = sink_len + positions;
+        let keys = sink_len + positions + held;
         let keep = match mask {
             AttentionMask::Causal => Some(causal_mask(n, 0, None)?),
             _ => columns(keys, keys + n)?,

@@ -267,6 +267,16 @@ impl Codec {
 
     /// Rotated keys and values from their rows, as `dtype`.
     pub fn decode(&self, rows: &Array, dtype: Dtype) -> Result<(Array, Array)> {
+        if rows.size() == 0 {
+            // No positions (a history all in the recent window): MLX cannot
+            // reshape an empty array's columns.
+            let mut shape = rows.shape();
+            if let Some(last) = shape.last_mut() {
+                *last = self.dim();
+            }
+            let empty = ops::zeros(&shape, dtype)?;
+            return Ok((empty.clone(), empty));
+        }
         let last = rows.shape().len().saturating_sub(1) as i32;
         let (at, _) = self.format.placement(self.dim(), self.dtype);
         let mut cols = Vec::new();

@@ -110,14 +110,23 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let (k, v) = (normal(&[1, hkv, len, d], 1)?, normal(&[1, hkv, len, d], 2)?);
     let q = normal(&[1, hkv * rep, 1, d], 3)?;
     let rot = &codec.rotation;
-    let sinks = [rot.apply(&ops::slice_axis(&k, 2, 0, SINKS)?)?, rot.apply(&ops::slice_axis(&v, 2, 0, SINKS)?)?];
+    let rotated = |x: &Array, from: i32, to: i32| rot.apply(&ops::slice_axis(x, 2, from, to)?);
+    let sinks = [rotated(&k, 0, SINKS)?, rotated(&v, 0, SINKS)?];
+    // The last `held` positions read from an unquantized window, in a buffer
+    // with room to spare (as `recent.rs` keeps it).
+    // Slots 3..11 hold them (older ones before, as the window keeps them).
+    let (held, cut, scale) = (8, len - 8, (d as f32).powf(-0.5));
+    let room = |x: Array| -> Result<Array> { Ok(ops::concatenate(&[&normal(&[1, hkv, 3, d], 4)?, &x, &ops::zeros(&[1, hkv, 4, d], Dtype::Float32)?], 2)?) };
+    let (wk, wv) = (room(ops::slice_axis(&k, 2, cut, len)?)?, room(rotated(&v, cut, len)?)?);
     let body = encode(&codec, &k, &v)?;
-    let params = step_params(len, (d as f32).powf(-0.5), &[SINKS])?;
-    let got = attend(&codec, &q, &sinks, &body, &params, len)?;
-    // The reference: the same rows decoded by MLX ops, attended plainly.
-    let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, len)?, Dtype::Float32)?;
-    let keys = ops::concatenate(&[&sinks[0], &body_k], 2)?;
-    let vals = ops::concatenate(&[&sinks[1], &body_v], 2)?;
+    let params = step_params(cut, scale, &[SINKS])?;
+    let window_params = step_params(3 + held, scale, &[3])?;
+    let window = Window { keys: [&wk, &wv], params: &window_params, end: 3 + held, scale };
+    let got = attend(&codec, &q, &sinks, &body, &params, cut, &window)?;
+    // The reference: the same rows decoded by MLX ops up to the window, attended plainly.
+    let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, cut)?, Dtype::Float32)?;
+    let keys = ops::concatenate(&[&sinks[0], &body_k, &rotated(&k, cut, len)?], 2)?;
+    let vals = ops::concatenate(&[&sinks[1], &body_v, &rotated(&v, cut, len)?], 2)?;
     let (keys, vals) = (rot.invert(&keys)?, rot.invert(&vals)?);
     let want = mlx_rs_safe::fast::scaled_dot_product_attention(&q, &keys, &vals, (d as f32).powf(-0.5), mlx_rs_safe::fast::SdpaMask::None, None)?;
     let diff = ops::max(&ops::abs(&ops::subtract(&got, &want)?)?, &[0, 1, 2, 3], false)?.item::<f32>()?;
@@ -267,17 +276,29 @@ pub fn step_params(written: i32, scale: f32, pads: &[i32]) -> Result<Array> {
     Ok(ops::concatenate(&[&head, &pads], 0)?)
 }
 
-/// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D] and the
+/// The recent window's part of a decode step (see `recent.rs`): its whole
+/// buffers (keys, and rotated values, [B, HKV, capacity, D]) and `params` from
+/// [`step_params`] over them (`end`, `scale`, each row's first slot read):
+/// row b reads slots first_b..end.
+pub struct Window<'a> {
+    pub keys: [&'a Array; 2],
+    pub params: &'a Array,
+    pub end: i32,
+    pub scale: f32,
+}
+
+/// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D], the
 /// body's rows (whole capacity; `params` from `step_params`: the positions
-/// written and each row's first say which are valid); the output in `q`'s
-/// dtype.
-pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, written: i32) -> Result<Array> {
+/// before `cut` and each row's first say which are read) and the recent
+/// window (the positions from `cut` on); the output in `q`'s dtype.
+pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, cut: i32, window: &Window) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = sinks[0].dim(1)?;
     let rep = hq / hkv;
     let (kfmt, kbits) = key_code(codec);
-    let ns = splits(written - SINKS, b * hkv);
+    // The merge takes at most 256 splits; the window takes one.
+    let ns = splits(cut - SINKS, b * hkv).min(255);
     let threads = attend_threads(language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?, rep);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype())), ("S".to_string(), TemplateArg::Dtype(codec.dtype))];
@@ -293,7 +314,41 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let parts = with_kernel("turbo_attend", |kern| {
         Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
     })?;
-    merge(&parts, q.dtype(), Some(&t.signs))
+    let [body_o, body_ml] = &parts[..] else { return Err(Error::Internal("attention partials without their two outputs")) };
+    let [window_o, window_ml] = window_partials(q, window)?;
+    let part_o = ops::concatenate(&[body_o, &window_o], 2)?;
+    let part_ml = ops::concatenate(&[body_ml, &window_ml], 2)?;
+    merge(&[part_o, part_ml], q.dtype(), Some(&t.signs))
+}
+
+/// The window's partials ([B, HQ, 1, D] and [B, HQ, 1, 2], as the merge
+/// takes them; the query as it comes, since the window's keys are not
+/// rotated, and the sums in the rotated basis of its values): by
+/// dense_attend.cu where it runs (one split: the window is shorter than
+/// [`MIN_SPLIT`]), by MLX ops elsewhere (the Metal backend).
+fn window_partials(q: &Array, window: &Window) -> Result<[Array; 2]> {
+    let [keys, values] = window.keys;
+    let qr = if q.dtype() == keys.dtype() { q.clone() } else { ops::astype(q, keys.dtype())? };
+    let hkv = keys.dim(1)?;
+    if dense_applies(&qr, hkv, keys.dtype()) {
+        let template = dense_template(&qr, hkv, (32, 0));
+        // The scales and biases are not read at 16 bits: the keys and values stand in.
+        return split_partials(&qr, [keys, values, keys, keys, values, values], window.params, 1, template);
+    }
+    let qs = q.shape();
+    let (b, hq, d) = (qs[0], qs[1], qs[3]);
+    let scale = window.scale;
+    let firsts = ops::reshape(&ops::slice_axis(window.params, 0, 2, 2 + b)?, &[b, 1, 1, 1])?;
+    let positions = ops::arange(0.0, window.end as f64, 1.0, Dtype::Int32)?;
+    let keep = ops::greater_equal(&positions, &firsts)?;
+    let scaled = ops::multiply(&ops::astype(&qr, Dtype::Float32)?, &Array::scalar(scale))?;
+    let qg = ops::reshape(&scaled, &[b, hkv, hq / hkv, 1, d])?;
+    let held = |x: &Array| ops::slice_axis(x, 2, 0, window.end);
+    let p = super::blocked::partial(&qg, &held(keys)?, &held(values)?, Some(&keep))?;
+    // The merge's maxima are in base 2.
+    let max = ops::multiply(&p.max, &Array::scalar(std::f32::consts::LOG2_E))?;
+    let ml = ops::concatenate(&[&max, &p.sum], -1)?;
+    Ok([ops::reshape(&p.out, &[b, hq, 1, d])?, ops::reshape(&ml, &[b, hq, 1, 2])?])
 }
 
 /// A split-K attention kernel's launch: a block of `threads` per row, KV head
@@ -473,21 +528,34 @@ pub fn affine_attend(q: &Array, keys: &[Array], values: &[Array], params: &Array
 }
 
 /// dense_attend.cu over (k, v, ks, kb, vs, vb) with (GS, BITS), then the merge.
-fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group_size, bits): (i32, i32)) -> Result<Array> {
+fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, codes: (i32, i32)) -> Result<Array> {
+    let hkv = kv[0].dim(1)?;
+    let ns = splits(written, q.dim(0)? * hkv);
+    let parts = split_partials(q, kv, params, ns, dense_template(q, hkv, codes))?;
+    merge(&parts, q.dtype(), None)
+}
+
+/// dense_attend.cu's template arguments for `q` over `hkv` heads of codes
+/// (GS, BITS) (BITS 0: 16-bit keys and values).
+fn dense_template(q: &Array, hkv: i32, (group_size, bits): (i32, i32)) -> Vec<(String, TemplateArg)> {
+    let qs = q.shape();
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    template.extend(ints(&[("D", qs[3]), ("REP", qs[1] / hkv), ("BITS", bits), ("GS", group_size)]));
+    template
+}
+
+/// dense_attend.cu's partials (`part_o`, `part_ml`) in `ns` splits.
+fn split_partials(q: &Array, kv: [&Array; 6], params: &Array, ns: i32, template: Vec<(String, TemplateArg)>) -> Result<[Array; 2]> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
-    let hkv = kv[0].dim(1)?;
-    let rep = hq / hkv;
     if params.dim(0)? - 2 != b {
         return Err(Error::Internal("the step's parameters name other rows than the query's"));
     }
-    let ns = splits(written, b * hkv);
-    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.extend(ints(&[("D", d), ("REP", rep), ("BITS", bits), ("GS", group_size)]));
-    let call = split_call([b, hq, hkv, ns, d], DENSE_THREADS, template);
+    let call = split_call([b, hq, kv[0].dim(1)?, ns, d], DENSE_THREADS, template);
     let [k, v, ks, kb, vs, vb] = kv;
     let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params, ks, kb, vs, vb], &call)?))?;
-    merge(&parts, q.dtype(), None)
+    let [o, ml] = <[Array; 2]>::try_from(parts).map_err(|_| Error::Internal("attention partials without their two outputs"))?;
+    Ok([o, ml])
 }
 
 /// Threads of a dense attention block (dense_attend.cu's THREADS).

@@ -6,11 +6,15 @@ pub mod blocked;
 mod codebook;
 mod codec;
 pub mod kernels;
+mod recent;
 mod rotation;
 mod store;
 
 pub use codebook::Codebook;
 pub use codec::{affine_group, pack, unpack, Codec, KeyCode, TurboFormat, SINKS};
+pub use recent::{RECENT, ROOM};
+#[cfg(test)]
+pub use recent::TEST_RECENT;
 pub use rotation::Rotation;
 pub use store::{prefix, servable, TurboStore};
 

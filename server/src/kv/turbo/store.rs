@@ -1,7 +1,9 @@
 //! The TurboQuant cache kind. Each row keeps its first [`SINKS`] tokens
 //! unquantized (rotated, in the model's dtype) and every later token
 //! compressed in the padded body (the same layout as the dense cache, with the
-//! sink positions counted as padding). Attention runs in the rotated basis:
+//! sink positions counted as padding); its newest [`RECENT`](recent::RECENT) tokens are also
+//! kept unquantized (`recent.rs`), and attention reads those instead of
+//! their codes. Attention runs in the rotated basis:
 //! the query is rotated once, scores and the value sum come from the stored
 //! form, and the output is rotated back once.
 //!
@@ -14,9 +16,10 @@
 use mlx_rs_safe::{ops, Array, Dtype};
 
 use super::codec::{Codec, TurboFormat, SINKS};
+use super::recent::{self, Recent};
 use super::{blocked, kernels};
 use crate::error::{Error, Result};
-use crate::kv::mask::{AttentionMask, StepMemo};
+use crate::kv::mask::{AttentionMask, MaskKey, StepMemo};
 use crate::kv::padded::PaddedRows;
 use crate::kv::sdpa;
 use crate::kv::store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};
@@ -27,6 +30,8 @@ pub struct TurboStore {
     sinks: [Array; 2],
     /// Compressed positions SINKS.. of each row, one row of bytes each (see `codec.rs`).
     body: PaddedRows,
+    /// The body's newest columns unquantized, read instead of their codes.
+    recent: Recent,
 }
 
 /// `mask` with SINKS always-kept key columns in front (the sinks precede
@@ -62,10 +67,14 @@ impl TurboStore {
         } else {
             codec.encode(&codec.rotation.apply(keys)?, &codec.rotation.apply(values)?)?
         };
-        Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), codec })
+        let written = rows.written();
+        let newest = |x: &Array| ops::slice_axis(x, 2, (written - recent::window()).max(0), written);
+        let recent = Recent::new(&newest(keys)?, &codec.rotation.apply(&newest(values)?)?, dtype)?;
+        Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), recent, codec })
     }
 
-    /// Rows of this format ([sink keys, sink values, body rows] each).
+    /// Rows of this format ([sink keys, sink values, recent keys, recent
+    /// values, body rows] each; see [`TurboStore::row`]).
     pub fn from_rows(rows: &[KvRow], format: TurboFormat) -> Result<TurboStore> {
         let Some(first) = rows.first().and_then(|r| r.columns.first()) else {
             return Err(Error::Internal("a TurboQuant cache built from no rows"));
@@ -76,8 +85,35 @@ impl TurboStore {
             Ok(ops::concatenate(&cols, 0)?)
         };
         let sinks = [part(0)?, part(1)?];
-        let body_rows: Vec<Vec<Array>> = rows.iter().map(|r| r.columns[2..].to_vec()).collect();
-        Ok(TurboStore { codec, sinks, body: PaddedRows::from_rows(&body_rows)? })
+        let windows: Vec<[Array; 2]> = rows
+            .iter()
+            .map(|r| match &r.columns[..] {
+                [_, _, k, v, ..] => Ok([k.clone(), v.clone()]),
+                _ => Err(Error::Internal("a TurboQuant row without its recent window")),
+            })
+            .collect::<Result<_>>()?;
+        let body_rows: Vec<Vec<Array>> = rows.iter().map(|r| r.columns[4..].to_vec()).collect();
+        let body = PaddedRows::from_rows(&body_rows)?;
+        // The window covers the batch's last columns; a row whose own window
+        // is shorter (a prefix, or after a rewind) reads the rest from codes.
+        let written = body.written();
+        let held = recent::window().min(written);
+        let (keys, values) = match body.buffers().first() {
+            Some(rows) => codec.decode(&ops::slice_axis(rows, 2, written - held, written)?, codec.dtype)?,
+            None => {
+                let empty = ops::zeros(&[sinks[0].dim(0)?, sinks[0].dim(1)?, 0, codec.dim()], codec.dtype)?;
+                (empty.clone(), empty)
+            }
+        };
+        let keys = ops::astype(&codec.rotation.invert(&keys)?, codec.dtype)?;
+        let recent = Recent::from_rows(&windows, [keys, values])?;
+        Ok(TurboStore { codec, sinks, body, recent })
+    }
+
+    /// The body column where the window starts: attention reads codes
+    /// before it and the window from it on.
+    fn cut(&self) -> i32 {
+        self.body.written() - self.recent.held()
     }
 }
 
@@ -87,10 +123,19 @@ impl TurboStore {
     fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         let encoded = kernels::encode(&self.codec, keys, values)?;
         self.body.append(&[encoded])?;
-        let body = &self.body;
-        let params = body.step_params(args.scale, masks)?;
+        self.recent.push(keys, &self.codec.rotation.apply(values)?)?;
+        let (body, cut, recent) = (&self.body, self.cut(), &self.recent);
+        let params = body.step_params_to(cut, args.scale, masks)?;
+        // Each row's first slot the window reads: the window's start, or
+        // later where the row's tokens start later (its sinks count as padding).
+        let (start, end) = (recent.start(), recent.filled());
+        let firsts: Vec<i32> = body.left_pad().iter().map(|p| start + (p - cut).clamp(0, recent.held())).collect();
+        let mut layout = vec![end, args.scale.to_bits() as i32];
+        layout.extend(&firsts);
+        let window_params = masks.array(MaskKey { kind: "turbo-window-params", layout }, || kernels::step_params(end, args.scale, &firsts))?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, body.written())
+        let window = kernels::Window { keys: recent.buffers(), params: &window_params, end, scale: args.scale };
+        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, cut, &window)
     }
 }
 
@@ -133,22 +178,32 @@ impl KvStore for TurboStore {
         };
         let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
         let mut views = self.body.append(&[self.codec.encode(&kr, &vr)?])?;
+        self.recent.push(keys, &vr)?;
+        // The window's start in the views' columns.
+        let mut cut = self.cut();
         if let Some(pad) = common_pad.filter(|&p| p > 0) {
             views = views.iter().map(|c| Ok(ops::slice_axis(c, 2, pad, c.dim(2)?)?)).collect::<Result<_>>()?;
+            cut -= pad;
         }
         let qr = ops::astype(&rot.apply(queries)?, queries.dtype())?;
         let rows = views.first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
         // A chunk's history, then its own positions as computed; a decode
         // step's whole history, its new token read back from the cache.
         let before = rows.dim(2)? - if n > 1 { n } else { 0 };
-        let history = ops::slice_axis(rows, 2, 0, before)?;
+        // The history's columns up to the window from codes, the rest from
+        // the window (whose slot s is column cut + s).
+        let coded = cut.clamp(0, before);
+        let history = ops::slice_axis(rows, 2, 0, coded)?;
+        let (lo, hi) = if before > coded { (coded - cut, before - cut) } else { (0, 0) };
+        let [wk, wv] = self.recent.views()?;
+        let exact = [ops::astype(&rot.apply(&ops::slice_axis(&wk, 2, lo, hi)?)?, dtype)?, ops::slice_axis(&wv, 2, lo, hi)?];
         let chunk = (n > 1).then_some([&kr, &vr]);
         let block = blocked::Shape { rows: queries.dim(0)?, query_heads: queries.dim(1)?, kv_heads: keys.dim(1)?, head_dim: keys.dim(3)?, queries: n }.block();
         let out = if before > block && blocked::applies_here() {
-            blocked::attend(&self.codec, &qr, [&sink_k, &sink_v], &history, chunk, &mask, args.scale, block)?
+            blocked::attend(&self.codec, &qr, [&sink_k, &sink_v], &history, [&exact[0], &exact[1]], chunk, &mask, args.scale, block)?
         } else {
             let (hk, hv) = self.codec.decode(&history, dtype)?;
-            let (mut k, mut v) = (vec![&sink_k, &hk], vec![&sink_v, &hv]);
+            let (mut k, mut v) = (vec![&sink_k, &hk, &exact[0]], vec![&sink_v, &hv, &exact[1]]);
             let own = chunk.map(|[ck, cv]| Ok::<_, Error>([ops::astype(ck, dtype)?, ops::astype(cv, dtype)?])).transpose()?;
             if let Some([ck, cv]) = &own {
                 k.push(ck);
@@ -162,13 +217,17 @@ impl KvStore for TurboStore {
     fn row(&self, b: usize) -> Result<KvRow> {
         let [sk, sv] = &self.sinks;
         let b32 = b as i32;
+        let tokens = self.body.offset(b)?;
         let mut columns = vec![ops::slice_axis(sk, 0, b32, b32 + 1)?, ops::slice_axis(sv, 0, b32, b32 + 1)?];
+        columns.extend(self.recent.row(b, tokens)?);
         columns.extend(self.body.row(b)?);
-        Ok(KvRow { kind: self.kind(), offset: self.body.offset(b)? + SINKS, columns })
+        Ok(KvRow { kind: self.kind(), offset: tokens + SINKS, columns })
     }
 
     fn trim(&mut self, n: i32) -> Result<i32> {
-        Ok(self.body.trim(n))
+        let dropped = self.body.trim(n);
+        self.recent.trim(dropped);
+        Ok(dropped)
     }
 
     fn undo_point(&self, _n: i32) -> Option<UndoPoint> {
@@ -180,11 +239,11 @@ impl KvStore for TurboStore {
     }
 
     fn state(&self) -> Vec<Array> {
-        self.sinks.iter().cloned().chain(self.body.arrays()).collect()
+        self.sinks.iter().cloned().chain(self.recent.arrays()).chain(self.body.arrays()).collect()
     }
 
     fn nbytes(&self) -> usize {
-        self.sinks.iter().map(Array::nbytes).sum::<usize>() + self.body.nbytes()
+        self.sinks.iter().map(Array::nbytes).sum::<usize>() + self.recent.nbytes() + self.body.nbytes()
     }
 
     fn reserve(&mut self, positions: i32) {
@@ -209,7 +268,12 @@ pub fn prefix(row: &KvRow, n: i32) -> Result<KvRow> {
         return Err(Error::Internal("a TurboQuant prefix shorter than its sinks"));
     }
     let mut columns = row.columns[..2].to_vec();
-    for c in &row.columns[2..] {
+    // The window holds the row's last positions; the prefix keeps those before its end.
+    for c in row.columns.get(2..4).ok_or(Error::Internal("a TurboQuant row without its recent window"))? {
+        let held = c.dim(2)?;
+        columns.push(ops::slice_axis(c, 2, 0, recent::prefix_len(held, row.offset, n))?);
+    }
+    for c in &row.columns[4..] {
         columns.push(ops::slice_axis(c, 2, 0, n - SINKS)?);
     }
     Ok(KvRow { kind: row.kind, offset: n, columns })

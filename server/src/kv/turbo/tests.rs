@@ -47,12 +47,20 @@ fn outputs(format: TurboFormat, c: &Case, seed: u64) -> (Array, Array, Array) {
     cache.compress(|_, _| Some(KvKind::Turbo(format))).unwrap();
     let turbo = cache.attend(&q, &at(&k, len - 1, len), &at(&v, len - 1, len), &args, &StepMemo::default()).unwrap();
     let exact = fast::scaled_dot_product_attention(&q, &k, &v, args.scale, fast::SdpaMask::None, None).unwrap();
-    // The reference: the cache as stored, decoded and rotated back, attended plainly.
+    // The reference: the cache as stored, decoded and rotated back, attended
+    // plainly: the sinks, the body's codes before the recent window, the window.
     let row = cache.row(0).unwrap();
     let codec = Codec::new(format, d, row.columns[0].dtype()).unwrap();
-    let (body_k, body_v) = codec.decode(&row.columns[2], Dtype::Float32).unwrap();
-    let keys = ops::concatenate(&[&row.columns[0], &body_k], 2).unwrap();
-    let vals = ops::concatenate(&[&row.columns[1], &body_v], 2).unwrap();
+    let [sink_k, sink_v, recent_k, recent_v, body] = &row.columns[..] else { panic!("a TurboQuant row has five columns") };
+    let coded = body.dim(2).unwrap() - recent_k.dim(2).unwrap();
+    let held = recent_k.dim(2).unwrap();
+    assert_eq!(held, super::recent::window().min(len - SINKS), "the window holds the newest positions");
+    // Unquantized: the keys as they came, the values rotated.
+    assert!(relative_error(recent_k, &at(&k, len - held, len)) < 1e-6, "the window holds its keys unquantized");
+    assert!(relative_error(recent_v, &codec.rotation.apply(&at(&v, len - held, len)).unwrap()) < 1e-6, "and its values");
+    let (body_k, body_v) = codec.decode(&at(body, 0, coded), Dtype::Float32).unwrap();
+    let keys = ops::concatenate(&[sink_k, &body_k, &codec.rotation.apply(recent_k).unwrap()], 2).unwrap();
+    let vals = ops::concatenate(&[sink_v, &body_v, recent_v], 2).unwrap();
     let (keys, vals) = (codec.rotation.invert(&keys).unwrap(), codec.rotation.invert(&vals).unwrap());
     let reference = fast::scaled_dot_product_attention(&q, &keys, &vals, args.scale, fast::SdpaMask::None, None).unwrap();
     (turbo, exact, reference)
@@ -262,7 +270,8 @@ fn a_row_attends_alike_alone_and_beside_a_shorter_row() {
 fn a_chunk_attending_the_history_block_by_block_equals_one_call() {
     // The CPU's attention past one block of history: the online softmax over
     // sinks, history blocks (across and within block boundaries) and the
-    // chunk's own causal keys gives what one attention call over them all does.
+    // chunk's own causal keys gives what one attention call over them all does,
+    // the history's newest positions read unquantized (the recent window).
     // On the CPU, where the blocks run (a GPU's float32 matmuls may be TF32).
     let cpu = mlx_rs_safe::Stream::default_for(mlx_rs_safe::Device::Cpu).unwrap();
     mlx_rs_safe::with_stream(&cpu, blocks_equal_one_call);
@@ -277,13 +286,15 @@ fn blocks_equal_one_call() {
         let (k, v) = (rotated(1), rotated(2));
         let part = |x: &Array, from: i32, to: i32| ops::slice_axis(x, 2, from, to).unwrap();
         let (sinks, chunk) = ([part(&k, 0, SINKS), part(&v, 0, SINKS)], [part(&k, SINKS + history, SINKS + history + n), part(&v, SINKS + history, SINKS + history + n)]);
-        let rows = codec.encode(&part(&k, SINKS, SINKS + history), &part(&v, SINKS, SINKS + history)).unwrap();
+        let cut = SINKS + history - history / 4;
+        let rows = codec.encode(&part(&k, SINKS, cut), &part(&v, SINKS, cut)).unwrap();
+        let exact = [part(&k, cut, SINKS + history), part(&v, cut, SINKS + history)];
         let q = normal(&[1, kv_heads * gqa, n, dim], 3);
         let scale = (dim as f32).powf(-0.5);
-        let blocks = super::blocked::attend(&codec, &q, [&sinks[0], &sinks[1]], &rows, Some([&chunk[0], &chunk[1]]), &AttentionMask::Causal, scale, block).unwrap();
+        let blocks = super::blocked::attend(&codec, &q, [&sinks[0], &sinks[1]], &rows, [&exact[0], &exact[1]], Some([&chunk[0], &chunk[1]]), &AttentionMask::Causal, scale, block).unwrap();
         let (hk, hv) = codec.decode(&rows, Dtype::Float32).unwrap();
-        let keys = ops::concatenate(&[&sinks[0], &hk, &chunk[0]], 2).unwrap();
-        let vals = ops::concatenate(&[&sinks[1], &hv, &chunk[1]], 2).unwrap();
+        let keys = ops::concatenate(&[&sinks[0], &hk, &exact[0], &chunk[0]], 2).unwrap();
+        let vals = ops::concatenate(&[&sinks[1], &hv, &exact[1], &chunk[1]], 2).unwrap();
         let one_call = fast::scaled_dot_product_attention(&q, &keys, &vals, scale, fast::SdpaMask::Causal, None).unwrap();
         let err = relative_error(&blocks, &one_call);
         assert!(err < 1e-5, "d={dim} gqa={gqa} history={history} chunk={n} block={block}: {err}");

@@ -1,0 +1,246 @@
+//! The newest positions of a TurboQuant cache, kept unquantized beside their
+//! codes (KIVI's and the QJL paper's recent window; the TurboQuant brief's
+//! "first 4 + last 128"). Attention concentrates on recent tokens, so their
+//! quantization error costs the most: on SmolLM2-135M, keeping the last 128
+//! exact cut `balanced`'s KL divergence from the 16-bit cache 22x
+//! (BENCHMARKS.md), for 128 positions of 16-bit memory per row and layer.
+//!
+//! Every position is still encoded into the body: the window is a copy, so
+//! a rewind, a prompt-cache prefix or a batch merge never lacks a position's
+//! codes; where the window lacks a position it is read from them.
+//!
+//! The window holds the body's last columns for every row (rows are
+//! left-padded to one write position, so those are each row's newest
+//! tokens; columns of a row's padding or sinks are never read), in the
+//! model's dtype. Values are rotated, so their attention-weighted sum joins
+//! the body's in the rotated basis; keys are kept as they come (a score is
+//! the same in either basis), so a decode step rotates neither the new key
+//! nor, on a GPU, the query for them.
+
+use mlx_rs_safe::{ops, Array, Dtype};
+
+use crate::error::Result;
+
+/// Positions of each row kept unquantized.
+pub const RECENT: i32 = 128;
+
+#[cfg(test)]
+thread_local! {
+    /// A window for this thread's tests, so short rows cross it.
+    pub static TEST_RECENT: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Positions each row keeps unquantized: [`RECENT`].
+pub fn window() -> i32 {
+    #[cfg(test)]
+    if let Some(w) = TEST_RECENT.with(|w| w.get()) {
+        return w;
+    }
+    RECENT
+}
+
+/// Positions a row's window buffers hold: the window is copied down to its
+/// newest [`RECENT`] positions once it fills them, not at every step.
+pub const ROOM: i32 = RECENT + RECENT / 2;
+
+/// [`ROOM`] for [`window`].
+fn room() -> i32 {
+    window() + window() / 2
+}
+
+#[derive(Clone)]
+pub struct Recent {
+    /// [B, kv_heads, room(), D] each; the first `filled` positions are
+    /// the body's last `filled` columns, oldest first. Attention reads the
+    /// newest [`window`] of them (see [`Recent::held`]).
+    keys: Array,
+    values: Array,
+    filled: i32,
+}
+
+impl Recent {
+    /// The newest (at most [`window`]) of `keys`, `values` ([B, H, n, D]: the
+    /// body's newest n columns; values rotated), kept as `dtype` (the model's).
+    pub fn new(keys: &Array, values: &Array, dtype: Dtype) -> Result<Recent> {
+        let s = keys.shape();
+        let room = ops::zeros(&[s[0], s[1], room(), s[3]], dtype)?;
+        let mut recent = Recent { keys: room.clone(), values: room, filled: 0 };
+        recent.push(keys, values)?;
+        Ok(recent)
+    }
+
+    /// Positions attention reads from the window: the body's last `held`
+    /// columns (each row's newest tokens, up to [`window`]).
+    pub fn held(&self) -> i32 {
+        self.filled.min(window())
+    }
+
+    /// The buffers' slot of the oldest position attention reads.
+    pub fn start(&self) -> i32 {
+        self.filled - self.held()
+    }
+
+    /// The buffers' slots in use: attention reads `start()..filled()`.
+    pub fn filled(&self) -> i32 {
+        self.filled
+    }
+
+    /// Appends the body's next columns (`keys`, `values` [B, H, n, D];
+    /// values rotated), keeping the newest [`window`] once the room is used up.
+    pub fn push(&mut self, keys: &Array, values: &Array) -> Result<()> {
+        let n = keys.dim(2)?;
+        let room = self.keys.dim(2)?;
+        let dtype = self.keys.dtype();
+        let as_held = |x: &Array| -> Result<Array> { Ok(if x.dtype() == dtype { x.clone() } else { ops::astype(x, dtype)? }) };
+        let (k, v) = (as_held(keys)?, as_held(values)?);
+        if self.filled + n <= room {
+            let s = self.keys.shape();
+            let (start, stop) = ([0, 0, self.filled, 0], [s[0], s[1], self.filled + n, s[3]]);
+            self.keys = ops::slice_update(&self.keys, &k, &start, &stop, &[1, 1, 1, 1])?;
+            self.values = ops::slice_update(&self.values, &v, &start, &stop, &[1, 1, 1, 1])?;
+            self.filled += n;
+            return Ok(());
+        }
+        // Full: the newest `window` of what is held and the new positions.
+        let w = window();
+        let keep = (w - n).clamp(0, self.filled);
+        let tail = |buf: &Array, new: &Array| -> Result<Array> {
+            let old = ops::slice_axis(buf, 2, self.filled - keep, self.filled)?;
+            let joined = ops::concatenate(&[&old, new], 2)?;
+            let len = joined.dim(2)?;
+            let last = ops::slice_axis(&joined, 2, (len - w).max(0), len)?;
+            let mut pad_shape = last.shape();
+            pad_shape[2] = room - last.dim(2)?;
+            Ok(ops::concatenate(&[&last, &ops::zeros(&pad_shape, last.dtype())?], 2)?)
+        };
+        self.keys = tail(&self.keys, &k)?;
+        self.values = tail(&self.values, &v)?;
+        self.filled = (keep + n).min(w);
+        Ok(())
+    }
+
+    /// Forgets the newest `n` positions (the body dropped them too).
+    pub fn trim(&mut self, n: i32) {
+        self.filled -= n.clamp(0, self.filled);
+    }
+
+    /// The keys and values attention reads, [B, H, held, D].
+    pub fn views(&self) -> Result<[Array; 2]> {
+        let start = self.start();
+        Ok([ops::slice_axis(&self.keys, 2, start, self.filled)?, ops::slice_axis(&self.values, 2, start, self.filled)?])
+    }
+
+    /// The whole buffers (the GPU kernels read `start()..filled()` of them).
+    pub fn buffers(&self) -> [&Array; 2] {
+        [&self.keys, &self.values]
+    }
+
+    /// Row `b`'s held positions that are its tokens (`tokens`: how many it
+    /// holds past its sinks), [1, H, m, D] each.
+    pub fn row(&self, b: usize, tokens: i32) -> Result<[Array; 2]> {
+        let m = self.held().min(tokens.max(0));
+        let b = b as i32;
+        let part = |x: &Array| -> Result<Array> {
+            let s = x.shape();
+            Ok(ops::slice(x, &[b, 0, self.filled - m, 0], &[b + 1, s[1], self.filled, s[3]], &[1, 1, 1, 1])?)
+        };
+        Ok([part(&self.keys)?, part(&self.values)?])
+    }
+
+    /// A batch's window from its rows' windows (`rows`: each row's exact
+    /// newest positions, [1, H, m_b, D]) over `decoded`: the batch body's
+    /// last columns decoded from their codes ([B, H, held, D], the model's
+    /// dtype, keys rotated back), which stand in where a row's window is shorter.
+    pub fn from_rows(rows: &[[Array; 2]], decoded: [Array; 2]) -> Result<Recent> {
+        let [mut keys, mut values] = decoded;
+        let held = keys.dim(2)?;
+        for (b, [rk, rv]) in rows.iter().enumerate() {
+            let m = rk.dim(2)?.min(held);
+            if m == 0 {
+                continue;
+            }
+            let (rk, rv) = (ops::slice_axis(rk, 2, rk.dim(2)? - m, rk.dim(2)?)?, ops::slice_axis(rv, 2, rv.dim(2)? - m, rv.dim(2)?)?);
+            let s = keys.shape();
+            let b = b as i32;
+            let (start, stop) = ([b, 0, held - m, 0], [b + 1, s[1], held, s[3]]);
+            keys = ops::slice_update(&keys, &ops::astype(&rk, keys.dtype())?, &start, &stop, &[1, 1, 1, 1])?;
+            values = ops::slice_update(&values, &ops::astype(&rv, keys.dtype())?, &start, &stop, &[1, 1, 1, 1])?;
+        }
+        let dtype = keys.dtype();
+        Recent::new(&keys, &values, dtype)
+    }
+
+    pub fn nbytes(&self) -> usize {
+        self.keys.nbytes() + self.values.nbytes()
+    }
+
+    pub fn arrays(&self) -> Vec<Array> {
+        vec![self.keys.clone(), self.values.clone()]
+    }
+}
+
+/// How many of a row's `n` stored window positions remain in its prefix of
+/// `prefix` tokens when it held `offset`: the window's positions are the
+/// row's last ones, so a prefix keeps those before its end.
+pub fn prefix_len(n: i32, offset: i32, prefix: i32) -> i32 {
+    (n - (offset - prefix)).clamp(0, n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::values;
+    use mlx_rs_safe::Dtype;
+
+    /// Positions from..to of one row, one head, head dim 1: their own numbers.
+    fn positions(from: i32, to: i32) -> Array {
+        let v: Vec<f32> = (from..to).map(|p| p as f32).collect();
+        Array::from_slice(&v, &[1, 1, to - from, 1]).unwrap()
+    }
+
+    fn read(r: &Recent) -> Vec<f32> {
+        values(&r.views().unwrap()[0])
+    }
+
+    #[test]
+    fn the_window_keeps_the_newest_positions_as_it_fills_and_shifts() {
+        TEST_RECENT.with(|w| w.set(Some(4)));
+        let mut r = Recent::new(&positions(0, 10), &positions(0, 10), Dtype::Float32).unwrap();
+        assert_eq!((r.held(), read(&r)), (4, vec![6.0, 7.0, 8.0, 9.0]));
+        // Its room (6) fills a position at a time, then it copies its newest down.
+        for p in 10..13 {
+            r.push(&positions(p, p + 1), &positions(p, p + 1)).unwrap();
+            assert_eq!(read(&r), ((p - 3)..=p).map(|x| x as f32).collect::<Vec<_>>());
+        }
+        assert_eq!(r.filled(), 4, "copied down once its room was used up");
+        // A chunk longer than the window leaves its own newest.
+        r.push(&positions(13, 20), &positions(13, 20)).unwrap();
+        assert_eq!(read(&r), vec![16.0, 17.0, 18.0, 19.0]);
+        // A rewind reads fewer until new positions come.
+        r.trim(2);
+        assert_eq!(read(&r), vec![16.0, 17.0]);
+        r.push(&positions(18, 19), &positions(18, 19)).unwrap();
+        assert_eq!(read(&r), vec![16.0, 17.0, 18.0]);
+        // A row's part: only its own tokens.
+        assert_eq!(values(&r.row(0, 2).unwrap()[0]), vec![17.0, 18.0]);
+        TEST_RECENT.with(|w| w.set(None));
+    }
+
+    #[test]
+    fn a_batch_window_takes_each_rows_own_positions_over_the_decoded_ones() {
+        let decoded = ops::zeros(&[2, 1, 3, 1], Dtype::Float32).unwrap();
+        let rows = [[positions(5, 7), positions(5, 7)], [positions(0, 0), positions(0, 0)]];
+        let r = Recent::from_rows(&rows, [decoded.clone(), decoded]).unwrap();
+        assert_eq!(r.held(), 3);
+        // Row 0 held its last two exactly, the third comes from codes; row 1 none.
+        assert_eq!(read(&r), vec![0.0, 5.0, 6.0, 0.0, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn a_prefix_keeps_the_window_positions_before_its_end() {
+        // A window of 128 over a row of 1000: positions 872..1000.
+        assert_eq!(prefix_len(128, 1000, 1000), 128);
+        assert_eq!(prefix_len(128, 1000, 900), 28);
+        assert_eq!(prefix_len(128, 1000, 800), 0);
+    }
+}
