@@ -112,9 +112,9 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let rot = &codec.rotation;
     let rotated = |x: &Array, from: i32, to: i32| rot.apply(&ops::slice_axis(x, 2, from, to)?);
     let sinks = [rotated(&k, 0, SINKS)?, rotated(&v, 0, SINKS)?];
-    // The last `held` positions read from an unquantized window, in a buffer
-    // with room to spare (as `recent.rs` keeps it).
-    // Slots 3..11 hold them (older ones before, as the window keeps them).
+    // The last `held` positions read from an unquantized window: slots 3..11
+    // of a buffer with older positions before them and room after (as
+    // `recent.rs` keeps it; keys as they come, values rotated).
     let (held, cut, scale) = (8, len - 8, (d as f32).powf(-0.5));
     let room = |x: Array| -> Result<Array> { Ok(ops::concatenate(&[&normal(&[1, hkv, 3, d], 4)?, &x, &ops::zeros(&[1, hkv, 4, d], Dtype::Float32)?], 2)?) };
     let (wk, wv) = (room(ops::slice_axis(&k, 2, cut, len)?)?, room(rotated(&v, cut, len)?)?);

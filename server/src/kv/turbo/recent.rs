@@ -2,8 +2,9 @@
 //! codes (KIVI's and the QJL paper's recent window; the TurboQuant brief's
 //! "first 4 + last 128"). Attention concentrates on recent tokens, so their
 //! quantization error costs the most: on SmolLM2-135M, keeping the last 128
-//! exact cut `balanced`'s KL divergence from the 16-bit cache 22x
-//! (BENCHMARKS.md), for 128 positions of 16-bit memory per row and layer.
+//! exact cut `balanced`'s KL divergence from the 16-bit cache 19x, below
+//! `--kv-bits 8`'s (BENCHMARKS.md), for 128 positions of 16-bit memory per
+//! row and layer (in room for 192).
 //!
 //! Every position is still encoded into the body: the window is a copy, so
 //! a rewind, a prompt-cache prefix or a batch merge never lacks a position's
