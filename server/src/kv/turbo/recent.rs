@@ -40,13 +40,18 @@ pub fn window() -> i32 {
     RECENT
 }
 
-/// Positions a row's window buffers hold: the window is copied down to its
-/// newest [`RECENT`] positions once it fills them, not at every step.
-pub const ROOM: i32 = RECENT + RECENT / 2;
+/// Positions a row's window buffers hold for a window of `w`: the window is
+/// copied down to its newest `w` positions once it fills them, not at every step.
+const fn room_for(w: i32) -> i32 {
+    w + w / 2
+}
 
-/// [`ROOM`] for [`window`].
+/// The buffers' positions for [`RECENT`] (what the memory plan counts).
+pub const ROOM: i32 = room_for(RECENT);
+
+/// The buffers' positions for [`window`].
 fn room() -> i32 {
-    window() + window() / 2
+    room_for(window())
 }
 
 #[derive(Clone)]
