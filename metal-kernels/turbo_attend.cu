@@ -3,7 +3,8 @@
 // row's compressed positions with 4 warps, for every query head of the KV
 // head's group at once; split 0 also attends the row's 4 unquantized sinks
 // (warp 0, before its first chunk), so the merge needs neither the query nor
-// the sinks.
+// the sinks. The last split instead attends the recent window (recent.rs):
+// the newest positions' keys and values kept at 16 bits, both rotated.
 //
 // The warps work independently (no block barrier between the prologue and
 // the end): warp w takes the slice's chunks of 16 positions w, w + 4, ...,
@@ -34,9 +35,12 @@
 // float16 norm, padding to 4 bytes); params [2 + B] int32: positions written
 // (the same for all rows), the scale's float bits, each row's first
 // compressed position; signs [3, D]; kcent, vcent: centroids; sink_k, sink_v
-// [B, HKV, 4, D] (rotated).
+// [B, HKV, 4, D] (rotated); win_k, win_v [B, HKV, WCAP, D] of type S (the
+// window's buffers, rotated) and win_params [2 + B] int32 (the window's end
+// slot, unused, each row's first slot read).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
-// the grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
+// the grid's blocks per (row, KV head): NS - 1 splits of the codes, then the
+// window. 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int CH = 16;                  // positions a chunk: an mma tile's rows, then its K
@@ -107,9 +111,10 @@ for (int j = 0; j < QPT; ++j) {
 const float vcr = tid < (1 << VBITS) ? vcent[tid] : 0.0f;
 const float kcr = KFMT == 1 && tid < 16 ? kcent[tid] : 0.0f;
 const int len = idx > first ? idx - first : 0;
-const int per = (len + NS - 1) / NS;
+const int per = (len + NS - 2) / (NS - 1);
 const int t0 = first + split * per;
-const int count = max(min(idx, t0 + per) - t0, 0);
+const bool window = split == NS - 1;
+const int count = window ? 0 : max(min(idx, t0 + per) - t0, 0);
 const int nch = (count + CH - 1) / CH;
 const size_t head = (size_t)b * HKV + g;
 
@@ -275,6 +280,121 @@ if (split == 0 && warp == 0) {
   }
 }
 __syncthreads();
+
+// The last split: the window's slots wfirst..wend, read as they are (no
+// codes, no copies into the stages). A lane holds 8 coordinates of one
+// position (LP lanes a position, PP positions a pass); each warp keeps an
+// online softmax per head over every WARPS-th pass, then the warps' partials
+// are combined through shared memory.
+if (window) {
+  constexpr int C = 8;
+  constexpr int LP = D / C;
+  constexpr int PP = 32 / LP;
+  const int wend = win_params[0];
+  const int wfirst = win_params[2 + b];
+  const size_t wbase = head * win_k_shape[2];
+  const int pp = lane / LP;
+  const int d0 = (lane % LP) * C;
+  float m[REP];
+  float l[REP];
+  float a[REP][C];
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+    m[h] = TURBO_NEG_INF;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      a[h][j] = 0.0f;
+    }
+  }
+  for (int p0 = wfirst + warp * PP; p0 < wend; p0 += WARPS * PP) {
+    const int p = p0 + pp;
+    const bool live = p < wend;         // a pass's first position always is
+    float kx[C];
+    float vx[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      kx[j] = live ? static_cast<float>(win_k[(wbase + p) * D + d0 + j]) : 0.0f;
+      vx[j] = live ? static_cast<float>(win_v[(wbase + p) * D + d0 + j]) : 0.0f;
+    }
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        s += qs[h * D + d0 + j] * kx[j];
+      }
+#pragma unroll
+      for (int o = LP / 2; o > 0; o >>= 1) {
+        s += __shfl_xor_sync(0xffffffff, s, o);
+      }
+      s = live ? s : TURBO_NEG_INF;
+      float mx = s;
+#pragma unroll
+      for (int o = LP; o < 32; o <<= 1) {
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
+      }
+      const float mn = fmaxf(m[h], mx);
+      const float alpha = exp2f(m[h] - mn);
+      const float e = exp2f(s - mn);
+      float sum = e;
+#pragma unroll
+      for (int o = LP; o < 32; o <<= 1) {
+        sum += __shfl_xor_sync(0xffffffff, sum, o);
+      }
+      l[h] = l[h] * alpha + sum;
+      m[h] = mn;
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        a[h][j] = a[h][j] * alpha + e * vx[j];
+      }
+    }
+  }
+  // The warp's positions' sums, then the warps'.
+  __syncthreads();                      // every warp is done with qs (the stages' end)
+  float* const wsum = reinterpret_cast<float*>(stages);
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+#pragma unroll
+      for (int o = LP; o < 32; o <<= 1) {
+        a[h][j] += __shfl_xor_sync(0xffffffff, a[h][j], o);
+      }
+      if (lane < LP) {
+        wsum[(warp * REP + h) * D + d0 + j] = a[h][j];
+      }
+    }
+    if (lane == 0) {
+      mw[warp * REP + h] = m[h];
+      lw[warp * REP + h] = l[h];
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < REP * D; i += THREADS) {
+    const int h = i / D;
+    float M = TURBO_NEG_INF;
+    for (int w = 0; w < WARPS; ++w) {
+      M = fmaxf(M, mw[w * REP + h]);
+    }
+    float L = 0.0f;
+    float A = 0.0f;
+    if (M > TURBO_NEG_INF) {
+      for (int w = 0; w < WARPS; ++w) {
+        const float f = exp2f(mw[w * REP + h] - M);
+        L += lw[w * REP + h] * f;
+        A += wsum[(w * REP + h) * D + i % D] * f;
+      }
+    }
+    const size_t o = (size_t)(b * HQ + g * REP + h) * NS + split;
+    part_o[o * D + i % D] = A;
+    if (i % D == 0) {
+      part_ml[o * 2] = M;
+      part_ml[o * 2 + 1] = L;
+    }
+  }
+  return;
+}
 if (!early) {
   for (int k = 0; k < NST - 1; ++k) {
     fetch(k);

@@ -6,7 +6,10 @@
 // for the H100; Metal's simdgroup matrices are 8x8): each packed
 // coordinate decoded once for the MAXH query heads a simdgroup serves,
 // chunks of CH positions with one online-softmax step each, values summed in
-// the rotated basis.
+// the rotated basis. The last split attends the recent window instead
+// (recent.rs: the newest positions' rotated keys and values at 16 bits, in
+// win_k, win_v [B, HKV, WCAP, D] of type S; win_params [2 + B]: the end slot,
+// unused, each row's first slot), through the same chunks with plain loads.
 constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
 constexpr int NG = (REP + MAXH - 1) / MAXH;   // sets of warps, each serving HPW heads
 constexpr int HPW = (REP + NG - 1) / NG;
@@ -86,10 +89,12 @@ for (int h = 0; h < HPW; ++h) {
 const int idx = params[0];
 const int first = params[2 + b];
 const int len = idx > first ? idx - first : 0;
-const int per = (len + NS - 1) / NS;
-const int t0 = first + split * per;
-const int count = metal::max(metal::min(idx, t0 + per) - t0, 0);
+const int per = (len + NS - 2) / (NS - 1);   // NS - 1 splits of the codes
+const bool window = split == NS - 1;
+const int t0 = window ? win_params[2 + b] : first + split * per;
+const int count = window ? metal::max(win_params[0] - t0, 0) : metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
+const ulong wbase = head * win_k_shape[2];   // the window's slot 0 of this row and head
 const device uint8_t* kvb = (const device uint8_t*)kv;
 
 // Split 0 starts from the sinks: the first warp of each set takes them as a
@@ -171,7 +176,7 @@ for (int c = ws; c * CH < count; c += WPS) {
     ka[n] = 0.0f;
     kb[n] = 0.0f;
     vnorm[n] = 0.0f;
-    if (i < limit) {
+    if (i < limit && !window) {
       const device uint8_t* row = kvb + (tc + i) * ROW;   // rows are 4-byte aligned
       if (KFMT == 0) {
         turbo_load_words<1>(row + d0, kw[n]);
@@ -191,10 +196,15 @@ for (int c = ws; c * CH < count; c += WPS) {
 #pragma unroll
   for (int n = 0; n < NP; ++n) {
     const int i = n * PP + pp;
+    const ulong wo = (wbase + ulong(t0 + c * CH + i)) * D + d0;   // (window) its slot's coordinates
     float kx[C];
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      kx[j] = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[int((kw[n][0] >> (4 * j)) & 15u)];
+      if (window) {
+        kx[j] = i < limit ? static_cast<float>(win_k[wo + j]) : 0.0f;
+      } else {
+        kx[j] = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[int((kw[n][0] >> (4 * j)) & 15u)];
+      }
     }
 #pragma unroll
     for (int h = 0; h < HPW; ++h) {
@@ -203,7 +213,7 @@ for (int c = ws; c * CH < count; c += WPS) {
       for (int j = 0; j < C; ++j) {
         dot += qk[h][j] * kx[j];
       }
-      s[n][h] = KFMT == 0 ? ka[n] * dot + kb[n] * qsum[h] : ka[n] * dot;
+      s[n][h] = window ? dot : KFMT == 0 ? ka[n] * dot + kb[n] * qsum[h] : ka[n] * dot;
 #pragma unroll
       for (int o = LP / 2; o > 0; o >>= 1) {
         s[n][h] += metal::simd_shuffle_xor(s[n][h], ushort(o));
@@ -246,10 +256,16 @@ for (int c = ws; c * CH < count; c += WPS) {
   // Values: each decoded once, summed into every head's accumulator.
 #pragma unroll
   for (int n = 0; n < NP; ++n) {
+    const int i = n * PP + pp;
+    const ulong wo = (wbase + ulong(t0 + c * CH + i)) * D + d0;
     float vx[C];
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      vx[j] = vcs[turbo_value_code<VBITS>(vw[n], j)] * vnorm[n];
+      if (window) {
+        vx[j] = i < limit ? static_cast<float>(win_v[wo + j]) : 0.0f;
+      } else {
+        vx[j] = vcs[turbo_value_code<VBITS>(vw[n], j)] * vnorm[n];
+      }
     }
 #pragma unroll
     for (int h = 0; h < HPW; ++h) {

@@ -1,6 +1,7 @@
 // Metal twin of turbo_encode.cu: encodes each position's key and value into
-// its TurboQuant row (codec.rs has the layout). One threadgroup of D threads
-// per vector pair.
+// its TurboQuant row (codec.rs has the layout), and writes the last
+// position's rotated key and value to rk, rv [B, HKV, 1, D] (the recent
+// window's entry, recent.rs). One threadgroup of D threads per vector pair.
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -16,6 +17,9 @@ const uint bh = threadgroup_position_in_grid.x;
 const uint tid = thread_index_in_threadgroup;
 const uint threads = threads_per_threadgroup.x;
 const int d = int(tid);
+const int L = int(k_shape[2]);
+const bool newest = int(bh) % L == L - 1;   // the last position: also written to rk, rv
+const ulong wo = (ulong)(int(bh) / L) * D + d;
 const float inv_sqrt_d = metal::rsqrt(float(D));
 device uint8_t* row = o + bh * ROW;
 if (d < ROW - (NOFF + 2)) {
@@ -26,6 +30,9 @@ x[d] = static_cast<float>(k[bh * D + d]) * signs[d];
 turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+if (newest) {
+  turbo_store(rk + wo, x[d]);
+}
 if (KFMT == 0) {
   const int g = d / KG;
   float lo = metal::simd_min(x[d]);
@@ -66,6 +73,9 @@ x[d] = static_cast<float>(v[bh * D + d]) * signs[d];
 turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+if (newest) {
+  turbo_store(rv + wo, x[d]);
+}
 float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D, tid, threads);
 if (d == 0) {
   turbo_store((device half*)(row + NOFF), vnorm);

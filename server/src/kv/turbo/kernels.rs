@@ -1,8 +1,10 @@
 //! The GPU path of TurboQuant decode steps: one kernel encodes each new
-//! token's key and value into its row of the compressed cache; a split-K kernel attends
-//! a query per row to the packed cache directly (the history is never
-//! decoded; its first split also attends the unquantized sinks); a merge
-//! kernel combines the splits and rotates the output back.
+//! token's key and value into its row of the compressed cache (and hands
+//! back their rotated 16-bit form for the recent window); a split-K kernel
+//! attends a query per row to the packed cache directly (the history is
+//! never decoded; its first split also attends the unquantized sinks, its
+//! last the recent window); a merge kernel combines the splits and rotates
+//! the output back.
 //! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
 //! compiled by MLX at first use. On a GPU backend they are used where they
 //! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
@@ -114,15 +116,24 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let sinks = [rotated(&k, 0, SINKS)?, rotated(&v, 0, SINKS)?];
     // The last `held` positions read from an unquantized window: slots 3..11
     // of a buffer with older positions before them and room after (as
-    // `recent.rs` keeps it; keys as they come, values rotated).
+    // `recent.rs` keeps it: keys and values rotated).
     let (held, cut, scale) = (8, len - 8, (d as f32).powf(-0.5));
     let room = |x: Array| -> Result<Array> { Ok(ops::concatenate(&[&normal(&[1, hkv, 3, d], 4)?, &x, &ops::zeros(&[1, hkv, 4, d], Dtype::Float32)?], 2)?) };
-    let (wk, wv) = (room(ops::slice_axis(&k, 2, cut, len)?)?, room(rotated(&v, cut, len)?)?);
-    let body = encode(&codec, &k, &v)?;
+    let (wk, wv) = (room(rotated(&k, cut, len)?)?, room(rotated(&v, cut, len)?)?);
+    let [body, newest_k, newest_v] = encode(&codec, &k, &v)?;
     let params = step_params(cut, scale, &[SINKS])?;
     let window_params = step_params(3 + held, scale, &[3])?;
-    let window = Window { keys: [&wk, &wv], params: &window_params, end: 3 + held, scale };
+    let window = Window { buffers: [&wk, &wv], params: &window_params };
     let got = attend(&codec, &q, &sinks, &body, &params, cut, &window)?;
+    // The encode kernel's 16-bit form of the last position is its rotation.
+    let off = |a: &Array, x: &Array| -> Result<f32> {
+        let b = rotated(x, len - 1, len)?;
+        Ok(ops::max_all(&ops::abs(&ops::subtract(a, &b)?)?, false)?.item::<f32>()?)
+    };
+    let window_diff = off(&newest_k, &k)?.max(off(&newest_v, &v)?);
+    if window_diff > 1e-3 || !window_diff.is_finite() {
+        return Ok(Some(format!("the rotated newest position differs by {window_diff}")));
+    }
     // The reference: the same rows decoded by MLX ops up to the window, attended plainly.
     let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, cut)?, Dtype::Float32)?;
     let keys = ops::concatenate(&[&sinks[0], &body_k, &rotated(&k, cut, len)?], 2)?;
@@ -192,8 +203,11 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
         if !map.contains_key(name) {
             let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o"], &sources[1]),
-                "turbo_attend" => (&["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v"], &["part_o", "part_ml"], &sources[2]),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rk", "rv"], &sources[1]),
+                "turbo_attend" => {
+                    let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win_k", "win_v", "win_params"];
+                    (inputs, &["part_o", "part_ml"], &sources[2])
+                }
                 "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb"], &["part_o", "part_ml"], DENSE_CUDA),
                 _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
             };
@@ -218,16 +232,19 @@ fn key_code(codec: &Codec) -> (i32, i32) {
 }
 
 /// The rows of the positions of `k`, `v` [B, HKV, L, D] (not rotated),
-/// [B, HKV, L, row bytes] uint8: one block per vector pair.
-pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Array> {
+/// [B, HKV, L, row bytes] uint8 (one block per vector pair), and the last
+/// position's key and value rotated, [B, HKV, 1, D] of the codec's dtype (a
+/// decode step's entry in the recent window).
+pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 3]> {
     let s = k.shape();
     let (b, h, len, d) = (s[0], s[1], s[2], s[3]);
     let (kfmt, kbits) = key_code(codec);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(codec.dtype))];
     template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", affine_group(d)), ("VBITS", codec.format.value_bits as i32)]));
+    let newest = (vec![b, h, 1, d], codec.dtype);
     let call = KernelCall {
-        outputs: vec![(vec![b, h, len, codec.row_bytes()], Dtype::Uint8)],
+        outputs: vec![(vec![b, h, len, codec.row_bytes()], Dtype::Uint8), newest.clone(), newest],
         grid: (b * h * len * d, 1, 1),
         thread_group: (d, 1, 1),
         template,
@@ -235,10 +252,10 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<Array> {
     };
     // The kernel reads k and v as the codec's dtype (that of its scales).
     let (k, v) = (ops::astype(k, codec.dtype)?, ops::astype(v, codec.dtype)?);
-    let rows = with_kernel("turbo_encode", |kern| {
+    let out = with_kernel("turbo_encode", |kern| {
         Ok(kern.apply(&[&k, &v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids], &call)?)
     })?;
-    rows.into_iter().next().ok_or(Error::Internal("the TurboQuant encode kernel returned nothing"))
+    <[Array; 3]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant encode kernel without its three outputs"))
 }
 
 /// Blocks an attention call aims for: two per multiprocessor of an H100.
@@ -277,28 +294,27 @@ pub fn step_params(written: i32, scale: f32, pads: &[i32]) -> Result<Array> {
 }
 
 /// The recent window's part of a decode step (see `recent.rs`): its whole
-/// buffers (keys, and rotated values, [B, HKV, capacity, D]) and `params` from
-/// [`step_params`] over them (`end`, `scale`, each row's first slot read):
-/// row b reads slots first_b..end.
+/// buffers (rotated keys and values, [B, HKV, capacity, D] of the codec's
+/// dtype) and `params` from [`step_params`] over them (the end slot, the
+/// scale, each row's first slot read): row b reads slots first_b..end.
 pub struct Window<'a> {
-    pub keys: [&'a Array; 2],
+    pub buffers: [&'a Array; 2],
     pub params: &'a Array,
-    pub end: i32,
-    pub scale: f32,
 }
 
 /// Attention of `q` [B, HQ, 1, D] over the sinks [B, HKV, 4, D], the
 /// body's rows (whole capacity; `params` from `step_params`: the positions
 /// before `cut` and each row's first say which are read) and the recent
-/// window (the positions from `cut` on); the output in `q`'s dtype.
+/// window (the positions from `cut` on, the kernel's last split); the output
+/// in `q`'s dtype.
 pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, cut: i32, window: &Window) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = sinks[0].dim(1)?;
     let rep = hq / hkv;
     let (kfmt, kbits) = key_code(codec);
-    // The merge takes at most 256 splits; the window takes one.
-    let ns = splits(cut - SINKS, b * hkv).min(255);
+    // The merge takes at most 256 splits; the window takes the last.
+    let ns = splits(cut - SINKS, b * hkv).min(255) + 1;
     let threads = attend_threads(language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?, rep);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype())), ("S".to_string(), TemplateArg::Dtype(codec.dtype))];
@@ -311,44 +327,14 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         ("VBITS", codec.format.value_bits as i32),
     ]));
     let call = split_call([b, hq, hkv, ns, d], threads, template);
-    let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1]], &call)?)
-    })?;
-    let [body_o, body_ml] = &parts[..] else { return Err(Error::Internal("attention partials without their two outputs")) };
-    let [window_o, window_ml] = window_partials(q, window)?;
-    let part_o = ops::concatenate(&[body_o, &window_o], 2)?;
-    let part_ml = ops::concatenate(&[body_ml, &window_ml], 2)?;
-    merge(&[part_o, part_ml], q.dtype(), Some(&t.signs))
-}
-
-/// The window's partials ([B, HQ, 1, D] and [B, HQ, 1, 2], as the merge
-/// takes them; the query as it comes, since the window's keys are not
-/// rotated, and the sums in the rotated basis of its values): by
-/// dense_attend.cu where it runs (one split: the window is shorter than
-/// [`MIN_SPLIT`]), by MLX ops elsewhere (the Metal backend).
-fn window_partials(q: &Array, window: &Window) -> Result<[Array; 2]> {
-    let [keys, values] = window.keys;
-    let qr = if q.dtype() == keys.dtype() { q.clone() } else { ops::astype(q, keys.dtype())? };
-    let hkv = keys.dim(1)?;
-    if dense_applies(&qr, hkv, keys.dtype()) {
-        let template = dense_template(&qr, hkv, (32, 0));
-        // The scales and biases are not read at 16 bits: the keys and values stand in.
-        return split_partials(&qr, [keys, values, keys, keys, values, values], window.params, 1, template);
+    let [wk, wv] = window.buffers;
+    if wk.dtype() != codec.dtype || wv.dtype() != codec.dtype {
+        return Err(Error::Internal("the recent window's dtype is not the codec's"));
     }
-    let qs = q.shape();
-    let (b, hq, d) = (qs[0], qs[1], qs[3]);
-    let scale = window.scale;
-    let firsts = ops::reshape(&ops::slice_axis(window.params, 0, 2, 2 + b)?, &[b, 1, 1, 1])?;
-    let positions = ops::arange(0.0, window.end as f64, 1.0, Dtype::Int32)?;
-    let keep = ops::greater_equal(&positions, &firsts)?;
-    let scaled = ops::multiply(&ops::astype(&qr, Dtype::Float32)?, &Array::scalar(scale))?;
-    let qg = ops::reshape(&scaled, &[b, hkv, hq / hkv, 1, d])?;
-    let held = |x: &Array| ops::slice_axis(x, 2, 0, window.end);
-    let p = super::blocked::partial(&qg, &held(keys)?, &held(values)?, Some(&keep))?;
-    // The merge's maxima are in base 2.
-    let max = ops::multiply(&p.max, &Array::scalar(std::f32::consts::LOG2_E))?;
-    let ml = ops::concatenate(&[&max, &p.sum], -1)?;
-    Ok([ops::reshape(&p.out, &[b, hq, 1, d])?, ops::reshape(&ml, &[b, hq, 1, 2])?])
+    let parts = with_kernel("turbo_attend", |kern| {
+        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], wk, wv, window.params], &call)?)
+    })?;
+    merge(&parts, q.dtype(), Some(&t.signs))
 }
 
 /// A split-K attention kernel's launch: a block of `threads` per row, KV head

@@ -13,10 +13,11 @@
 //! The window holds the body's last columns for every row (rows are
 //! left-padded to one write position, so those are each row's newest
 //! tokens; columns of a row's padding or sinks are never read), in the
-//! model's dtype. Values are rotated, so their attention-weighted sum joins
-//! the body's in the rotated basis; keys are kept as they come (a score is
-//! the same in either basis), so a decode step rotates neither the new key
-//! nor, on a GPU, the query for them.
+//! model's dtype, rotated like the codes: attention reads the window with
+//! the query it rotated for them, and the window's value sum joins the
+//! body's in the rotated basis (on a GPU the encode kernel hands back the
+//! new position's rotated key and value, and the attention kernel reads the
+//! window as its last split).
 
 use mlx_rs_safe::{ops, Array, Dtype};
 
@@ -66,7 +67,7 @@ pub struct Recent {
 
 impl Recent {
     /// The newest (at most [`window`]) of `keys`, `values` ([B, H, n, D]: the
-    /// body's newest n columns; values rotated), kept as `dtype` (the model's).
+    /// body's newest n columns, rotated), kept as `dtype` (the model's).
     pub fn new(keys: &Array, values: &Array, dtype: Dtype) -> Result<Recent> {
         let s = keys.shape();
         let room = ops::zeros(&[s[0], s[1], room(), s[3]], dtype)?;
@@ -92,7 +93,7 @@ impl Recent {
     }
 
     /// Appends the body's next columns (`keys`, `values` [B, H, n, D];
-    /// values rotated), keeping the newest [`window`] once the room is used up.
+    /// rotated), keeping the newest [`window`] once the room is used up.
     pub fn push(&mut self, keys: &Array, values: &Array) -> Result<()> {
         let n = keys.dim(2)?;
         let room = self.keys.dim(2)?;
@@ -156,7 +157,7 @@ impl Recent {
     /// A batch's window from its rows' windows (`rows`: each row's exact
     /// newest positions, [1, H, m_b, D]) over `decoded`: the batch body's
     /// last columns decoded from their codes ([B, H, held, D], the model's
-    /// dtype, keys rotated back), which stand in where a row's window is shorter.
+    /// dtype, rotated), which stand in where a row's window is shorter.
     pub fn from_rows(rows: &[[Array; 2]], decoded: [Array; 2]) -> Result<Recent> {
         let [mut keys, mut values] = decoded;
         let held = keys.dim(2)?;

@@ -63,13 +63,15 @@ impl TurboStore {
         };
         let sinks = [sink(keys)?, sink(values)?];
         let encoded = if kernels::encode_applies(&codec) {
-            kernels::encode(&codec, keys, values)?
+            let [rows, _, _] = kernels::encode(&codec, keys, values)?;
+            rows
         } else {
             codec.encode(&codec.rotation.apply(keys)?, &codec.rotation.apply(values)?)?
         };
         let written = rows.written();
         let newest = |x: &Array| ops::slice_axis(x, 2, (written - recent::window()).max(0), written);
-        let recent = Recent::new(&newest(keys)?, &codec.rotation.apply(&newest(values)?)?, dtype)?;
+        let rotated = |x: &Array| codec.rotation.apply(&newest(x)?);
+        let recent = Recent::new(&rotated(keys)?, &rotated(values)?, dtype)?;
         Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), recent, codec })
     }
 
@@ -105,7 +107,6 @@ impl TurboStore {
                 (empty.clone(), empty)
             }
         };
-        let keys = ops::astype(&codec.rotation.invert(&keys)?, codec.dtype)?;
         let recent = Recent::from_rows(&windows, [keys, values])?;
         Ok(TurboStore { codec, sinks, body, recent })
     }
@@ -121,9 +122,9 @@ impl TurboStore {
     /// A decode step through the GPU kernels: the new token encoded by one,
     /// attention read from the packed buffers by the others.
     fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
-        let encoded = kernels::encode(&self.codec, keys, values)?;
+        let [encoded, rotated_k, rotated_v] = kernels::encode(&self.codec, keys, values)?;
         self.body.append(&[encoded])?;
-        self.recent.push(keys, &self.codec.rotation.apply(values)?)?;
+        self.recent.push(&rotated_k, &rotated_v)?;
         let (body, cut, recent) = (&self.body, self.cut(), &self.recent);
         let params = body.step_params_to(cut, args.scale, masks)?;
         // Each row's first slot the window reads: the window's start, or
@@ -134,7 +135,7 @@ impl TurboStore {
         layout.extend(&firsts);
         let window_params = masks.array(MaskKey { kind: "turbo-window-params", layout }, || kernels::step_params(end, args.scale, &firsts))?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        let window = kernels::Window { keys: recent.buffers(), params: &window_params, end, scale: args.scale };
+        let window = kernels::Window { buffers: recent.buffers(), params: &window_params };
         kernels::attend(&self.codec, queries, &self.sinks, rows, &params, cut, &window)
     }
 }
@@ -178,7 +179,7 @@ impl KvStore for TurboStore {
         };
         let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
         let mut views = self.body.append(&[self.codec.encode(&kr, &vr)?])?;
-        self.recent.push(keys, &vr)?;
+        self.recent.push(&kr, &vr)?;
         // The window's start in the views' columns.
         let mut cut = self.cut();
         if let Some(pad) = common_pad.filter(|&p| p > 0) {
@@ -196,7 +197,7 @@ impl KvStore for TurboStore {
         let history = ops::slice_axis(rows, 2, 0, coded)?;
         let (lo, hi) = if before > coded { (coded - cut, before - cut) } else { (0, 0) };
         let [wk, wv] = self.recent.views()?;
-        let exact = [ops::astype(&rot.apply(&ops::slice_axis(&wk, 2, lo, hi)?)?, dtype)?, ops::slice_axis(&wv, 2, lo, hi)?];
+        let exact = [ops::slice_axis(&wk, 2, lo, hi)?, ops::slice_axis(&wv, 2, lo, hi)?];
         let chunk = (n > 1).then_some([&kr, &vr]);
         let block = blocked::Shape { rows: queries.dim(0)?, query_heads: queries.dim(1)?, kv_heads: keys.dim(1)?, head_dim: keys.dim(3)?, queries: n }.block();
         let out = if before > block && blocked::applies_here() {
