@@ -91,7 +91,8 @@ def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     if budget != "resident":
         # "25%-noahead": the same budget without prefill read-ahead; "-nospec" /
         # "-spec": decode steps without / with speculation (default: auto);
-        # "-pf8": decode steps read up to 8 guessed experts ahead (--expert-prefetch).
+        # "-pfN": decode steps read up to N guessed experts ahead (--expert-prefetch N;
+        # the server's default is 8, so "-pf0" turns it off).
         share, *options = budget.split("-")
         cmd += ["--stream-experts", "--expert-cache-bytes", share, "--expert-readers", str(readers)]
         flags = {"noahead": ["--no-expert-read-ahead"], "nospec": ["--expert-speculation", "off"], "spec": ["--expert-speculation", "on"]}

@@ -14,8 +14,8 @@
 #   chunks   prefill of a 2K prompt at 25% in 512- and 2048-token chunks, alternating, twice
 #   readers  prefill and decode at 25% with 8 and 16 reader threads, alternating, twice
 #   budgets  resident, 100%, 50%, 25% (decode hit rates and the serial bound), 64 tokens
-#   prefetch 25% decode without and with --expert-prefetch 8, alternating, twice (on this
-#            CPU's spread model 95% of the guesses were used and decode stalls fell 7x)
+#   prefetch 25% decode without and with --expert-prefetch 8 (the default), alternating,
+#            twice (H200: 69-72% -> 96-103% of the serial bound, BENCHMARKS.md)
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
 #            the resident model decode slower (one call measured 69 vs 103 tok/s)?
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
@@ -77,7 +77,7 @@ for stage in "$@"; do
       bench --runs resident,100%,50%,25% --prompt-tokens 2048 --prefill-size 512 --gen-tokens 64 \
         --out "$OUT/budgets.json" | grep -E '"run"|disk|tok/s' ;;
     prefetch)
-      bench --runs resident,25%,25%-pf8,25%,25%-pf8 --prompt-tokens 2048 --gen-tokens 64 \
+      bench --runs resident,25%-pf0,25%,25%-pf0,25% --prompt-tokens 2048 --gen-tokens 64 \
         --out "$OUT/prefetch.json" | grep -E '"run"' | cut -c1-200 ;;
     pools)
       bench --runs resident,100%,resident,100% --prompt-tokens 2048 --gen-tokens 64 \

@@ -442,7 +442,7 @@ pub struct LoadArgs {
     /// They wait outside the cache until that layer's router runs: what it
     /// uses is installed, the rest dropped; nothing is evicted for a guess. A
     /// layer whose guesses are mostly wrong stops guessing.
-    #[arg(long, env = "MLX_SERVE_EXPERT_PREFETCH", default_value_t = 0, requires = "stream_experts")]
+    #[arg(long, env = "MLX_SERVE_EXPERT_PREFETCH", default_value_t = EXPERT_PREFETCH, requires = "stream_experts")]
     pub expert_prefetch: usize,
     /// Decoder layers run on the GPU; the rest, and the output head, run on
     /// the CPU with their weights and KV in host memory (a model larger than
@@ -453,6 +453,12 @@ pub struct LoadArgs {
 
 /// Prompt tokens per prefill chunk unless `--prefill-size` says.
 pub const PREFILL_SIZE: usize = 512;
+
+/// `--expert-prefetch`'s default: on an H200 reading a Qwen3-30B-A3B-shaped
+/// model at 25%, 8 guesses a layer took decode from 69-72% of the serial
+/// disk bound to 96-103% (1.3 -> 1.7-1.8 tok/s, BENCHMARKS.md); a layer
+/// whose guesses go unused stops taking them.
+pub const EXPERT_PREFETCH: usize = 8;
 /// The same with `--stream-experts`: a chunk reads every expert it uses that
 /// the cache lacks, once, so the reads shrink as chunks grow (on the H200, a
 /// 2K prompt's prefill at 25% read 40 GB in 512-token chunks and 18 GB in one

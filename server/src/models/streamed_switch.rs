@@ -27,7 +27,7 @@
 //! it covers a prompt's first chunk too, and on the H200 78% of a prefill's
 //! misses were read ahead (49% before; 95% of what was read ahead was used),
 //! for 1.28x the prefill speed (BENCHMARKS.md). A narrow step (decoding)
-//! reads up to `--expert-prefetch N` of them (off by default). The reads
+//! reads up to `--expert-prefetch N` of them (8 by default). The reads
 //! wait outside the pool; the next layer takes those its router chose and
 //! drops the rest, so a wrong guess costs its read and evicts nothing. A
 //! layer whose decode-step guesses are mostly wrong stops taking them.
