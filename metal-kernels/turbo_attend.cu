@@ -37,7 +37,7 @@
 // compressed position; signs [3, D]; kcent, vcent: centroids; sink_k, sink_v
 // [B, HKV, 4, D] (rotated); win_k, win_v [B, HKV, WCAP, D] of type S (the
 // window's buffers, rotated) and win_params [2 + B] int32 (the window's end
-// slot, unused, each row's first slot read).
+// slot, the scale's bits (not read: params has them), each row's first slot).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head): NS - 1 splits of the codes, then the
 // window. 128 threads a block (kernels.rs).

@@ -8,8 +8,9 @@
 // chunks of CH positions with one online-softmax step each, values summed in
 // the rotated basis. The last split attends the recent window instead
 // (recent.rs: the newest positions' rotated keys and values at 16 bits, in
-// win_k, win_v [B, HKV, WCAP, D] of type S; win_params [2 + B]: the end slot,
-// unused, each row's first slot), through the same chunks with plain loads.
+// win_k, win_v [B, HKV, WCAP, D] of type S; win_params [2 + B]: the end
+// slot, the scale's bits (not read), each row's first slot), through the
+// same chunks with plain loads.
 constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
 constexpr int NG = (REP + MAXH - 1) / MAXH;   // sets of warps, each serving HPW heads
 constexpr int HPW = (REP + NG - 1) / NG;

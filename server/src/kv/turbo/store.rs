@@ -82,19 +82,14 @@ impl TurboStore {
             return Err(Error::Internal("a TurboQuant cache built from no rows"));
         };
         let codec = Codec::new(format, first.dim(-1)?, first.dtype())?;
-        let part = |i: usize| -> Result<Array> {
-            let cols: Vec<&Array> = rows.iter().map(|r| r.columns.get(i).ok_or(Error::Internal("a TurboQuant row without sinks"))).collect::<Result<_>>()?;
+        let parts: Vec<RowParts> = rows.iter().map(row_parts).collect::<Result<_>>()?;
+        let sink = |i: usize| -> Result<Array> {
+            let cols: Vec<&Array> = parts.iter().map(|p| &p.sinks[i]).collect();
             Ok(ops::concatenate(&cols, 0)?)
         };
-        let sinks = [part(0)?, part(1)?];
-        let windows: Vec<[Array; 2]> = rows
-            .iter()
-            .map(|r| match &r.columns[..] {
-                [_, _, k, v, ..] => Ok([k.clone(), v.clone()]),
-                _ => Err(Error::Internal("a TurboQuant row without its recent window")),
-            })
-            .collect::<Result<_>>()?;
-        let body_rows: Vec<Vec<Array>> = rows.iter().map(|r| r.columns[4..].to_vec()).collect();
+        let sinks = [sink(0)?, sink(1)?];
+        let windows: Vec<[Array; 2]> = parts.iter().map(|p| [p.window[0].clone(), p.window[1].clone()]).collect();
+        let body_rows: Vec<Vec<Array>> = parts.iter().map(|p| p.body.to_vec()).collect();
         let body = PaddedRows::from_rows(&body_rows)?;
         // The window covers the batch's last columns; a row whose own window
         // is shorter (a prefix, or after a rewind) reads the rest from codes.
@@ -253,6 +248,23 @@ impl KvStore for TurboStore {
     }
 }
 
+/// A TurboQuant row's columns (see [`TurboStore::row`]): sink keys and
+/// values, the recent window's keys and values, the body's rows.
+struct RowParts<'a> {
+    sinks: &'a [Array],
+    window: &'a [Array],
+    body: &'a [Array],
+}
+
+fn row_parts(row: &KvRow) -> Result<RowParts<'_>> {
+    if row.columns.len() < 5 {
+        return Err(Error::Internal("a TurboQuant row without its sinks, recent window and body"));
+    }
+    let (sinks, rest) = row.columns.split_at(2);
+    let (window, body) = rest.split_at(2);
+    Ok(RowParts { sinks, window, body })
+}
+
 /// The longest prefix of at most `n` tokens a TurboQuant row restores: any
 /// that keeps its sinks.
 pub fn servable(row: &KvRow, n: i32) -> i32 {
@@ -268,13 +280,14 @@ pub fn prefix(row: &KvRow, n: i32) -> Result<KvRow> {
     if n < SINKS {
         return Err(Error::Internal("a TurboQuant prefix shorter than its sinks"));
     }
-    let mut columns = row.columns[..2].to_vec();
+    let parts = row_parts(row)?;
+    let mut columns = parts.sinks.to_vec();
     // The window holds the row's last positions; the prefix keeps those before its end.
-    for c in row.columns.get(2..4).ok_or(Error::Internal("a TurboQuant row without its recent window"))? {
+    for c in parts.window {
         let held = c.dim(2)?;
         columns.push(ops::slice_axis(c, 2, 0, recent::prefix_len(held, row.offset, n))?);
     }
-    for c in &row.columns[4..] {
+    for c in parts.body {
         columns.push(ops::slice_axis(c, 2, 0, n - SINKS)?);
     }
     Ok(KvRow { kind: row.kind, offset: n, columns })
