@@ -13,7 +13,8 @@
 #   disk     the read-pattern probe (bench/expert_read_pattern.py) at 8 and 16 reads in flight
 #   chunks   prefill of a 2K prompt at 25% in 512- and 2048-token chunks, alternating, twice
 #   readers  prefill and decode at 25% with 8 and 16 reader threads, alternating, twice
-#   budgets  resident, 100%, 50%, 25% (decode hit rates and the serial bound), 64 tokens
+#   budgets  resident, 100%, 75%, 50%, 25% (decode hit rates and the serial bound; the
+#            streamed defaults: 2048-token chunks, --expert-prefetch 8), 64 tokens
 #   prefetch 25% decode without and with --expert-prefetch 8 (the default), alternating,
 #            twice (H200: 69-72% -> 96-103% of the serial bound, BENCHMARKS.md)
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
@@ -74,7 +75,7 @@ for stage in "$@"; do
         done
       done ;;
     budgets)
-      bench --runs resident,100%,50%,25% --prompt-tokens 2048 --prefill-size 512 --gen-tokens 64 \
+      bench --runs resident,100%,75%,50%,25% --prompt-tokens 2048 --gen-tokens 64 \
         --out "$OUT/budgets.json" | grep -E '"run"|disk|tok/s' ;;
     prefetch)
       bench --runs resident,25%-pf0,25%,25%-pf0,25% --prompt-tokens 2048 --gen-tokens 64 \
