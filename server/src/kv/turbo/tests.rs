@@ -318,3 +318,14 @@ fn history_blocks_bound_their_scores_and_stay_a_few_hundred_positions_at_least()
     assert_eq!(shape(1, 128, 8, 128, 2048).block(), 256);
     assert_eq!(shape(1, 128, 8, 128, 2048).block_bytes(), 256 * 4 * (128 * 2048 + 2048));
 }
+
+#[test]
+fn a_row_lacking_its_window_or_body_is_an_error_not_a_panic() {
+    let format = TurboFormat { key: super::KeyCode::Affine8, value_bits: 3 };
+    let a = ops::zeros(&[1, 1, SINKS, 64], Dtype::Float32).unwrap();
+    for n in 0..5 {
+        let row = crate::kv::KvRow { kind: KvKind::Turbo(format), offset: SINKS, columns: vec![a.clone(); n] };
+        assert!(super::TurboStore::from_rows(&[row.clone()], format).is_err(), "{n} columns");
+        assert!(super::prefix(&row, SINKS).is_err(), "{n} columns");
+    }
+}
