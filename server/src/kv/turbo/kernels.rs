@@ -126,10 +126,7 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let window = Window { buffers: [&wk, &wv], params: &window_params };
     let got = attend(&codec, &q, &sinks, &body, &params, cut, &window)?;
     // The encode kernel's 16-bit form of the last position is its rotation.
-    let off = |a: &Array, x: &Array| -> Result<f32> {
-        let b = rotated(x, len - 1, len)?;
-        Ok(ops::max_all(&ops::abs(&ops::subtract(a, &b)?)?, false)?.item::<f32>()?)
-    };
+    let off = |a: &Array, x: &Array| max_difference(a, &rotated(x, len - 1, len)?);
     let window_diff = off(&newest_k, &k)?.max(off(&newest_v, &v)?);
     if window_diff > 1e-3 || !window_diff.is_finite() {
         return Ok(Some(format!("the rotated newest position differs by {window_diff}")));
@@ -140,8 +137,13 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let vals = ops::concatenate(&[&sinks[1], &body_v, &rotated(&v, cut, len)?], 2)?;
     let (keys, vals) = (rot.invert(&keys)?, rot.invert(&vals)?);
     let want = mlx_rs_safe::fast::scaled_dot_product_attention(&q, &keys, &vals, (d as f32).powf(-0.5), mlx_rs_safe::fast::SdpaMask::None, None)?;
-    let diff = ops::max(&ops::abs(&ops::subtract(&got, &want)?)?, &[0, 1, 2, 3], false)?.item::<f32>()?;
+    let diff = max_difference(&got, &want)?;
     Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
+}
+
+/// The largest absolute difference between `a` and `b`'s elements.
+fn max_difference(a: &Array, b: &Array) -> Result<f32> {
+    Ok(ops::max_all(&ops::abs(&ops::subtract(a, b)?)?, false)?.item::<f32>()?)
 }
 
 /// Whether decode steps of `codec`'s format with `rep` query heads per KV head
@@ -448,7 +450,7 @@ fn split_attend_check(quant: Option<(i32, i32)>) -> Result<Option<String>> {
     let (d, hkv, rep, cap, written) = (64, 2, 4, 320, 300);
     let pads = [0, 37, 299];
     let (got, want) = against_reference(d, hkv, rep, cap, written, &pads, Dtype::Float32, quant)?;
-    let diff = ops::max_all(&ops::abs(&ops::subtract(&got, &want)?)?, false)?.item::<f32>()?;
+    let diff = max_difference(&got, &want)?;
     // Loose enough for MLX's float32 matmuls, which run as TF32 on CUDA.
     Ok((diff > 1e-2 || !diff.is_finite()).then(|| format!("max difference {diff}")))
 }
