@@ -512,4 +512,20 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
         assert!(peak <= bound, "{budget}: MLX peak {peak} bytes is above {bound}");
         assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "{budget}: the process held as much memory as all experts");
     }
+
+    // A cache that holds every expert reads them at load, a layer at a time,
+    // each layer's pool made from its reads: MLX's peak is every expert, one
+    // layer's reads and activations (a scatter into empty pools held three
+    // layers' worth above them).
+    let flags = ["--stream-experts", "--expert-cache-bytes", "100%", "--prompt-cache-bytes", "0", "--prefill-size", "128"];
+    let server = TestServer::start(&dir, &flags);
+    let r = complete(&server, &prompt, tokens.len());
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at 100%: not mlx-lm's greedy text");
+    let h = server.get("/health").json();
+    assert_eq!(n(&h["experts"], "capacity_bytes"), all_experts);
+    let peak = h["memory"]["peak_bytes"].as_u64().unwrap();
+    let bound = 8_000_000 + all_experts + 64 * expert + 128_000_000;
+    eprintln!("100%: MLX peak {peak} bytes (bound {bound}, all experts {all_experts})");
+    assert!(peak <= bound, "100%: MLX peak {peak} bytes is above {bound}");
 }

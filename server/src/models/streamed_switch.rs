@@ -244,7 +244,22 @@ impl StreamedSwitchGlu {
         let plan = st.table.plan(&all);
         self.stream.reader.counters().record_lookup(self.layer, 0, plan.misses.len() as u64);
         let read = self.read(&plan.misses)?;
-        let pools = self.install(&st.pools, &plan, &read)?;
+        // Every slot is installed, so the pools are the reads in slot order:
+        // made from them directly, with the empty pools let go first (a
+        // scatter into them would hold the empty pool, the reads, their
+        // concatenation and the result at once: 4x the layer's experts at
+        // load, MLX's peak on the GPU at 100%).
+        let mut by_slot = plan.installs.clone();
+        by_slot.sort_unstable_by_key(|&(_, slot)| slot);
+        if by_slot.len() != st.pools.first().map_or(0, |p| p.dim(0).unwrap_or(0) as usize) {
+            return Err(Error::Internal("a preload that does not fill every slot"));
+        }
+        st.pools.clear();
+        let n = self.tensors.len();
+        let pools = (0..n)
+            .map(|t| Ok(ops::concatenate(&by_slot.iter().map(|&(i, _)| &read[i * n + t]).collect::<Vec<_>>(), 0)?))
+            .collect::<Result<Vec<_>>>()?;
+        drop(read);
         // One layer at a time: the reads are freed before the next layer's.
         mlx_rs_safe::eval(&pools.iter().collect::<Vec<_>>())?;
         st.commit(&plan, pools, self.expert_bytes, &self.stream);
