@@ -109,7 +109,7 @@ def main():
 
 
 def table(results, configs) -> str:
-    head = ["streams", "prompt"] + [f"{c} tok/s" for c in configs] + [f"{c}/fp16" for c in configs[1:]] + [f"{c} peak GB" for c in configs]
+    head = ["streams", "prompt"] + [f"{c} tok/s" for c in configs] + [f"{c}/{configs[0]}" for c in configs[1:]] + [f"{c} peak GB" for c in configs]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     cells = {(c.get("streams", 1), c["context"], c["config"]): c for c in results["cells"]}
     for streams, ctx in sorted({(c.get("streams", 1), c["context"]) for c in results["cells"]}):
