@@ -282,117 +282,13 @@ if (split == 0 && warp == 0) {
 __syncthreads();
 
 // The last split: the window's slots wfirst..wend, read as they are (no
-// codes, no copies into the stages). A lane holds 8 coordinates of one
-// position (LP lanes a position, PP positions a pass); each warp keeps an
-// online softmax per head over every WARPS-th pass, then the warps' partials
-// are combined through shared memory.
+// codes, no copies into the stages) by turbo_lane_attend, its sums in the
+// stages (clear of the queries once it has read them).
 if (window) {
-  constexpr int C = 8;
-  constexpr int LP = D / C;
-  constexpr int PP = 32 / LP;
-  const int wend = win_params[0];
   const int wfirst = win_params[2 + b];
-  const size_t wbase = head * win_k_shape[2];
-  const int pp = lane / LP;
-  const int d0 = (lane % LP) * C;
-  float m[REP];
-  float l[REP];
-  float a[REP][C];
-#pragma unroll
-  for (int h = 0; h < REP; ++h) {
-    m[h] = TURBO_NEG_INF;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      a[h][j] = 0.0f;
-    }
-  }
-  for (int p0 = wfirst + warp * PP; p0 < wend; p0 += WARPS * PP) {
-    const int p = p0 + pp;
-    const bool live = p < wend;         // a pass's first position always is
-    float kx[C];
-    float vx[C];
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      kx[j] = live ? static_cast<float>(win_k[(wbase + p) * D + d0 + j]) : 0.0f;
-      vx[j] = live ? static_cast<float>(win_v[(wbase + p) * D + d0 + j]) : 0.0f;
-    }
-#pragma unroll
-    for (int h = 0; h < REP; ++h) {
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        s += qs[h * D + d0 + j] * kx[j];
-      }
-#pragma unroll
-      for (int o = LP / 2; o > 0; o >>= 1) {
-        s += __shfl_xor_sync(0xffffffff, s, o);
-      }
-      s = live ? s : TURBO_NEG_INF;
-      float mx = s;
-#pragma unroll
-      for (int o = LP; o < 32; o <<= 1) {
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, o));
-      }
-      const float mn = fmaxf(m[h], mx);
-      const float alpha = exp2f(m[h] - mn);
-      const float e = exp2f(s - mn);
-      float sum = e;
-#pragma unroll
-      for (int o = LP; o < 32; o <<= 1) {
-        sum += __shfl_xor_sync(0xffffffff, sum, o);
-      }
-      l[h] = l[h] * alpha + sum;
-      m[h] = mn;
-#pragma unroll
-      for (int j = 0; j < C; ++j) {
-        a[h][j] = a[h][j] * alpha + e * vx[j];
-      }
-    }
-  }
-  // The warp's positions' sums, then the warps'.
-  __syncthreads();                      // every warp is done with qs (the stages' end)
-  float* const wsum = reinterpret_cast<float*>(stages);
-#pragma unroll
-  for (int h = 0; h < REP; ++h) {
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-#pragma unroll
-      for (int o = LP; o < 32; o <<= 1) {
-        a[h][j] += __shfl_xor_sync(0xffffffff, a[h][j], o);
-      }
-      if (lane < LP) {
-        wsum[(warp * REP + h) * D + d0 + j] = a[h][j];
-      }
-    }
-    if (lane == 0) {
-      mw[warp * REP + h] = m[h];
-      lw[warp * REP + h] = l[h];
-    }
-  }
-  __syncthreads();
-  for (int i = tid; i < REP * D; i += THREADS) {
-    const int h = i / D;
-    float M = TURBO_NEG_INF;
-    for (int w = 0; w < WARPS; ++w) {
-      M = fmaxf(M, mw[w * REP + h]);
-    }
-    float L = 0.0f;
-    float A = 0.0f;
-    if (M > TURBO_NEG_INF) {
-      for (int w = 0; w < WARPS; ++w) {
-        const float f = exp2f(mw[w * REP + h] - M);
-        L += lw[w * REP + h] * f;
-        A += wsum[(w * REP + h) * D + i % D] * f;
-      }
-    }
-    const size_t o = (size_t)(b * HQ + g * REP + h) * NS + split;
-    part_o[o * D + i % D] = A;
-    if (i % D == 0) {
-      part_ml[o * 2] = M;
-      part_ml[o * 2 + 1] = L;
-    }
-  }
+  turbo_lane_attend<S, 0, 32, D, REP>(qs, win_k, win_v, win_k, win_k, win_k, win_k, head * win_k_shape[2], wfirst,
+                                      win_params[0], mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
+                                      (size_t)(b * HQ + g * REP) * NS + split, NS);
   return;
 }
 if (!early) {

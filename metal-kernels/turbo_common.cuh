@@ -192,3 +192,236 @@ __device__ inline float turbo_codebook_encode(
   }
   return n / fmaxf(cn, 1e-20f);
 }
+
+// Decode attention of a block's REP query heads (qs [REP, D] in shared
+// memory, scaled, base 2) over positions [t0, t1) of one KV head's rows,
+// into the block's partial: dense_attend.cu's whole body, and the recent
+// window's split of turbo_attend.cu. Rows are 16-bit or float32 (BITS 0,
+// type T) or affine codes (BITS 8 or 4: uint32-packed, a scale and a bias of
+// type T per GS coordinates in ks, kb, vs, vb; BITS 0 reads none of them);
+// position t's rows start at element `base + t` of k and v.
+// A position's key and value rows are read by LPP = D / 8 lanes, 8
+// coordinates each (16 bytes of a 16-bit row, 8 of an 8-bit one; a group
+// holds whole lanes), so a warp reads 32 / LPP consecutive positions at once
+// (one contiguous range, the next ones loaded while these are computed) and
+// each such lane group keeps its own online softmax; the groups' states are
+// merged at the end (shuffles within a warp, then the 4 warps in turn
+// through shared memory: mw, lw [4 * REP], accw [REP * D], 16-byte aligned,
+// written only after every thread has read qs, so they may overlap it).
+// Writes head h's partial to part_o[(o + h * NS) * D ..] and
+// part_ml[(o + h * NS) * 2 ..]. 128 threads; every thread calls it.
+template <typename T, int BITS, int GS, int D, int REP>
+__device__ inline void turbo_lane_attend(
+    const float* qs, const void* k, const void* v, const T* ks, const T* kb, const T* vs, const T* vb,
+    size_t base, int t0, int t1, float* mw, float* lw, float* accw, float* part_o, float* part_ml, size_t o, int NS) {
+  constexpr int WARPS = 4;
+  constexpr int C = 8;                  // coordinates a lane owns
+  constexpr int LPP = D / C;            // lanes a position: 8, 16 or 32
+  constexpr int PPW = 32 / LPP;         // positions a warp reads at once
+  constexpr int GROUPS = WARPS * PPW;   // softmax states a block keeps
+  constexpr int LB = BITS == 0 ? C * (int)sizeof(T) : C * BITS / 8;   // bytes of a lane's coordinates
+  constexpr int RB = LB * LPP;          // bytes of a position's row
+  constexpr int NG = BITS == 0 ? 1 : D / GS;   // scale groups of a row
+  static_assert(D == 64 || D == 128 || D == 256, "head dims 64, 128, 256");
+  static_assert(BITS == 0 || BITS == 4 || BITS == 8, "16-bit rows, or 8- or 4-bit codes");
+  static_assert(BITS == 0 || (GS % C == 0 && D % GS == 0), "a scale group holds whole lanes");
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int sub = lane % LPP;           // the lane's coordinates: sub * C ..
+  const int pos = lane / LPP;           // its position among the warp's PPW
+
+  float qv[REP][C];
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      qv[h][c] = qs[h * D + sub * C + c];
+    }
+  }
+  float m[REP], l[REP], acc[REP][C];
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+    m[h] = TURBO_NEG_INF;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      acc[h][c] = 0.0f;
+    }
+  }
+
+  // A lane's part of a position's key or value row: its coordinates' bytes
+  // and, for codes, their group's scale and bias.
+  struct Row {
+    uint32_t w[LB / 4];
+    float scale, bias;
+  };
+  auto load_row = [&](const uint8_t* rows, const T* scales, const T* biases, size_t at, Row& r) {
+    const uint8_t* p = rows + at * RB + sub * LB;
+    if constexpr (LB % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < LB / 16; ++i) {
+        reinterpret_cast<uint4*>(r.w)[i] = reinterpret_cast<const uint4*>(p)[i];
+      }
+    } else if constexpr (LB == 8) {
+      *reinterpret_cast<uint2*>(r.w) = *reinterpret_cast<const uint2*>(p);
+    } else {
+      r.w[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+    if constexpr (BITS != 0) {
+      const size_t grp = at * NG + sub * C / GS;
+      r.scale = static_cast<float>(scales[grp]);
+      r.bias = static_cast<float>(biases[grp]);
+    }
+  };
+  // This lane's part of position t's key and value rows (zeros past the
+  // range: such positions are skipped below).
+  auto load = [&](int t, Row& kr, Row& vr) {
+    if (t < t1) {
+      load_row(reinterpret_cast<const uint8_t*>(k), ks, kb, base + t, kr);
+      load_row(reinterpret_cast<const uint8_t*>(v), vs, vb, base + t, vr);
+    } else {
+#pragma unroll
+      for (int i = 0; i < LB / 4; ++i) {
+        kr.w[i] = 0;
+        vr.w[i] = 0;
+      }
+      kr.scale = kr.bias = vr.scale = vr.bias = 0.0f;
+    }
+  };
+  // Coordinate c of a lane's row part as a float.
+  auto coordinate = [&](const Row& r, int c) -> float {
+    if constexpr (BITS == 0) {
+      return static_cast<float>(reinterpret_cast<const T*>(r.w)[c]);
+    } else {
+      const uint32_t code = (r.w[c * BITS / 32] >> ((c * BITS) % 32)) & ((1u << BITS) - 1);
+      return static_cast<float>(code) * r.scale + r.bias;
+    }
+  };
+
+  // The warp's positions, PPW at a time; the next ones are loaded while
+  // these are computed. Every lane runs every iteration (the shuffles need
+  // all 32).
+  Row kr, vr, kn, vn;
+  int t = t0 + warp * PPW + pos;
+  load(t, kr, vr);
+  for (int at = t0 + warp * PPW; at < t1; at += GROUPS) {
+    load(t + GROUPS, kn, vn);
+    const bool valid = t < t1;
+    float kf[C], vf[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      kf[c] = coordinate(kr, c);
+      vf[c] = coordinate(vr, c);
+    }
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        s += qv[h][c] * kf[c];
+      }
+#pragma unroll
+      for (int x = LPP / 2; x > 0; x >>= 1) {
+        s += __shfl_xor_sync(0xffffffff, s, x);
+      }
+      if (valid) {
+        const float mn = fmaxf(m[h], s);
+        const float corr = exp2f(m[h] - mn);   // m = -inf at first: 0
+        const float p = exp2f(s - mn);
+        l[h] = l[h] * corr + p;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          acc[h][c] = acc[h][c] * corr + p * vf[c];
+        }
+        m[h] = mn;
+      }
+    }
+    kr = kn;
+    vr = vn;
+    t += GROUPS;
+  }
+
+  // The warp's lane groups merged (all lanes end with the warp's state).
+#pragma unroll
+  for (int x = LPP; x < 32; x <<= 1) {
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      const float mo = __shfl_xor_sync(0xffffffff, m[h], x);
+      const float lo = __shfl_xor_sync(0xffffffff, l[h], x);
+      const float mn = fmaxf(m[h], mo);
+      const float f = m[h] == TURBO_NEG_INF ? 0.0f : exp2f(m[h] - mn);
+      const float fo = mo == TURBO_NEG_INF ? 0.0f : exp2f(mo - mn);
+      l[h] = l[h] * f + lo * fo;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const float ao = __shfl_xor_sync(0xffffffff, acc[h][c], x);
+        acc[h][c] = acc[h][c] * f + ao * fo;
+      }
+      m[h] = mn;
+    }
+  }
+  // Then the warps': each scales its sums to the heads' maxima and adds
+  // them into accw in turn (warp order, as a sum over the warps would).
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < REP; ++h) {
+      mw[warp * REP + h] = m[h];
+      lw[warp * REP + h] = l[h];
+    }
+  }
+  __syncthreads();
+  float f[REP];
+#pragma unroll
+  for (int h = 0; h < REP; ++h) {
+    float M = TURBO_NEG_INF;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      M = fmaxf(M, mw[w * REP + h]);
+    }
+    f[h] = m[h] == TURBO_NEG_INF ? 0.0f : exp2f(m[h] - M);
+  }
+  for (int w = 0; w < WARPS; ++w) {
+    if (warp == w) {
+      // A warp's lane groups hold the same state: group `pos` stores the
+      // heads h with h % PPW == pos.
+#pragma unroll
+      for (int h = 0; h < REP; ++h) {
+        if (h % PPW == pos) {
+          float4* dst = reinterpret_cast<float4*>(accw + h * D + sub * C);
+#pragma unroll
+          for (int i = 0; i < C / 4; ++i) {
+            float4 x = make_float4(acc[h][4 * i] * f[h], acc[h][4 * i + 1] * f[h], acc[h][4 * i + 2] * f[h], acc[h][4 * i + 3] * f[h]);
+            if (w > 0) {
+              const float4 y = dst[i];
+              x = make_float4(y.x + x.x, y.y + x.y, y.z + x.z, y.w + x.w);
+            }
+            dst[i] = x;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = tid; i < REP * D; i += WARPS * 32) {
+    const int h = i / D;
+    const int d = i % D;
+    const size_t r = o + (size_t)h * NS;
+    part_o[r * D + d] = accw[i];
+    if (d == 0) {
+      float M = TURBO_NEG_INF;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        M = fmaxf(M, mw[w * REP + h]);
+      }
+      float L = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) {
+        const float mwh = mw[w * REP + h];
+        L += mwh == TURBO_NEG_INF ? 0.0f : lw[w * REP + h] * exp2f(mwh - M);
+      }
+      part_ml[r * 2] = M;
+      part_ml[r * 2 + 1] = L;
+    }
+  }
+}
