@@ -515,35 +515,21 @@ pub fn affine_attend(q: &Array, keys: &[Array], values: &[Array], params: &Array
     split_attend(q, [kq, vq, ks, kb, vs, vb], params, written, (group_size, bits))
 }
 
-/// dense_attend.cu over (k, v, ks, kb, vs, vb) with (GS, BITS), then the merge.
-fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, codes: (i32, i32)) -> Result<Array> {
-    let hkv = kv[0].dim(1)?;
-    let ns = splits(written, q.dim(0)? * hkv);
-    let parts = split_partials(q, kv, params, ns, dense_template(q, hkv, codes))?;
-    merge(&parts, q.dtype(), None)
-}
-
-/// dense_attend.cu's template arguments for `q` over `hkv` heads of codes
-/// (GS, BITS) (BITS 0: 16-bit keys and values).
-fn dense_template(q: &Array, hkv: i32, (group_size, bits): (i32, i32)) -> Vec<(String, TemplateArg)> {
-    let qs = q.shape();
-    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.extend(ints(&[("D", qs[3]), ("REP", qs[1] / hkv), ("BITS", bits), ("GS", group_size)]));
-    template
-}
-
-/// dense_attend.cu's partials (`part_o`, `part_ml`) in `ns` splits.
-fn split_partials(q: &Array, kv: [&Array; 6], params: &Array, ns: i32, template: Vec<(String, TemplateArg)>) -> Result<[Array; 2]> {
+/// dense_attend.cu over (k, v, ks, kb, vs, vb) with codes (GS, BITS) (BITS
+/// 0: 16-bit keys and values), its partials then merged.
+fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group_size, bits): (i32, i32)) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     if params.dim(0)? - 2 != b {
         return Err(Error::Internal("the step's parameters name other rows than the query's"));
     }
-    let call = split_call([b, hq, kv[0].dim(1)?, ns, d], DENSE_THREADS, template);
+    let hkv = kv[0].dim(1)?;
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
+    template.extend(ints(&[("D", d), ("REP", hq / hkv), ("BITS", bits), ("GS", group_size)]));
+    let call = split_call([b, hq, hkv, splits(written, b * hkv), d], DENSE_THREADS, template);
     let [k, v, ks, kb, vs, vb] = kv;
     let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params, ks, kb, vs, vb], &call)?))?;
-    let [o, ml] = <[Array; 2]>::try_from(parts).map_err(|_| Error::Internal("attention partials without their two outputs"))?;
-    Ok([o, ml])
+    merge(&parts, q.dtype(), None)
 }
 
 /// Threads of a dense attention block (dense_attend.cu's THREADS).
