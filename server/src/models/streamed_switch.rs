@@ -251,7 +251,7 @@ impl StreamedSwitchGlu {
         // load, MLX's peak on the GPU at 100%).
         let mut by_slot = plan.installs.clone();
         by_slot.sort_unstable_by_key(|&(_, slot)| slot);
-        if by_slot.len() != st.pools.first().map_or(0, |p| p.dim(0).unwrap_or(0) as usize) {
+        if by_slot.len() != st.table.slots() {
             return Err(Error::Internal("a preload that does not fill every slot"));
         }
         st.pools.clear();
