@@ -137,9 +137,10 @@ fn the_server_reports_the_preset_and_what_a_token_costs() {
     let fp16_per_token = health["kv_cache"]["fp16_bytes_per_token"].as_f64().unwrap();
     std::thread::scope(|scope| {
         let running = scope.spawn(|| s.post_json("/v1/completions", &body));
-        // While it decodes, the cache holds compressed tokens.
+        // While it decodes, the cache holds compressed tokens: watched until
+        // the request ends (a count of polls ran out first on a busy machine).
         let mut held = None;
-        for _ in 0..2000 {
+        while !running.is_finished() {
             let h = s.get("/health").json();
             if let (Some(b), Some(t @ 1200..)) = (h["kv_cache"]["held_bytes_per_token"].as_f64(), h["engine"]["kv_cache_tokens"].as_u64()) {
                 held = Some((b, t as f64));
