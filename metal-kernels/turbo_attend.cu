@@ -35,9 +35,10 @@
 // float16 norm, padding to 4 bytes); params [2 + B] int32: positions written
 // (the same for all rows), the scale's float bits, each row's first
 // compressed position; signs [3, D]; kcent, vcent: centroids; sink_k, sink_v
-// [B, HKV, 4, D] (rotated); win_k, win_v [B, HKV, WCAP, D] of type S (the
-// window's buffers, rotated) and win_params [2 + B] int32 (the window's end
-// slot, the scale's bits (not read: params has them), each row's first slot).
+// [B, HKV, 4, D] (rotated); win [B, HKV, 2, WCAP, D] of type S (the
+// window's buffer: keys, then values, rotated) and win_params [2 + B] int32
+// (the window's end slot, the scale's bits (not read: params has them), each
+// row's first slot).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head): NS - 1 splits of the codes, then the
 // window. 128 threads a block (kernels.rs).
@@ -286,7 +287,9 @@ __syncthreads();
 // stages (clear of the queries once it has read them).
 if (window) {
   const int wfirst = win_params[2 + b];
-  turbo_lane_attend<S, 0, 32, D, REP>(qs, win_k, win_v, win_k, win_k, win_k, win_k, head * win_k_shape[2], wfirst,
+  // A head's keys are its 2 * WCAP slots' first half, its values the second.
+  const int wcap = win_shape[3];
+  turbo_lane_attend<S, 0, 32, D, REP>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, wfirst,
                                       win_params[0], mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
                                       (size_t)(b * HQ + g * REP) * NS + split, NS);
   return;

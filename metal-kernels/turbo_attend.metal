@@ -8,7 +8,7 @@
 // chunks of CH positions with one online-softmax step each, values summed in
 // the rotated basis. The last split attends the recent window instead
 // (recent.rs: the newest positions' rotated keys and values at 16 bits, in
-// win_k, win_v [B, HKV, WCAP, D] of type S; win_params [2 + B]: the end
+// win [B, HKV, 2, WCAP, D] of type S, keys then values; win_params [2 + B]: the end
 // slot, the scale's bits (not read), each row's first slot), through the
 // same chunks with plain loads.
 constexpr int MAXH = 2;                 // heads a warp serves at most (registers: 2 * 8 * MAXH)
@@ -95,7 +95,8 @@ const bool window = split == NS - 1;
 const int t0 = window ? win_params[2 + b] : first + split * per;
 const int count = window ? metal::max(win_params[0] - t0, 0) : metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
-const ulong wbase = head * win_k_shape[2];   // the window's slot 0 of this row and head
+const ulong wbase = head * 2 * win_shape[3];   // the window's key slot 0 of this row and head
+const ulong wvals = (ulong)win_shape[3] * D;     // its values: this far after its keys
 const device uint8_t* kvb = (const device uint8_t*)kv;
 
 // Split 0 starts from the sinks: the first warp of each set takes them as a
@@ -202,7 +203,7 @@ for (int c = ws; c * CH < count; c += WPS) {
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       if (window) {
-        kx[j] = i < limit ? static_cast<float>(win_k[wo + j]) : 0.0f;
+        kx[j] = i < limit ? static_cast<float>(win[wo + j]) : 0.0f;
       } else {
         kx[j] = KFMT == 0 ? turbo_byte(kw[n][j / 4], j % 4) : kc[int((kw[n][0] >> (4 * j)) & 15u)];
       }
@@ -263,7 +264,7 @@ for (int c = ws; c * CH < count; c += WPS) {
 #pragma unroll
     for (int j = 0; j < C; ++j) {
       if (window) {
-        vx[j] = i < limit ? static_cast<float>(win_v[wo + j]) : 0.0f;
+        vx[j] = i < limit ? static_cast<float>(win[wvals + wo + j]) : 0.0f;
       } else {
         vx[j] = vcs[turbo_value_code<VBITS>(vw[n], j)] * vnorm[n];
       }

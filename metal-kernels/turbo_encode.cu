@@ -6,10 +6,10 @@
 // the key's scales or norm, the value's norm, zeros to 4 bytes. One block of
 // D threads per vector pair.
 // Inputs: k, v [B, HKV, L, D]; signs [3, D]; kbounds/kcent and vbounds/vcent
-// (the codebooks, scaled for D). Outputs: o [B, HKV, L, ROW] uint8; rk, rv
-// [B, HKV, 1, D] of type T: the last position's rotated key and value as
+// (the codebooks, scaled for D). Outputs: o [B, HKV, L, ROW] uint8; rkv
+// [B, HKV, 2, 1, D] of type T: the last position's rotated key and value as
 // they were before quantization (a decode step's entry in the recent window,
-// recent.rs).
+// recent.rs, in its layout: one update puts both in).
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -24,8 +24,8 @@ __shared__ float group_hi[D / 32];
 const int bh = blockIdx.x;
 const int d = threadIdx.x;
 const int L = k_shape[2];
-const bool newest = bh % L == L - 1;    // the last position: also written to rk, rv
-const size_t wo = (size_t)(bh / L) * D + d;
+const bool newest = bh % L == L - 1;    // the last position: also written to rkv
+const size_t wo = (size_t)(bh / L) * 2 * D + d;   // its key's coordinate d (the value's D after)
 const float inv_sqrt_d = rsqrtf((float)D);
 uint8_t* row = o + (size_t)bh * ROW;
 if (d < ROW - (NOFF + 2)) {
@@ -38,7 +38,7 @@ turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
 if (newest) {
-  turbo_store(rk + wo, x[d]);
+  turbo_store(rkv + wo, x[d]);
 }
 if (KFMT == 0) {
   // Each group's range: every warp's by shuffles, then the group's warps'
@@ -89,7 +89,7 @@ turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
 if (newest) {
-  turbo_store(rv + wo, x[d]);
+  turbo_store(rkv + wo + D, x[d]);
 }
 float vn = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D);
 if (d == 0) {

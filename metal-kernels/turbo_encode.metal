@@ -1,6 +1,6 @@
 // Metal twin of turbo_encode.cu: encodes each position's key and value into
 // its TurboQuant row (codec.rs has the layout), and writes the last
-// position's rotated key and value to rk, rv [B, HKV, 1, D] (the recent
+// position's rotated key and value to rkv [B, HKV, 2, 1, D] (the recent
 // window's entry, recent.rs). One threadgroup of D threads per vector pair.
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
@@ -18,8 +18,8 @@ const uint tid = thread_index_in_threadgroup;
 const uint threads = threads_per_threadgroup.x;
 const int d = int(tid);
 const int L = int(k_shape[2]);
-const bool newest = int(bh) % L == L - 1;   // the last position: also written to rk, rv
-const ulong wo = (ulong)(int(bh) / L) * D + d;
+const bool newest = int(bh) % L == L - 1;   // the last position: also written to rkv
+const ulong wo = (ulong)(int(bh) / L) * 2 * D + d;   // its key's coordinate d (the value's D after)
 const float inv_sqrt_d = metal::rsqrt(float(D));
 device uint8_t* row = o + bh * ROW;
 if (d < ROW - (NOFF + 2)) {
@@ -31,7 +31,7 @@ turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 if (newest) {
-  turbo_store(rk + wo, x[d]);
+  turbo_store(rkv + wo, x[d]);
 }
 if (KFMT == 0) {
   const int g = d / KG;
@@ -74,7 +74,7 @@ turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 if (newest) {
-  turbo_store(rv + wo, x[d]);
+  turbo_store(rkv + wo + D, x[d]);
 }
 float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D, tid, threads);
 if (d == 0) {

@@ -70,7 +70,7 @@ def compile_one(lib, includes, name, src):
 def turbo_attend_io(t):
     """turbo_attend's (inputs, outputs) for element type t ("bf16", "f16", "f32"), as kernels.rs names them."""
     return ([("q", t), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("sink_k", t), ("sink_v", t),
-             ("win_k", t), ("win_v", t), ("win_params", "i32")],
+             ("win", t), ("win_params", "i32")],
             [("part_o", "f32"), ("part_ml", "f32")])
 
 def main():
@@ -82,7 +82,7 @@ def main():
     for t, (d, kfmt, kbits, vbits) in itertools.product(["@bf16", "@f16", "@f32"], [(64, 0, 4, 4), (128, 0, 4, 3), (256, 0, 4, 3), (256, 1, 4, 3), (128, 1, 4, 3)]):
         kg = min(d, 128)
         common = {"T": t, "D": d, "KFMT": kfmt, "KBITS": kbits, "KG": kg, "VBITS": vbits}
-        cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], [("o", "u8"), ("rk", t[1:]), ("rv", t[1:])], common))
+        cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], [("o", "u8"), ("rkv", t[1:])], common))
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue

@@ -140,7 +140,7 @@ fn main() -> Res<()> {
                     let sink_shape = [s.rows, s.kv_heads, SINKS, s.head_dim];
                     let mut sets = Vec::with_capacity(s.layers);
                     for layer in 0..s.layers as u64 {
-                        let [rows, _, _] = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
+                        let [rows, _] = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
                         let sinks = [normal(&sink_shape, 300 + layer)?, normal(&sink_shape, 400 + layer)?];
                         eval(&[&rows, &sinks[0], &sinks[1]])?;
                         sets.push((rows, sinks));
@@ -148,11 +148,10 @@ fn main() -> Res<()> {
                     // The newest RECENT positions read from a full window, the rest from codes.
                     let cut = ctx - RECENT;
                     let params = kernels::step_params(cut, scale, &vec![SINKS; s.rows as usize])?;
-                    let window_shape = [s.rows, s.kv_heads, ROOM, s.head_dim];
-                    let (wk, wv) = (normal(&window_shape, 500)?, normal(&window_shape, 600)?);
+                    let win = normal(&[s.rows, s.kv_heads, 2, ROOM, s.head_dim], 500)?;
                     let window_params = kernels::step_params(ROOM, scale, &vec![ROOM - RECENT; s.rows as usize])?;
-                    eval(&[&params, &wk, &wv, &window_params])?;
-                    let window = kernels::Window { buffers: [&wk, &wv], params: &window_params };
+                    eval(&[&params, &win, &window_params])?;
+                    let window = kernels::Window { buffer: &win, params: &window_params };
                     let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, cut, &window)?)).collect())?;
                     let kern = format!("{:.3} ({:.3})", step.1, step.0);
                     let step = time(5, steps, || {

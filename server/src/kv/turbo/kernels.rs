@@ -116,18 +116,18 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let sinks = [rotated(&k, 0, SINKS)?, rotated(&v, 0, SINKS)?];
     // The last `held` positions read from an unquantized window: slots 3..11
     // of a buffer with older positions before them and room after (as
-    // `recent.rs` keeps it: keys and values rotated).
+    // `recent.rs` keeps it: keys and values rotated, in one buffer).
     let (held, cut, scale) = (8, len - 8, (d as f32).powf(-0.5));
-    let room = |x: Array| -> Result<Array> { Ok(ops::concatenate(&[&normal(&[1, hkv, 3, d], 4)?, &x, &ops::zeros(&[1, hkv, 4, d], Dtype::Float32)?], 2)?) };
-    let (wk, wv) = (room(rotated(&k, cut, len)?)?, room(rotated(&v, cut, len)?)?);
-    let [body, newest_k, newest_v] = encode(&codec, &k, &v)?;
+    let room = |x: Array| -> Result<Array> { Ok(ops::concatenate(&[&normal(&[1, hkv, 2, 3, d], 4)?, &x, &ops::zeros(&[1, hkv, 2, 4, d], Dtype::Float32)?], 3)?) };
+    let win = room(ops::stack(&[&rotated(&k, cut, len)?, &rotated(&v, cut, len)?], 2)?)?;
+    let [body, newest] = encode(&codec, &k, &v)?;
     let params = step_params(cut, scale, &[SINKS])?;
     let window_params = step_params(3 + held, scale, &[3])?;
-    let window = Window { buffers: [&wk, &wv], params: &window_params };
+    let window = Window { buffer: &win, params: &window_params };
     let got = attend(&codec, &q, &sinks, &body, &params, cut, &window)?;
     // The encode kernel's 16-bit form of the last position is its rotation.
-    let off = |a: &Array, x: &Array| max_difference(a, &rotated(x, len - 1, len)?);
-    let window_diff = off(&newest_k, &k)?.max(off(&newest_v, &v)?);
+    let want_newest = ops::stack(&[&rotated(&k, len - 1, len)?, &rotated(&v, len - 1, len)?], 2)?;
+    let window_diff = max_difference(&newest, &want_newest)?;
     if window_diff > 1e-3 || !window_diff.is_finite() {
         return Ok(Some(format!("the rotated newest position differs by {window_diff}")));
     }
@@ -205,9 +205,9 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
         if !map.contains_key(name) {
             let sources = sources(lang)?;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rk", "rv"], &sources[1]),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rkv"], &sources[1]),
                 "turbo_attend" => {
-                    let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win_k", "win_v", "win_params"];
+                    let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params"];
                     (inputs, &["part_o", "part_ml"], &sources[2])
                 }
                 "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb"], &["part_o", "part_ml"], DENSE_CUDA),
@@ -235,18 +235,17 @@ fn key_code(codec: &Codec) -> (i32, i32) {
 
 /// The rows of the positions of `k`, `v` [B, HKV, L, D] (not rotated),
 /// [B, HKV, L, row bytes] uint8 (one block per vector pair), and the last
-/// position's key and value rotated, [B, HKV, 1, D] of the codec's dtype (a
-/// decode step's entry in the recent window).
-pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 3]> {
+/// position's key and value rotated, [B, HKV, 2, 1, D] of the codec's dtype
+/// (a decode step's entry in the recent window, in its layout).
+pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 2]> {
     let s = k.shape();
     let (b, h, len, d) = (s[0], s[1], s[2], s[3]);
     let (kfmt, kbits) = key_code(codec);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(codec.dtype))];
     template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", affine_group(d)), ("VBITS", codec.format.value_bits as i32)]));
-    let newest = (vec![b, h, 1, d], codec.dtype);
     let call = KernelCall {
-        outputs: vec![(vec![b, h, len, codec.row_bytes()], Dtype::Uint8), newest.clone(), newest],
+        outputs: vec![(vec![b, h, len, codec.row_bytes()], Dtype::Uint8), (vec![b, h, 2, 1, d], codec.dtype)],
         grid: (b * h * len * d, 1, 1),
         thread_group: (d, 1, 1),
         template,
@@ -257,7 +256,7 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 3]> {
     let out = with_kernel("turbo_encode", |kern| {
         Ok(kern.apply(&[&k, &v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids], &call)?)
     })?;
-    <[Array; 3]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant encode kernel without its three outputs"))
+    <[Array; 2]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant encode kernel without its two outputs"))
 }
 
 /// Blocks an attention call aims for: two per multiprocessor of an H100.
@@ -296,11 +295,11 @@ pub fn step_params(written: i32, scale: f32, pads: &[i32]) -> Result<Array> {
 }
 
 /// The recent window's part of a decode step (see `recent.rs`): its whole
-/// buffers (rotated keys and values, [B, HKV, capacity, D] of the codec's
-/// dtype) and `params` from [`step_params`] over them (the end slot, the
+/// buffer (rotated keys and values, [B, HKV, 2, capacity, D] of the codec's
+/// dtype) and `params` from [`step_params`] over it (the end slot, the
 /// scale, each row's first slot read): row b reads slots first_b..end.
 pub struct Window<'a> {
-    pub buffers: [&'a Array; 2],
+    pub buffer: &'a Array,
     pub params: &'a Array,
 }
 
@@ -329,12 +328,11 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         ("VBITS", codec.format.value_bits as i32),
     ]));
     let call = split_call([b, hq, hkv, ns, d], threads, template);
-    let [wk, wv] = window.buffers;
-    if wk.dtype() != codec.dtype || wv.dtype() != codec.dtype {
+    if window.buffer.dtype() != codec.dtype {
         return Err(Error::Internal("the recent window's dtype is not the codec's"));
     }
     let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], wk, wv, window.params], &call)?)
+        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params], &call)?)
     })?;
     merge(&parts, q.dtype(), Some(&t.signs))
 }

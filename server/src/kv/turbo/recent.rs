@@ -55,24 +55,38 @@ fn room() -> i32 {
     room_for(window())
 }
 
+/// The newest [`window`] positions of `keys` and `values` ([B, H, n, D])
+/// as one [B, H, 2, m, D] array: the window's layout, keys then values (so a
+/// decode step's new position goes in with one update), the form
+/// [`Recent::new`] and [`Recent::push`] take.
+pub fn pair(keys: &Array, values: &Array) -> Result<Array> {
+    let n = keys.dim(2)?;
+    let newest = |x: &Array| ops::slice_axis(x, 2, (n - window()).max(0), n);
+    Ok(ops::stack(&[&newest(keys)?, &newest(values)?], 2)?)
+}
+
 #[derive(Clone)]
 pub struct Recent {
-    /// [B, kv_heads, room(), D] each; the first `filled` positions are
-    /// the body's last `filled` columns, oldest first. Attention reads the
-    /// newest [`window`] of them (see [`Recent::held`]).
-    keys: Array,
-    values: Array,
+    /// [B, kv_heads, 2, room(), D]: keys at index 0 of the third axis,
+    /// values at 1; the first `filled` slots are the body's last `filled`
+    /// columns, oldest first. Attention reads the newest [`window`] of them
+    /// (see [`Recent::held`]).
+    pairs: Array,
     filled: i32,
 }
 
+/// The slots axis of the window's buffer.
+const SLOTS: i32 = 3;
+
 impl Recent {
-    /// The newest (at most [`window`]) of `keys`, `values` ([B, H, n, D]: the
-    /// body's newest n columns, rotated), kept as `dtype` (the model's).
-    pub fn new(keys: &Array, values: &Array, dtype: Dtype) -> Result<Recent> {
-        let s = keys.shape();
-        let room = ops::zeros(&[s[0], s[1], room(), s[3]], dtype)?;
-        let mut recent = Recent { keys: room.clone(), values: room, filled: 0 };
-        recent.push(keys, values)?;
+    /// The newest (at most [`window`]) of `pairs` ([B, H, 2, n, D], from
+    /// [`pair`]: the body's newest n columns, rotated), kept as `dtype` (the
+    /// model's).
+    pub fn new(pairs: &Array, dtype: Dtype) -> Result<Recent> {
+        let s = pairs.shape();
+        let room = ops::zeros(&[s[0], s[1], 2, room(), s[4]], dtype)?;
+        let mut recent = Recent { pairs: room, filled: 0 };
+        recent.push(pairs)?;
         Ok(recent)
     }
 
@@ -82,46 +96,41 @@ impl Recent {
         self.filled.min(window())
     }
 
-    /// The buffers' slot of the oldest position attention reads.
+    /// The buffer's slot of the oldest position attention reads.
     pub fn start(&self) -> i32 {
         self.filled - self.held()
     }
 
-    /// The buffers' slots in use: attention reads `start()..filled()`.
+    /// The buffer's slots in use: attention reads `start()..filled()`.
     pub fn filled(&self) -> i32 {
         self.filled
     }
 
-    /// Appends the body's next columns (`keys`, `values` [B, H, n, D];
-    /// rotated), keeping the newest [`window`] once the room is used up.
-    pub fn push(&mut self, keys: &Array, values: &Array) -> Result<()> {
-        let n = keys.dim(2)?;
-        let room = self.keys.dim(2)?;
-        let dtype = self.keys.dtype();
-        let as_held = |x: &Array| -> Result<Array> { Ok(if x.dtype() == dtype { x.clone() } else { ops::astype(x, dtype)? }) };
-        let (k, v) = (as_held(keys)?, as_held(values)?);
+    /// Appends the body's next columns (`pairs` [B, H, 2, n, D], from
+    /// [`pair`] or the encode kernel; rotated), keeping the newest
+    /// [`window`] once the room is used up.
+    pub fn push(&mut self, pairs: &Array) -> Result<()> {
+        let n = pairs.dim(SLOTS)?;
+        let room = self.pairs.dim(SLOTS)?;
+        let dtype = self.pairs.dtype();
+        let new = if pairs.dtype() == dtype { pairs.clone() } else { ops::astype(pairs, dtype)? };
         if self.filled + n <= room {
-            let s = self.keys.shape();
-            let (start, stop) = ([0, 0, self.filled, 0], [s[0], s[1], self.filled + n, s[3]]);
-            self.keys = ops::slice_update(&self.keys, &k, &start, &stop, &[1, 1, 1, 1])?;
-            self.values = ops::slice_update(&self.values, &v, &start, &stop, &[1, 1, 1, 1])?;
+            let s = self.pairs.shape();
+            let (start, stop) = ([0, 0, 0, self.filled, 0], [s[0], s[1], 2, self.filled + n, s[4]]);
+            self.pairs = ops::slice_update(&self.pairs, &new, &start, &stop, &[1, 1, 1, 1, 1])?;
             self.filled += n;
             return Ok(());
         }
         // Full: the newest `window` of what is held and the new positions.
         let w = window();
         let keep = (w - n).clamp(0, self.filled);
-        let tail = |buf: &Array, new: &Array| -> Result<Array> {
-            let old = ops::slice_axis(buf, 2, self.filled - keep, self.filled)?;
-            let joined = ops::concatenate(&[&old, new], 2)?;
-            let len = joined.dim(2)?;
-            let last = ops::slice_axis(&joined, 2, (len - w).max(0), len)?;
-            let mut pad_shape = last.shape();
-            pad_shape[2] = room - last.dim(2)?;
-            Ok(ops::concatenate(&[&last, &ops::zeros(&pad_shape, last.dtype())?], 2)?)
-        };
-        self.keys = tail(&self.keys, &k)?;
-        self.values = tail(&self.values, &v)?;
+        let old = ops::slice_axis(&self.pairs, SLOTS, self.filled - keep, self.filled)?;
+        let joined = ops::concatenate(&[&old, &new], SLOTS)?;
+        let len = joined.dim(SLOTS)?;
+        let last = ops::slice_axis(&joined, SLOTS, (len - w).max(0), len)?;
+        let mut pad_shape = last.shape();
+        pad_shape[SLOTS as usize] = room - last.dim(SLOTS)?;
+        self.pairs = ops::concatenate(&[&last, &ops::zeros(&pad_shape, dtype)?], SLOTS)?;
         self.filled = (keep + n).min(w);
         Ok(())
     }
@@ -131,33 +140,37 @@ impl Recent {
         self.filled -= n.clamp(0, self.filled);
     }
 
-    /// The keys and values attention reads, [B, H, held, D].
-    pub fn views(&self) -> Result<[Array; 2]> {
-        let start = self.start();
-        Ok([ops::slice_axis(&self.keys, 2, start, self.filled)?, ops::slice_axis(&self.values, 2, start, self.filled)?])
+    /// Rows `rows` and slots `from..to` of the keys (`which` 0) or values
+    /// (1), [rows, H, to - from, D].
+    fn part(&self, rows: (i32, i32), which: i32, from: i32, to: i32) -> Result<Array> {
+        let s = self.pairs.shape();
+        let slots = ops::slice(&self.pairs, &[rows.0, 0, which, from, 0], &[rows.1, s[1], which + 1, to, s[4]], &[1, 1, 1, 1, 1])?;
+        Ok(ops::squeeze(&slots, &[2])?)
     }
 
-    /// The whole buffers (the GPU kernels read `start()..filled()` of them).
-    pub fn buffers(&self) -> [&Array; 2] {
-        [&self.keys, &self.values]
+    /// The keys and values attention reads, [B, H, held, D].
+    pub fn views(&self) -> Result<[Array; 2]> {
+        let rows = (0, self.pairs.dim(0)?);
+        Ok([self.part(rows, 0, self.start(), self.filled)?, self.part(rows, 1, self.start(), self.filled)?])
+    }
+
+    /// The whole buffer (the GPU kernels read slots `start()..filled()` of it).
+    pub fn buffer(&self) -> &Array {
+        &self.pairs
     }
 
     /// Row `b`'s held positions that are its tokens (`tokens`: how many it
-    /// holds past its sinks), [1, H, m, D] each.
+    /// holds past its sinks), keys and values [1, H, m, D].
     pub fn row(&self, b: usize, tokens: i32) -> Result<[Array; 2]> {
         let m = self.held().min(tokens.max(0));
-        let b = b as i32;
-        let part = |x: &Array| -> Result<Array> {
-            let s = x.shape();
-            Ok(ops::slice(x, &[b, 0, self.filled - m, 0], &[b + 1, s[1], self.filled, s[3]], &[1, 1, 1, 1])?)
-        };
-        Ok([part(&self.keys)?, part(&self.values)?])
+        let (b, from) = (b as i32, self.filled - m);
+        Ok([self.part((b, b + 1), 0, from, self.filled)?, self.part((b, b + 1), 1, from, self.filled)?])
     }
 
     /// A batch's window from its rows' windows (`rows`: each row's exact
-    /// newest positions, [1, H, m_b, D]) over `decoded`: the batch body's
-    /// last columns decoded from their codes ([B, H, held, D], the model's
-    /// dtype, rotated), which stand in where a row's window is shorter.
+    /// newest keys and values, [1, H, m_b, D]) over `decoded`: the batch
+    /// body's last columns decoded from their codes ([B, H, held, D], the
+    /// model's dtype, rotated), which stand in where a row's window is shorter.
     pub fn from_rows(rows: &[[Array; 2]], decoded: [Array; 2]) -> Result<Recent> {
         let [mut keys, mut values] = decoded;
         let held = keys.dim(2)?;
@@ -174,15 +187,15 @@ impl Recent {
             values = ops::slice_update(&values, &ops::astype(&rv, keys.dtype())?, &start, &stop, &[1, 1, 1, 1])?;
         }
         let dtype = keys.dtype();
-        Recent::new(&keys, &values, dtype)
+        Recent::new(&pair(&keys, &values)?, dtype)
     }
 
     pub fn nbytes(&self) -> usize {
-        self.keys.nbytes() + self.values.nbytes()
+        self.pairs.nbytes()
     }
 
     pub fn arrays(&self) -> Vec<Array> {
-        vec![self.keys.clone(), self.values.clone()]
+        vec![self.pairs.clone()]
     }
 }
 
@@ -205,28 +218,38 @@ mod tests {
         Array::from_slice(&v, &[1, 1, to - from, 1]).unwrap()
     }
 
+    /// Positions from..to as keys and their negatives as values, in the window's layout.
+    fn both(from: i32, to: i32) -> Array {
+        let k = positions(from, to);
+        pair(&k, &ops::negative(&k).unwrap()).unwrap()
+    }
+
+    /// The keys attention reads (checking the values are their negatives).
     fn read(r: &Recent) -> Vec<f32> {
-        values(&r.views().unwrap()[0])
+        let [k, v] = r.views().unwrap();
+        let keys = values(&k);
+        assert_eq!(values(&v), keys.iter().map(|x| -x).collect::<Vec<_>>());
+        keys
     }
 
     #[test]
     fn the_window_keeps_the_newest_positions_as_it_fills_and_shifts() {
         TEST_RECENT.with(|w| w.set(Some(4)));
-        let mut r = Recent::new(&positions(0, 10), &positions(0, 10), Dtype::Float32).unwrap();
+        let mut r = Recent::new(&both(0, 10), Dtype::Float32).unwrap();
         assert_eq!((r.held(), read(&r)), (4, vec![6.0, 7.0, 8.0, 9.0]));
         // Its room (6) fills a position at a time, then it copies its newest down.
         for p in 10..13 {
-            r.push(&positions(p, p + 1), &positions(p, p + 1)).unwrap();
+            r.push(&both(p, p + 1)).unwrap();
             assert_eq!(read(&r), ((p - 3)..=p).map(|x| x as f32).collect::<Vec<_>>());
         }
         assert_eq!(r.filled(), 4, "copied down once its room was used up");
         // A chunk longer than the window leaves its own newest.
-        r.push(&positions(13, 20), &positions(13, 20)).unwrap();
+        r.push(&both(13, 20)).unwrap();
         assert_eq!(read(&r), vec![16.0, 17.0, 18.0, 19.0]);
         // A rewind reads fewer until new positions come.
         r.trim(2);
         assert_eq!(read(&r), vec![16.0, 17.0]);
-        r.push(&positions(18, 19), &positions(18, 19)).unwrap();
+        r.push(&both(18, 19)).unwrap();
         assert_eq!(read(&r), vec![16.0, 17.0, 18.0]);
         // A row's part: only its own tokens.
         assert_eq!(values(&r.row(0, 2).unwrap()[0]), vec![17.0, 18.0]);
@@ -236,7 +259,8 @@ mod tests {
     #[test]
     fn a_batch_window_takes_each_rows_own_positions_over_the_decoded_ones() {
         let decoded = ops::zeros(&[2, 1, 3, 1], Dtype::Float32).unwrap();
-        let rows = [[positions(5, 7), positions(5, 7)], [positions(0, 0), positions(0, 0)]];
+        let negated = |x: Array| ops::negative(&x).unwrap();
+        let rows = [[positions(5, 7), negated(positions(5, 7))], [positions(0, 0), positions(0, 0)]];
         let r = Recent::from_rows(&rows, [decoded.clone(), decoded]).unwrap();
         assert_eq!(r.held(), 3);
         // Row 0 held its last two exactly, the third comes from codes; row 1 none.

@@ -63,7 +63,7 @@ impl TurboStore {
         };
         let sinks = [sink(keys)?, sink(values)?];
         let encoded = if kernels::encode_applies(&codec) {
-            let [rows, _, _] = kernels::encode(&codec, keys, values)?;
+            let [rows, _] = kernels::encode(&codec, keys, values)?;
             rows
         } else {
             codec.encode(&codec.rotation.apply(keys)?, &codec.rotation.apply(values)?)?
@@ -71,7 +71,7 @@ impl TurboStore {
         let written = rows.written();
         let newest = |x: &Array| ops::slice_axis(x, 2, (written - recent::window()).max(0), written);
         let rotated = |x: &Array| codec.rotation.apply(&newest(x)?);
-        let recent = Recent::new(&rotated(keys)?, &rotated(values)?, dtype)?;
+        let recent = Recent::new(&recent::pair(&rotated(keys)?, &rotated(values)?)?, dtype)?;
         Ok(TurboStore { sinks, body: rows.with_buffers(vec![encoded], SINKS), recent, codec })
     }
 
@@ -117,9 +117,9 @@ impl TurboStore {
     /// A decode step through the GPU kernels: the new token encoded by one,
     /// attention read from the packed buffers by the others.
     fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
-        let [encoded, rotated_k, rotated_v] = kernels::encode(&self.codec, keys, values)?;
+        let [encoded, rotated] = kernels::encode(&self.codec, keys, values)?;
         self.body.append(&[encoded])?;
-        self.recent.push(&rotated_k, &rotated_v)?;
+        self.recent.push(&rotated)?;
         let (body, cut, recent) = (&self.body, self.cut(), &self.recent);
         let params = body.step_params_to(cut, args.scale, masks)?;
         // Each row's first slot the window reads: the window's start, or
@@ -130,7 +130,7 @@ impl TurboStore {
         layout.extend(&firsts);
         let window_params = masks.array(MaskKey { kind: "turbo-window-params", layout }, || kernels::step_params(end, args.scale, &firsts))?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
-        let window = kernels::Window { buffers: recent.buffers(), params: &window_params };
+        let window = kernels::Window { buffer: recent.buffer(), params: &window_params };
         kernels::attend(&self.codec, queries, &self.sinks, rows, &params, cut, &window)
     }
 }
@@ -174,7 +174,7 @@ impl KvStore for TurboStore {
         };
         let (kr, vr) = (rot.apply(keys)?, rot.apply(values)?);
         let mut views = self.body.append(&[self.codec.encode(&kr, &vr)?])?;
-        self.recent.push(&kr, &vr)?;
+        self.recent.push(&recent::pair(&kr, &vr)?)?;
         // The window's start in the views' columns.
         let mut cut = self.cut();
         if let Some(pad) = common_pad.filter(|&p| p > 0) {
