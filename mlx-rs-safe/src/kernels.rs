@@ -225,14 +225,81 @@ pub fn compact(code: &str) -> String {
     out
 }
 
+/// Where [`cuda_includes`] writes kernel files: `$XDG_CACHE_HOME/mlx-serve/kernels`,
+/// else `~/.cache/mlx-serve/kernels`, else the temporary folder's `mlx-serve-kernels`
+/// (a cache folder, not the temporary one, where it can: a long-running server
+/// compiles a kernel instance when a new shape first comes, maybe days after
+/// start, and temporary folders get cleaned).
+fn kernel_dir() -> std::path::PathBuf {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+    match (env("XDG_CACHE_HOME"), env("HOME")) {
+        (Some(cache), _) => cache.join("mlx-serve/kernels"),
+        (None, Some(home)) => home.join(".cache/mlx-serve/kernels"),
+        _ => std::env::temp_dir().join("mlx-serve-kernels"),
+    }
+}
+
+/// `text` as a file of `dir` named by its contents (`{hash}.{ext}`), written
+/// once (to a temporary name, then renamed: a reader never sees part of it)
+/// and read back; its path, or None where it cannot be written or read.
+fn content_file(dir: &std::path::Path, text: &str, ext: &str) -> Option<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    text.hash(&mut h);
+    let path = dir.join(format!("{:016x}.{ext}", h.finish()));
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
+        std::fs::create_dir_all(dir).ok()?;
+        let tmp = dir.join(format!(".{:016x}.{}.tmp", h.finish(), std::process::id()));
+        std::fs::write(&tmp, text).ok()?;
+        std::fs::rename(&tmp, &path).ok()?;
+    }
+    (std::fs::read_to_string(&path).ok()? == text).then_some(path)
+}
+
+/// A CUDA kernel's (header, source) for MLX as `#include` lines of files in
+/// `dir` holding the real ones. MLX's CUDA custom kernels rebuild their whole
+/// source text (header, signature, body) on every call and hash it at every
+/// evaluation, to find the compiled module: host time per launch in
+/// proportion to the text (the TurboQuant kernels' is ~24 KB), on a decode
+/// step that is host-bound. Included, the text is a few hundred bytes
+/// whatever the kernel; NVRTC reads the files when it compiles (an include
+/// inside the kernel's body pastes it there, as the inline text was). The
+/// body's line names each `<input>_shape`, `_strides` and `_ndim` the source
+/// uses, since MLX passes those only to a source that names them. None where
+/// the files cannot be written and read back (the text then goes inline).
+fn cuda_includes(dir: &std::path::Path, header: &str, source: &str, inputs: &[&str]) -> Option<(String, String)> {
+    let include = |text: &str, ext: &str| -> Option<String> {
+        let path = content_file(dir, text, ext)?;
+        let shown = path.to_str().filter(|p| !p.contains(['"', '\\', '\n']))?;
+        Some(format!("#include \"{shown}\"\n"))
+    };
+    let header = if header.trim().is_empty() { String::new() } else { include(header, "cuh")? };
+    let mut body = include(source, "cu")?;
+    let used: Vec<String> = inputs
+        .iter()
+        .flat_map(|n| ["_shape", "_strides", "_ndim"].map(|suffix| format!("{n}{suffix}")))
+        .filter(|token| source.contains(token.as_str()))
+        .collect();
+    if !used.is_empty() {
+        body.push_str(&format!("// {}\n", used.join(" ")));
+    }
+    Some((header, body))
+}
+
 impl CustomKernel {
     /// Creates a kernel in `language` from `src`. Nothing is compiled yet: MLX
-    /// compiles on first apply, per set of template arguments.
+    /// compiles on first apply, per set of template arguments. CUDA kernels
+    /// go to MLX as includes of their files ([`cuda_includes`]), Metal ones
+    /// (and CUDA ones where the files cannot be written) inline, compacted.
     pub fn new(language: KernelLanguage, src: &KernelSource<'_>) -> Result<CustomKernel> {
         init();
         let name = cstring(src.name, "the kernel name")?;
-        let source = cstring(&compact(src.source), "the kernel source")?;
-        let header = cstring(&compact(src.header), "the kernel header")?;
+        let included = (language == KernelLanguage::Cuda)
+            .then(|| cuda_includes(&kernel_dir(), src.header, src.source, src.input_names))
+            .flatten();
+        let (header, source) = included.unwrap_or_else(|| (compact(src.header), compact(src.source)));
+        let source = cstring(&source, "the kernel source")?;
+        let header = cstring(&header, "the kernel header")?;
         let inputs = Names::new(src.input_names)?;
         let outputs = Names::new(src.output_names)?;
         // SAFETY: all strings are NUL-terminated and outlive the call; the name
@@ -392,3 +459,36 @@ apply_fn!(
     mlx_fast_cuda_kernel_config_add_template_arg_int, mlx_fast_cuda_kernel_config_add_template_arg_bool,
     mlx_fast_cuda_kernel_apply
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cuda_kernel_goes_to_mlx_as_includes_of_its_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let (header, source) = ("// helpers\n__device__ int twice(int x) { return 2 * x; }\n", "out[0] = twice(a_shape[0]) + b[0];\n");
+        let (h, s) = cuda_includes(dir.path(), header, source, &["a", "b"]).unwrap();
+        // Each line includes a file holding the text as written (comments kept).
+        let file = |line: &str| std::fs::read_to_string(line.trim_start_matches("#include \"").split('"').next().unwrap()).unwrap();
+        assert_eq!(file(&h), header);
+        let mut lines = s.lines();
+        assert_eq!(file(lines.next().unwrap()), source);
+        // The shapes the source reads are named, so MLX passes them.
+        assert_eq!(lines.next(), Some("// a_shape"));
+        assert_eq!(lines.next(), None);
+        // Written once: the same text finds the same file, other text another.
+        assert_eq!(cuda_includes(dir.path(), header, source, &["a", "b"]).unwrap(), (h.clone(), s.clone()));
+        let (h2, _) = cuda_includes(dir.path(), "__device__ int thrice(int x);\n", source, &["a", "b"]).unwrap();
+        assert_ne!(h2, h);
+        assert!(cuda_includes(dir.path(), "", source, &[]).unwrap().0.is_empty(), "no header, no include");
+    }
+
+    #[test]
+    fn a_folder_that_cannot_be_written_leaves_the_text_inline() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocked = dir.path().join("a-file");
+        std::fs::write(&blocked, "not a folder").unwrap();
+        assert_eq!(cuda_includes(&blocked.join("kernels"), "", "out[0] = 1;\n", &[]), None);
+    }
+}
