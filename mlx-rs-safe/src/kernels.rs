@@ -226,17 +226,13 @@ pub fn compact(code: &str) -> String {
 }
 
 /// Where [`cuda_includes`] writes kernel files: `$XDG_CACHE_HOME/mlx-serve/kernels`,
-/// else `~/.cache/mlx-serve/kernels`, else the temporary folder's `mlx-serve-kernels`
-/// (a cache folder, not the temporary one, where it can: a long-running server
-/// compiles a kernel instance when a new shape first comes, maybe days after
-/// start, and temporary folders get cleaned).
-fn kernel_dir() -> std::path::PathBuf {
+/// else `~/.cache/mlx-serve/kernels`; None without either. A user's cache
+/// folder, not the temporary one: a long-running server compiles a kernel
+/// instance when a new shape first comes, maybe days after start, and
+/// temporary folders get cleaned; and another user could put files there.
+fn kernel_dir() -> Option<std::path::PathBuf> {
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
-    match (env("XDG_CACHE_HOME"), env("HOME")) {
-        (Some(cache), _) => cache.join("mlx-serve/kernels"),
-        (None, Some(home)) => home.join(".cache/mlx-serve/kernels"),
-        _ => std::env::temp_dir().join("mlx-serve-kernels"),
-    }
+    env("XDG_CACHE_HOME").map(|cache| cache.join("mlx-serve/kernels")).or_else(|| Some(env("HOME")?.join(".cache/mlx-serve/kernels")))
 }
 
 /// `text` as a file of `dir` named by its contents (`{hash}.{ext}`), written
@@ -266,7 +262,8 @@ fn content_file(dir: &std::path::Path, text: &str, ext: &str) -> Option<std::pat
 /// inside the kernel's body pastes it there, as the inline text was). The
 /// body's line names each `<input>_shape`, `_strides` and `_ndim` the source
 /// uses, since MLX passes those only to a source that names them. None where
-/// the files cannot be written and read back (the text then goes inline).
+/// the files cannot be written and read back (the text then goes inline, as
+/// it does without a cache folder).
 fn cuda_includes(dir: &std::path::Path, header: &str, source: &str, inputs: &[&str]) -> Option<(String, String)> {
     let include = |text: &str, ext: &str| -> Option<String> {
         let path = content_file(dir, text, ext)?;
@@ -295,7 +292,7 @@ impl CustomKernel {
         init();
         let name = cstring(src.name, "the kernel name")?;
         let included = (language == KernelLanguage::Cuda)
-            .then(|| cuda_includes(&kernel_dir(), src.header, src.source, src.input_names))
+            .then(|| cuda_includes(&kernel_dir()?, src.header, src.source, src.input_names))
             .flatten();
         let (header, source) = included.unwrap_or_else(|| (compact(src.header), compact(src.source)));
         let source = cstring(&source, "the kernel source")?;
