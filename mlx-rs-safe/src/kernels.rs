@@ -236,16 +236,21 @@ fn kernel_dir() -> Option<std::path::PathBuf> {
 }
 
 /// `text` as a file of `dir` named by its contents (`{hash}.{ext}`), written
-/// once (to a temporary name, then renamed: a reader never sees part of it)
-/// and read back; its path, or None where it cannot be written or read.
+/// once (to a temporary name of this call's own, then renamed: a reader never
+/// sees part of it, and two threads making the same kernel never write into
+/// one temporary file) and read back; its path, or None where it cannot be
+/// written or read.
 fn content_file(dir: &std::path::Path, text: &str, ext: &str) -> Option<std::path::PathBuf> {
     use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
     let mut h = std::hash::DefaultHasher::new();
     text.hash(&mut h);
-    let path = dir.join(format!("{:016x}.{ext}", h.finish()));
+    let name = format!("{:016x}", h.finish());
+    let path = dir.join(format!("{name}.{ext}"));
     if std::fs::read_to_string(&path).ok().as_deref() != Some(text) {
         std::fs::create_dir_all(dir).ok()?;
-        let tmp = dir.join(format!(".{:016x}.{}.tmp", h.finish(), std::process::id()));
+        let tmp = dir.join(format!(".{name}.{}.{}.tmp", std::process::id(), WRITES.fetch_add(1, Ordering::Relaxed)));
         std::fs::write(&tmp, text).ok()?;
         std::fs::rename(&tmp, &path).ok()?;
     }
