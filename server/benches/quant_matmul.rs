@@ -154,8 +154,8 @@ fn time(graphs: usize, products: usize, mut build: impl FnMut() -> Res<Vec<Array
     Ok((median(host), median(total)))
 }
 
-/// The decode kernel on a dense product whatever its row count (the model
-/// leaves one row to MLX: see `quant_kernel::MIN_ROWS`), tiled as the model tiles it.
+/// The decode kernel on a dense product whatever its row count (the model's
+/// threshold is `quant_kernel::MIN_ROWS`), tiled as the model tiles it.
 fn dense_kernel(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Res<Array> {
     let shape = x.shape();
     let rows = shape[..shape.len() - 1].iter().product();

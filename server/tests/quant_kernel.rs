@@ -80,7 +80,7 @@ fn dense_matches_mlx() {
     eprintln!("{cases} products agree");
 }
 
-/// The dense products the kernel takes by itself: those of 2 to 32 rows.
+/// The dense products the kernel takes by itself: those of 1 to 32 rows.
 #[test]
 fn decode_batches_take_the_kernel() {
     if !on_cuda() {

@@ -70,7 +70,7 @@ impl QuantizedWeight {
     }
 
     /// x @ W.T with W dequantized on the fly: by the decode kernel where it
-    /// applies (CUDA, decode batches of 2 to 32 rows), else by MLX.
+    /// applies (CUDA, decode steps of 1 to 32 rows), else by MLX.
     fn matmul_t(&self, x: &Array) -> Result<Array> {
         if let Some(y) = quant_kernel::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
             return Ok(y);

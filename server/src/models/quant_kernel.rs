@@ -30,18 +30,29 @@ pub const MAX_ROWS: i32 = 32;
 /// The most (row, expert) pairs of a gathered call: a decode batch of 64
 /// sequences routing to 8 experts each.
 pub const MAX_PAIRS: i32 = 512;
-/// The fewest rows of x a dense product takes the kernel from. Decoding on
-/// MLX's CUDA backend is bound by the host (building and encoding a step's
-/// graph, ~10 us a kernel), and a call of our kernel costs more host time than
-/// MLX's matvec (MLX builds the custom kernel's source text at each call).
-/// Measured on an H100 with Llama-3.1-8B 4-bit (`benches/decode_step.rs`,
-/// BENCHMARKS.md): at one row the kernel's faster reads do not pay for that
-/// (8.5 ms a step with MLX's kernels, 9.1 with ours on the wide products,
-/// 13.4 on all); at eight rows, where MLX's cost grows with the rows and
-/// ours does not, ours on every product is fastest (10.6 ms, MLX 33.0).
+/// The fewest rows of x a dense product takes the kernel from: one, so a
+/// lone sequence's decode step reads its weights with it too. Decoding one
+/// sequence on MLX's CUDA backend is bound by the host (building and
+/// launching a step's graph), and a call of our kernel costs more host time
+/// than MLX's matvec: while MLX rebuilt a custom kernel's whole source text
+/// at each call (~12 us a call, H100) one row kept MLX's kernel. With the
+/// source included from files (`mlx_rs_safe::kernels`) a call costs ~6 us
+/// against MLX's ~1 us, and the step's GPU time falls more than its host
+/// time rises: on an H200, Llama-3.1-8B 4-bit through `mlx-serve generate`
+/// decodes one sequence at 224 tok/s against 163 with MLX's matvec (4K
+/// prompt; BENCHMARKS.md, "One row on the quantized-matmul kernel").
 /// Gathered (MoE) products take it at every row count: MLX's gather_qmm is
 /// slower than ours there even counting the launch (the kernel table).
-pub const MIN_ROWS: i64 = 2;
+/// `MLX_SERVE_QMM_MIN_ROWS` overrides it (kernel development on a GPU
+/// machine: `benches/decode_step.rs` with MLX's matvec at one row is
+/// `MLX_SERVE_QMM_MIN_ROWS=2`).
+pub const MIN_ROWS: i64 = 1;
+
+/// [`MIN_ROWS`], or the override (read once a process).
+fn min_rows() -> i64 {
+    static ROWS: OnceLock<i64> = OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("MLX_SERVE_QMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(MIN_ROWS))
+}
 
 /// Warps the grid aims for (an H100 holds 64 per SM, 132 SMs): enough loads
 /// in flight to cover the memory latency.
@@ -121,7 +132,7 @@ pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec
     let k = shape.last().copied().unwrap_or(0);
     let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
     if shape.is_empty()
-        || rows < MIN_ROWS
+        || rows < min_rows()
         || rows > MAX_ROWS as i64
         || w.ndim() != 2
         || unsupported(x, k, scales, biases, spec).is_some()
