@@ -88,9 +88,10 @@ fn decode_batches_take_the_kernel() {
     }
     let spec = QuantSpec::affine(64, 4);
     let (w, s, b) = weights(&[], 1024, 512, spec, Dtype::Bfloat16, 2);
+    assert_eq!(MIN_ROWS, 1, "one sequence's decode step takes the kernel");
     for (rows, takes) in [
-        (MIN_ROWS as i32 - 1, false),
-        (MIN_ROWS as i32, true),
+        (1, true),
+        (8, true),
         (MAX_ROWS, true),
         (MAX_ROWS + 1, false),
     ] {
