@@ -1,7 +1,8 @@
 //! The start-up check a custom GPU kernel passes before it replaces MLX's ops
 //! (TurboQuant attention, the Gated DeltaNet recurrence, quantized matmul):
-//! its result on a few random inputs against the ops it replaces; and the
-//! environment switch (`VAR=0`) that keeps one off, to compare with MLX's ops.
+//! its result on a few random inputs against the ops it replaces; the
+//! environment switch (`VAR=0`) that keeps one off, to compare with MLX's ops;
+//! and the environment override of a kernel's tuning constant.
 
 use crate::error::Result;
 
@@ -39,4 +40,29 @@ pub fn turned_off(var: &str, instead: &str) -> bool {
         log::info!("{var}=0: {instead}");
     }
     off
+}
+
+/// The positive integer the environment variable `var` holds, else `default`:
+/// a kernel's tuning constant overridden for a comparison on a GPU machine
+/// (anything else in `var` leaves the default).
+pub fn tuned<T: std::str::FromStr + PartialOrd + From<u8>>(var: &str, default: T) -> T {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).filter(|n| *n > T::from(0)).unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tuned;
+
+    #[test]
+    fn a_tuning_override_takes_only_a_positive_integer() {
+        let var = "MLX_SERVE_TEST_TUNED_OVERRIDE";
+        for (set, want) in [(None, 7), (Some("3"), 3), (Some("0"), 7), (Some("-2"), 7), (Some("many"), 7)] {
+            match set {
+                Some(v) => std::env::set_var(var, v),
+                None => std::env::remove_var(var),
+            }
+            assert_eq!(tuned(var, 7i64), want, "{var}={set:?}");
+        }
+        std::env::remove_var(var);
+    }
 }

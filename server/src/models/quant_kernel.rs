@@ -51,7 +51,7 @@ pub const MIN_ROWS: i64 = 1;
 /// [`MIN_ROWS`], or the override (read once a process).
 fn min_rows() -> i64 {
     static ROWS: OnceLock<i64> = OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("MLX_SERVE_QMM_MIN_ROWS").ok().and_then(|v| v.parse().ok()).filter(|&n| n >= 1).unwrap_or(MIN_ROWS))
+    *ROWS.get_or_init(|| crate::kernel_check::tuned("MLX_SERVE_QMM_MIN_ROWS", MIN_ROWS))
 }
 
 /// Warps the grid aims for (an H100 holds 64 per SM, 132 SMs): enough loads

@@ -267,7 +267,7 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 2]> {
 /// GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
 fn target_blocks() -> i32 {
     static BLOCKS: OnceLock<i32> = OnceLock::new();
-    *BLOCKS.get_or_init(|| std::env::var("MLX_SERVE_TURBO_BLOCKS").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(256))
+    *BLOCKS.get_or_init(|| crate::kernel_check::tuned("MLX_SERVE_TURBO_BLOCKS", 256))
 }
 /// Positions a split takes at least, so the query's rotation at the start of
 /// each block stays a small part of its work.
