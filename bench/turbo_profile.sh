@@ -11,6 +11,8 @@
 # usage: bash bench/turbo_profile.sh [builtin|DIR]...     (default: builtin)
 # env: BIN_DIR (default .device/bin), OUT (default /tmp/turbo-out), CONTEXTS (32768,65536),
 #      BLOCKS="256 512" (kv_attend once per attention block target, MLX_SERVE_TURBO_BLOCKS),
+#      SHAPE (kv_attend's shape flags, default the Llama-3.1-8B shape; the Qwen3-30B-A3B shape:
+#      SHAPE="--layers 48 --kv-heads 4 --heads 32", where host time decides: BENCHMARKS.md),
 #      NCU=1 (per-kernel GPU times of each version), NCU_FULL=1 (one attention launch in full),
 #      TESTS=0 (skip the unit tests of the built-in kernels, e.g. already run on this build),
 #      MODEL=1 (then bench/turbo_bench.py on a Llama-3.1-8B-shaped 4-bit model, built once
@@ -19,6 +21,7 @@ set -uo pipefail
 BIN_DIR=${BIN_DIR:-.device/bin}
 OUT=${OUT:-/tmp/turbo-out}
 CONTEXTS=${CONTEXTS:-32768,65536}
+SHAPE=${SHAPE:-}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/$BIN_DIR:${LD_LIBRARY_PATH:-}
 echo "== machine"; date -u
@@ -38,7 +41,7 @@ for version in "$@"; do
   for blocks in ${BLOCKS:-default}; do
     echo "== $tag: kv_attend, attention blocks $blocks"
     if [ "$blocks" = default ]; then unset MLX_SERVE_TURBO_BLOCKS; else export MLX_SERVE_TURBO_BLOCKS=$blocks; fi
-    timeout 300 "$BIN_DIR/kv_attend" --contexts "$CONTEXTS" --formats fp16,balanced --steps 20 2>&1 | tee "$OUT/kv_attend-$tag-$blocks.md" | tail -6 || status=1
+    timeout 300 "$BIN_DIR/kv_attend" --contexts "$CONTEXTS" --formats fp16,balanced $SHAPE --steps 20 2>&1 | tee "$OUT/kv_attend-$tag-$blocks.md" | tail -6 || status=1
   done
   unset MLX_SERVE_TURBO_BLOCKS
   if [ "${NCU:-0}" = 1 ]; then
