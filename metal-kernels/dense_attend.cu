@@ -15,15 +15,19 @@
 // positions [first, written) for every query head of the KV head's group, by
 // turbo_lane_attend (turbo_common.cuh: a lane reads 8 coordinates of a
 // position, each lane group keeps its own online softmax), into the partial
-// turbo_merge.cu (ROT = 0) combines over the splits. Scores are in base 2
+// that the group's last block to finish combines over the splits
+// (turbo_merge_if_last, without the rotation). Scores are in base 2
 // (the query carries log2(e)), as the merge expects.
 // Inputs: q [B, HQ, 1, D]; k, v [B, HKV, CAP, D] of T (BITS 0) or [B, HKV,
 // CAP, D * BITS / 32] uint32 (whole buffers; CAP >= written); params [2 + B]
 // int32: positions written (the same for all rows), the scale's float bits,
 // each row's first valid position; ks, kb, vs, vb [B, HKV, CAP, D / GS]: the
 // scales and biases (BITS 0: not read; any arrays stand in).
+// counts [B * HKV] uint32: zeros, one per (row, KV head) group (see
+// turbo_merge_if_last: the last split of a group to finish merges it).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is the
-// grid's blocks per (row, KV head). 128 threads a block (kernels.rs).
+// grid's blocks per (row, KV head); out [B, HQ, 1, D] of type T: the merged
+// attention. 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 static_assert(REP >= 1 && REP <= 8, "1 to 8 query heads per KV head");
@@ -56,3 +60,4 @@ const int t1 = min(written, t0 + per);
 __syncthreads();
 turbo_lane_attend<T, BITS, GS, D, REP>(qs, k, v, ks, kb, vs, vb, ((size_t)b * HKV + g) * CAP, t0, t1, mw, lw, accw,
                                         part_o, part_ml, (size_t)(b * HQ + g * REP) * NS + split, NS);
+turbo_merge_if_last<T, D, 0, REP>(counts, (size_t)b * HKV + g, NS, part_o, part_ml, part_ml, out, (size_t)b * HQ + g * REP);

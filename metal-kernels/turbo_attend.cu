@@ -39,9 +39,12 @@
 // window's buffer: keys, then values, rotated) and win_params [2 + B] int32
 // (the window's end slot, the scale's bits (not read: params has them), each
 // row's first slot).
+// counts [B * HKV] uint32: zeros, one per (row, KV head) group (see
+// turbo_merge_if_last: the last split of a group to finish merges it).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head): NS - 1 splits of the codes, then the
-// window. 128 threads a block (kernels.rs).
+// window; out [B, HQ, 1, D] of type T: the merged attention, rotated back.
+// 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 constexpr int CH = 16;                  // positions a chunk: an mma tile's rows, then its K
@@ -292,6 +295,7 @@ if (window) {
   turbo_lane_attend<S, 0, 32, D, REP>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, wfirst,
                                       win_params[0], mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
                                       (size_t)(b * HQ + g * REP) * NS + split, NS);
+  turbo_merge_if_last<T, D, 1, REP>(counts, head, NS, part_o, part_ml, signs, out, (size_t)b * HQ + g * REP);
   return;
 }
 if (!early) {
@@ -544,3 +548,4 @@ for (int i = tid; i < REP * D; i += THREADS) {
     part_ml[o * 2 + 1] = L;
   }
 }
+turbo_merge_if_last<T, D, 1, REP>(counts, head, NS, part_o, part_ml, signs, out, (size_t)b * HQ + g * REP);

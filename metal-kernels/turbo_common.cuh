@@ -1,5 +1,5 @@
 // TurboQuant helpers shared by turbo_encode.cu, turbo_attend.cu and
-// turbo_merge.cu (passed to MLX as the kernels' header). Layouts are those of
+// dense_attend.cu (passed to MLX as the kernels' header). Layouts are those of
 // server/src/kv/turbo/codec.rs:
 //  - 8-bit affine keys: 4 codes per uint32, code i of a word at bits 8*i
 //    (MLX's packing); one scale and bias per group of `KG` coordinates;
@@ -423,5 +423,115 @@ __device__ inline void turbo_lane_attend(
       part_ml[r * 2] = M;
       part_ml[r * 2 + 1] = L;
     }
+  }
+}
+
+// One warp's merge of the NS split partials of one (row, query head) `bh`
+// (part_o [.., NS, D], part_ml [.., NS, 2], float32, written by other blocks
+// of this launch: read through L2, not a possibly stale L1), into out[bh]:
+// the weighted sum over the splits divided by their total weight, and with
+// ROT = 1 rotated back from TurboQuant's basis, o = s1 ⊙ H(s2 ⊙ õ)/√D (the
+// transform on registers, across lanes by shuffles; `signs` [3, D] is not
+// read with ROT = 0). A lane owns coordinates lane * E .. + E.
+template <typename T, int D, int ROT>
+__device__ inline void turbo_warp_merge(const float* part_o, const float* part_ml, const float* signs, T* out, size_t bh, int NS) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31;
+  const float* ml = part_ml + bh * NS * 2;
+  float M = TURBO_NEG_INF;
+  for (int s = lane; s < NS; s += 32) {
+    M = fmaxf(M, __ldcg(ml + 2 * s));
+  }
+  M = turbo_warp_max(M);
+  float L = 0.0f;
+  float x[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] = 0.0f;
+  }
+  const float* po = part_o + bh * NS * D + lane * E;
+#pragma unroll 4
+  for (int s = 0; s < NS; ++s) {
+    // Every lane reads the same (max, sum): a broadcast; an empty split has
+    // max -inf and weight 0.
+    const float w = exp2f(__ldcg(ml + 2 * s) - M);
+    L += __ldcg(ml + 2 * s + 1) * w;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      x[e] += w * __ldcg(po + (size_t)s * D + e);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    x[e] = x[e] / L;
+  }
+  if (ROT) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      x[e] *= signs[D + lane * E + e];
+    }
+    // The unnormalized transform: pairs within a lane, then across lanes.
+#pragma unroll
+    for (int len = 1; len < E; len <<= 1) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        if ((e & len) == 0) {
+          const float a = x[e];
+          const float b = x[e + len];
+          x[e] = a + b;
+          x[e + len] = a - b;
+        }
+      }
+    }
+#pragma unroll
+    for (int len = E; len < D; len <<= 1) {
+      const int m = len / E;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float y = __shfl_xor_sync(0xffffffff, x[e], m);
+        x[e] = (lane & m) ? y - x[e] : x[e] + y;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      x[e] *= signs[lane * E + e] * rsqrtf((float)D);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    turbo_store(out + bh * D + lane * E + e, x[e]);
+  }
+}
+
+// The end of a split-K attention block (every thread of it calls this once,
+// after its split's partials are written): the last block of its (row, KV
+// head) group to finish — counted in counts[group], which the last one sets
+// back to 0 for the next launch — merges the group's REP query heads into
+// `out` (a warp a head), so no separate merge kernel (and graph node) runs.
+// `counts` is an input MLX sees as read-only: a uint32 array of zeros that
+// the caller keeps for its cache and hands to every launch (each launch leaves
+// it zero again; launches on one stream do not overlap).
+template <typename T, int D, int ROT, int REP>
+__device__ inline void turbo_merge_if_last(const uint32_t* counts, size_t group, int NS, const float* part_o, const float* part_ml,
+                                           const float* signs, T* out, size_t bh0) {
+  __shared__ int last;
+  // This block's partials reach device scope before it is counted.
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    uint32_t* count = const_cast<uint32_t*>(counts) + group;
+    last = atomicAdd(count, 1u) == (uint32_t)(NS - 1);
+    if (last) {
+      *count = 0;   // every split of the group has counted
+    }
+  }
+  __syncthreads();
+  if (!last) {
+    return;
+  }
+  // The other blocks' partials, counted before this one, are visible from here.
+  __threadfence();
+  for (int h = threadIdx.x >> 5; h < REP; h += blockDim.x >> 5) {
+    turbo_warp_merge<T, D, ROT>(part_o, part_ml, signs, out, bh0 + h, NS);
   }
 }

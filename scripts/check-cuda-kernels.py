@@ -70,8 +70,8 @@ def compile_one(lib, includes, name, src):
 def turbo_attend_io(t):
     """turbo_attend's (inputs, outputs) for element type t ("bf16", "f16", "f32"), as kernels.rs names them."""
     return ([("q", t), ("kv", "u8"), ("params", "i32"), ("signs", "f32"), ("kcent", "f32"), ("vcent", "f32"), ("sink_k", t), ("sink_v", t),
-             ("win", t), ("win_params", "i32")],
-            [("part_o", "f32"), ("part_ml", "f32")])
+             ("win", t), ("win_params", "i32"), ("counts", "u32")],
+            [("part_o", "f32"), ("part_ml", "f32"), ("out", t)])
 
 def main():
     lib = ctypes.CDLL(sys.argv[1])
@@ -87,14 +87,12 @@ def main():
             if rep * d > 1024:
                 continue
             cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t)))
-        for rot in [0, 1]:
-            cases.append(("turbo_merge", [("part_o", "f32"), ("part_ml", "f32"), ("signs", "f32")], [("out", t[1:])], {"T": t, "D": d, "ROT": rot}))
     for t, d, rep, (bits, gs) in itertools.product(["@bf16", "@f16", "@f32"], [64, 128, 256], [1, 4, 8], [(0, 32), (8, 64), (4, 32), (8, 128)]):
         if bits and d % gs:
             continue  # affine_applies: a row is whole scale groups
         codes = "u32" if bits else t[1:]
-        inputs = [("q", t[1:]), ("k", codes), ("v", codes), ("params", "i32")] + [(n, t[1:]) for n in ("ks", "kb", "vs", "vb")]
-        cases.append(("dense_attend", inputs, [("part_o", "f32"), ("part_ml", "f32")], {"T": t, "D": d, "REP": rep, "BITS": bits, "GS": gs}))
+        inputs = [("q", t[1:]), ("k", codes), ("v", codes), ("params", "i32")] + [(n, t[1:]) for n in ("ks", "kb", "vs", "vb")] + [("counts", "u32")]
+        cases.append(("dense_attend", inputs, [("part_o", "f32"), ("part_ml", "f32"), ("out", t[1:])], {"T": t, "D": d, "REP": rep, "BITS": bits, "GS": gs}))
     for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))

@@ -63,8 +63,9 @@ impl KvStore for AffineStore {
             // Read as codes from the whole buffers, each row from its first position.
             self.rows.append(&[kq, ks, kb, vq, vs, vb])?;
             let params = self.rows.step_params(args.scale, masks)?;
+            let counts = self.rows.split_counts()?;
             let c = self.rows.buffers();
-            return kernels::affine_attend(queries, &c[..3], &c[3..], &params, self.rows.written(), self.group_size, self.bits);
+            return kernels::affine_attend(queries, &c[..3], &c[3..], &params, self.rows.written(), self.group_size, self.bits, &counts);
         }
         let rows = &self.rows;
         let mask = masks.get(rows.mask_key("affine", n, args.window), || rows.mask(n, args.window))?;

@@ -39,10 +39,11 @@ impl DenseStore {
     fn attend_unmasked(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
         self.rows.append(&[keys.clone(), values.clone()])?;
         self.last = None;
+        let counts = self.rows.split_counts()?;
         let rows = &self.rows;
         let params = rows.step_params(args.scale, masks)?;
         let [k, v] = rows.buffers() else { return Err(Error::Internal("a dense cache without its key and value columns")) };
-        kernels::dense_attend(queries, k, v, &params, rows.written())
+        kernels::dense_attend(queries, k, v, &params, rows.written(), &counts)
     }
 }
 

@@ -24,6 +24,8 @@ pub struct PaddedRows {
     left_pad: Vec<i32>,
     /// Positions the next growth makes room for at once (see [`Self::reserve`]).
     reserved: i32,
+    /// The decode kernels' split counters for these rows (see [`Self::split_counts`]).
+    counts: kernels::SplitCounts,
 }
 
 /// `a[..., :n, :]` of a [B, H, S, X] array.
@@ -34,7 +36,7 @@ fn head(a: &Array, n: i32) -> Result<Array> {
 impl PaddedRows {
     /// `rows` sequences with no tokens yet.
     pub fn empty(rows: usize) -> PaddedRows {
-        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0 }
+        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0, counts: Default::default() }
     }
 
     pub fn rows(&self) -> usize {
@@ -70,7 +72,7 @@ impl PaddedRows {
     /// The same layout over other columns (a compressed form of these), whose
     /// rows start `skip` positions later (those are kept elsewhere).
     pub fn with_buffers(&self, columns: Vec<Array>, skip: i32) -> PaddedRows {
-        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect(), reserved: 0 }
+        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect(), reserved: 0, counts: Default::default() }
     }
 
     /// The mask for `n` new tokens attending to what is stored plus themselves.
@@ -90,6 +92,14 @@ impl PaddedRows {
     /// step for every layer whose rows are laid out alike.
     pub fn step_params(&self, scale: f32, masks: &StepMemo) -> Result<Array> {
         self.step_params_to(self.idx, scale, masks)
+    }
+
+    /// The counters a CUDA decode-attention launch over these rows counts its
+    /// finished splits in ([`kernels::SplitCounts`]): one per row and KV head,
+    /// kept for every launch of this cache.
+    pub fn split_counts(&mut self) -> Result<Array> {
+        let kv_heads = self.columns.first().ok_or(Error::Internal("split counters for a cache without columns"))?.dim(1)?;
+        self.counts.for_groups(self.rows() as i32 * kv_heads)
     }
 
     /// [`Self::step_params`] for the positions before `end` only.
@@ -178,7 +188,7 @@ impl PaddedRows {
             }
             columns.push(buf);
         }
-        Ok(PaddedRows { columns, idx: longest, left_pad, reserved: 0 })
+        Ok(PaddedRows { columns, idx: longest, left_pad, reserved: 0, counts: Default::default() })
     }
 
     /// Drops `n` positions from the end of every row (at most the shortest

@@ -3,8 +3,9 @@
 //! back their rotated 16-bit form for the recent window); a split-K kernel
 //! attends a query per row to the packed cache directly (the history is
 //! never decoded; its first split also attends the unquantized sinks, its
-//! last the recent window); a merge kernel combines the splits and rotates
-//! the output back.
+//! last the recent window); the splits are combined and the output rotated
+//! back by the last block of each (row, KV head) to finish, in the same
+//! launch on CUDA ([`SplitCounts`]), by a merge kernel on Metal.
 //! Sources are in `metal-kernels/` (`turbo_*.cu`; Metal twins beside them),
 //! compiled by MLX at first use. On a GPU backend they are used where they
 //! apply (8-bit affine or 4-bit codebook keys, 2-4-bit values, head dims
@@ -32,17 +33,17 @@ use mlx_rs_safe::{ops, Array, Dtype};
 use super::codec::{affine_group, Codec, KeyCode, SINKS};
 use crate::error::{Error, Result};
 
-/// (header, encode, attend, merge) sources for each GPU language.
-const CUDA: [&str; 4] = [
+/// (header, encode, attend) sources for CUDA, whose attention kernels merge
+/// their own splits, and (header, encode, attend, merge) for Metal.
+const CUDA: &[&str] = &[
     include_str!("../../../../metal-kernels/turbo_common.cuh"),
     include_str!("../../../../metal-kernels/turbo_encode.cu"),
     include_str!("../../../../metal-kernels/turbo_attend.cu"),
-    include_str!("../../../../metal-kernels/turbo_merge.cu"),
 ];
 /// The 16-bit cache's split-K attention (CUDA only: MLX's Metal attention
 /// takes an array mask in its fused kernel).
 const DENSE_CUDA: &str = include_str!("../../../../metal-kernels/dense_attend.cu");
-const METAL: [&str; 4] = [
+const METAL: &[&str] = &[
     include_str!("../../../../metal-kernels/turbo_common.metal"),
     include_str!("../../../../metal-kernels/turbo_encode.metal"),
     include_str!("../../../../metal-kernels/turbo_attend.metal"),
@@ -58,7 +59,7 @@ fn language() -> Option<KernelLanguage> {
     }
 }
 
-/// Threads of a merge block (one per row and query head): 4 warps (simdgroups).
+/// Threads of a Metal merge block (one per row and query head): 4 simdgroups.
 const MERGE_THREADS: i32 = 128;
 
 /// Threads of an attention block for `rep` query heads per KV head: 128 in
@@ -124,7 +125,7 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let params = step_params(cut, scale, &[SINKS])?;
     let window_params = step_params(3 + held, scale, &[3])?;
     let window = Window { buffer: &win, params: &window_params };
-    let got = attend(&codec, &q, &sinks, &body, &params, cut, &window)?;
+    let got = attend(&codec, &q, &sinks, &body, &params, cut, &window, &zero_counts(hkv)?)?;
     // The encode kernel's 16-bit form of the last position is its rotation.
     let want_newest = ops::stack(&[&rotated(&k, len - 1, len)?, &rotated(&v, len - 1, len)?], 2)?;
     let window_diff = max_difference(&newest, &want_newest)?;
@@ -172,20 +173,20 @@ fn shape_agrees(format: super::TurboFormat, d: i32, rep: i32) -> bool {
 }
 
 thread_local! {
-    /// The three kernels, made once per thread (MLX compiles each template
+    /// The kernels, made once per thread (MLX compiles each template
     /// instance once and caches it).
     static KERNELS: RefCell<HashMap<&'static str, CustomKernel>> = RefCell::new(HashMap::new());
 }
 
-/// The (header, encode, attend, merge) sources for `lang`: the built-in ones,
-/// or, for kernel development on a GPU machine without rebuilding, the files
-/// of the same names in the folder `MLX_SERVE_TURBO_KERNELS` names.
-fn sources(lang: KernelLanguage) -> Result<[Cow<'static, str>; 4]> {
+/// The sources of `lang` ([`CUDA`], [`METAL`]): the built-in ones, or, for
+/// kernel development on a GPU machine without rebuilding, the files of the
+/// same names in the folder `MLX_SERVE_TURBO_KERNELS` names.
+fn sources(lang: KernelLanguage) -> Result<Vec<Cow<'static, str>>> {
     let builtin = if lang == KernelLanguage::Cuda { CUDA } else { METAL };
-    let Some(dir) = std::env::var_os("MLX_SERVE_TURBO_KERNELS") else { return Ok(builtin.map(Cow::Borrowed)) };
+    let mut out: Vec<Cow<'static, str>> = builtin.iter().map(|s| Cow::Borrowed(*s)).collect();
+    let Some(dir) = std::env::var_os("MLX_SERVE_TURBO_KERNELS") else { return Ok(out) };
     let names = ["turbo_common", "turbo_encode", "turbo_attend", "turbo_merge"];
-    let mut out = builtin.map(Cow::Borrowed);
-    for (i, name) in names.iter().enumerate() {
+    for (i, name) in names.iter().take(builtin.len()).enumerate() {
         let ext = match (lang, i) {
             (KernelLanguage::Cuda, 0) => "cuh",
             (KernelLanguage::Cuda, _) => "cu",
@@ -204,14 +205,22 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
         let mut map = cell.borrow_mut();
         if !map.contains_key(name) {
             let sources = sources(lang)?;
+            let source = |i: usize| sources.get(i).map(|s| s.as_ref()).ok_or(Error::Internal("a TurboQuant kernel this GPU language has no source for"));
+            // On CUDA the attention kernels also count their finished splits
+            // and merge them (`counts` in, `out` out).
+            let cuda = lang == KernelLanguage::Cuda;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
-                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rkv"], &sources[1]),
+                "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rkv"], source(1)?),
+                "turbo_attend" if cuda => {
+                    let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params", "counts"];
+                    (inputs, &["part_o", "part_ml", "out"], source(2)?)
+                }
                 "turbo_attend" => {
                     let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params"];
-                    (inputs, &["part_o", "part_ml"], &sources[2])
+                    (inputs, &["part_o", "part_ml"], source(2)?)
                 }
-                "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb"], &["part_o", "part_ml"], DENSE_CUDA),
-                _ => (&["part_o", "part_ml", "signs"], &["out"], &sources[3]),
+                "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb", "counts"], &["part_o", "part_ml", "out"], DENSE_CUDA),
+                _ => (&["part_o", "part_ml", "signs"], &["out"], source(3)?),
             };
             let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
             map.insert(name, CustomKernel::new(lang, &src)?);
@@ -307,8 +316,10 @@ pub struct Window<'a> {
 /// body's rows (whole capacity; `params` from `step_params`: the positions
 /// before `cut` and each row's first say which are read) and the recent
 /// window (the positions from `cut` on, the kernel's last split); the output
-/// in `q`'s dtype.
-pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, cut: i32, window: &Window) -> Result<Array> {
+/// in `q`'s dtype. `counts`: the cache's [`SplitCounts`] for its rows (read
+/// on CUDA only).
+#[allow(clippy::too_many_arguments)]
+pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params: &Array, cut: i32, window: &Window, counts: &Array) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     let hkv = sinks[0].dim(1)?;
@@ -316,7 +327,8 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let (kfmt, kbits) = key_code(codec);
     // The merge takes at most 256 splits; the window takes the last.
     let ns = splits(cut - SINKS, b * hkv).min(255) + 1;
-    let threads = attend_threads(language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?, rep);
+    let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
+    let threads = attend_threads(lang, rep);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype())), ("S".to_string(), TemplateArg::Dtype(codec.dtype))];
     template.extend(ints(&[
@@ -327,22 +339,32 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         ("KG", affine_group(d)),
         ("VBITS", codec.format.value_bits as i32),
     ]));
-    let call = split_call([b, hq, hkv, ns, d], threads, template);
     if window.buffer.dtype() != codec.dtype {
         return Err(Error::Internal("the recent window's dtype is not the codec's"));
     }
-    let parts = with_kernel("turbo_attend", |kern| {
-        Ok(kern.apply(&[q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params], &call)?)
-    })?;
-    merge(&parts, q.dtype(), Some(&t.signs))
+    let inputs = [q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params];
+    if lang == KernelLanguage::Cuda {
+        if counts.size() < (b * hkv) as usize {
+            return Err(Error::Internal("split counters for fewer rows than the query's"));
+        }
+        let call = split_call([b, hq, hkv, ns, d], threads, template, Some(q.dtype()));
+        let with_counts: Vec<&Array> = inputs.iter().copied().chain([counts]).collect();
+        return with_kernel("turbo_attend", |kern| merged(kern.apply(&with_counts, &call)?));
+    }
+    let call = split_call([b, hq, hkv, ns, d], threads, template, None);
+    let parts = with_kernel("turbo_attend", |kern| Ok(kern.apply(&inputs, &call)?))?;
+    merge(&parts, q.dtype(), &t.signs)
 }
 
 /// A split-K attention kernel's launch: a block of `threads` per row, KV head
-/// and split, writing the partials [`merge`] takes (`part_o` [B, HQ, NS, D],
-/// `part_ml` [B, HQ, NS, 2], float32).
-fn split_call([b, hq, hkv, ns, d]: [i32; 5], threads: i32, template: Vec<(String, TemplateArg)>) -> KernelCall {
+/// and split, writing the partials (`part_o` [B, HQ, NS, D], `part_ml` [B,
+/// HQ, NS, 2], float32) and, where the kernel merges them itself (`merged`:
+/// the output's dtype), the attention [B, HQ, 1, D].
+fn split_call([b, hq, hkv, ns, d]: [i32; 5], threads: i32, template: Vec<(String, TemplateArg)>, merged: Option<Dtype>) -> KernelCall {
+    let mut outputs = vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)];
+    outputs.extend(merged.map(|dtype| (vec![b, hq, 1, d], dtype)));
     KernelCall {
-        outputs: vec![(vec![b, hq, ns, d], Dtype::Float32), (vec![b, hq, ns, 2], Dtype::Float32)],
+        outputs,
         grid: (b * hkv * ns * threads, 1, 1),
         thread_group: (threads, 1, 1),
         template,
@@ -350,15 +372,59 @@ fn split_call([b, hq, hkv, ns, d]: [i32; 5], threads: i32, template: Vec<(String
     }
 }
 
-/// The splits' partials (`part_o`, `part_ml`) merged into [B, HQ, 1, D] of
-/// `dtype`, rotated back with `signs` where given (TurboQuant's rotated
-/// basis), left as they are otherwise.
-fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> {
+/// The attention a self-merging (CUDA) split-K launch returns: its third
+/// output, after the partials.
+fn merged(outputs: Vec<Array>) -> Result<Array> {
+    outputs.into_iter().nth(2).ok_or(Error::Internal("a split-K attention kernel without its merged output"))
+}
+
+/// The counters of a cache's CUDA split-K attention launches, one per (row,
+/// KV head): each split adds one as it finishes and the last to finish merges
+/// the group's splits and sets its counter back to zero
+/// (`turbo_merge_if_last` in turbo_common.cuh), so the array is all zeros
+/// between launches and no merge kernel (a graph node, ~15 µs of host time a
+/// layer) runs. A cache keeps one for all its launches, made at the first and
+/// again when its rows change; a copy of a cache starts its own, so launches
+/// that could overlap never count in one array.
+#[derive(Default)]
+pub struct SplitCounts(Option<Array>);
+
+impl Clone for SplitCounts {
+    fn clone(&self) -> SplitCounts {
+        SplitCounts(None)
+    }
+}
+
+/// Counters made at least: MLX keeps arrays of 8 bytes or less in unified
+/// memory, where a kernel's atomics would cross the host link.
+const MIN_COUNTS: i32 = 64;
+
+impl SplitCounts {
+    /// The zeroed counters for `groups` (rows × KV heads) of a launch.
+    pub fn for_groups(&mut self, groups: i32) -> Result<Array> {
+        if let Some(c) = self.0.as_ref().filter(|c| c.size() == groups.max(MIN_COUNTS) as usize) {
+            return Ok(c.clone());
+        }
+        let c = zero_counts(groups)?;
+        self.0 = Some(c.clone());
+        Ok(c)
+    }
+}
+
+/// New counters for `groups` launches' groups, all zero.
+fn zero_counts(groups: i32) -> Result<Array> {
+    Ok(ops::zeros(&[groups.max(MIN_COUNTS)], Dtype::Uint32)?)
+}
+
+/// The splits' partials (`part_o`, `part_ml`) of a Metal launch merged into
+/// [B, HQ, 1, D] of `dtype`, rotated back with `signs` (TurboQuant's rotated
+/// basis). (CUDA's attention kernels merge their own splits.)
+fn merge(parts: &[Array], dtype: Dtype, signs: &Array) -> Result<Array> {
     let [part_o, part_ml] = parts else { return Err(Error::Internal("attention partials without their two outputs")) };
     let s = part_o.shape();
     let (b, hq, d) = (s[0], s[1], s[3]);
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
-    template.extend(ints(&[("D", d), ("ROT", signs.is_some() as i32)]));
+    template.extend(ints(&[("D", d), ("ROT", 1)]));
     let merge = KernelCall {
         outputs: vec![(vec![b, hq, 1, d], dtype)],
         grid: (b * hq * MERGE_THREADS, 1, 1),
@@ -366,9 +432,6 @@ fn merge(parts: &[Array], dtype: Dtype, signs: Option<&Array>) -> Result<Array> 
         template,
         ..Default::default()
     };
-    // Without a rotation the kernel does not read `signs`; any float32 array
-    // stands in (the partials' own, so no array is made at every step).
-    let signs = signs.unwrap_or(part_ml);
     let out = with_kernel("turbo_merge", |kern| Ok(kern.apply(&[part_o, part_ml, signs], &merge)?))?;
     out.into_iter().next().ok_or(Error::Internal("the attention merge kernel returned nothing"))
 }
@@ -467,14 +530,14 @@ pub fn against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pad
     let scale = (d as f32).powf(-0.5);
     let params = step_params(written, scale, pads)?;
     let (got, k, v) = match quant {
-        None => (dense_attend(&q, &k, &v, &params, written)?, k, v),
+        None => (dense_attend(&q, &k, &v, &params, written, &zero_counts(b * hkv)?)?, k, v),
         Some((group, bits)) => {
             let codes = |x: &Array| -> Result<[Array; 3]> {
                 let (packed, scales, biases) = quantized::quantize(x, group, bits)?;
                 Ok([packed, scales, biases])
             };
             let (kc, vc) = (codes(&k)?, codes(&v)?);
-            let got = affine_attend(&q, &kc, &vc, &params, written, group, bits)?;
+            let got = affine_attend(&q, &kc, &vc, &params, written, group, bits, &zero_counts(b * hkv)?)?;
             let back = |[packed, scales, biases]: &[Array; 3]| quantized::dequantize(packed, scales, Some(biases), group, bits);
             (got, back(&kc)?, back(&vc)?)
         }
@@ -491,31 +554,32 @@ pub fn against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pad
 /// CAP, D] of a 16-bit (or float32) cache, of which `params` (from
 /// [`step_params`]: positions written, scale, each row's first position) say
 /// which positions are valid; the output in `q`'s dtype. No mask: each row
-/// starts at its own first position.
-pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i32) -> Result<Array> {
+/// starts at its own first position. `counts`: the cache's [`SplitCounts`].
+pub fn dense_attend(q: &Array, k: &Array, v: &Array, params: &Array, written: i32, counts: &Array) -> Result<Array> {
     if k.dtype() != q.dtype() || v.dtype() != q.dtype() {
         return Err(Error::Internal("16-bit decode attention: the cache's dtype is not the query's"));
     }
     // The scales and biases are not read at 16 bits: the keys and values stand in.
-    split_attend(q, [k, v, k, k, v, v], params, written, (32, 0))
+    split_attend(q, [k, v, k, k, v, v], params, written, (32, 0), counts)
 }
 
 /// [`dense_attend`] over an affine-quantized cache: `keys` and `values` are
 /// the whole buffers' (packed codes, scales, biases), `bits`-bit codes in
 /// groups of `group_size`, read as codes (nothing dequantized).
-pub fn affine_attend(q: &Array, keys: &[Array], values: &[Array], params: &Array, written: i32, group_size: i32, bits: i32) -> Result<Array> {
+#[allow(clippy::too_many_arguments)]
+pub fn affine_attend(q: &Array, keys: &[Array], values: &[Array], params: &Array, written: i32, group_size: i32, bits: i32, counts: &Array) -> Result<Array> {
     let ([kq, ks, kb], [vq, vs, vb]) = (keys, values) else {
         return Err(Error::Internal("--kv-bits attention without codes, scales and biases"));
     };
     if ks.dtype() != q.dtype() || vs.dtype() != q.dtype() {
         return Err(Error::Internal("--kv-bits decode attention: the cache's scales are not of the query's dtype"));
     }
-    split_attend(q, [kq, vq, ks, kb, vs, vb], params, written, (group_size, bits))
+    split_attend(q, [kq, vq, ks, kb, vs, vb], params, written, (group_size, bits), counts)
 }
 
 /// dense_attend.cu over (k, v, ks, kb, vs, vb) with codes (GS, BITS) (BITS
-/// 0: 16-bit keys and values), its partials then merged.
-fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group_size, bits): (i32, i32)) -> Result<Array> {
+/// 0: 16-bit keys and values), which merges its own splits.
+fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group_size, bits): (i32, i32), counts: &Array) -> Result<Array> {
     let qs = q.shape();
     let (b, hq, d) = (qs[0], qs[1], qs[3]);
     if params.dim(0)? - 2 != b {
@@ -524,11 +588,34 @@ fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group
     let hkv = kv[0].dim(1)?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.extend(ints(&[("D", d), ("REP", hq / hkv), ("BITS", bits), ("GS", group_size)]));
-    let call = split_call([b, hq, hkv, splits(written, b * hkv), d], DENSE_THREADS, template);
+    let call = split_call([b, hq, hkv, splits(written, b * hkv), d], DENSE_THREADS, template, Some(q.dtype()));
     let [k, v, ks, kb, vs, vb] = kv;
-    let parts = with_kernel("dense_attend", |kern| Ok(kern.apply(&[q, k, v, params, ks, kb, vs, vb], &call)?))?;
-    merge(&parts, q.dtype(), None)
+    if counts.size() < (b * hkv) as usize {
+        return Err(Error::Internal("split counters for fewer rows than the query's"));
+    }
+    with_kernel("dense_attend", |kern| merged(kern.apply(&[q, k, v, params, ks, kb, vs, vb, counts], &call)?))
 }
 
 /// Threads of a dense attention block (dense_attend.cu's THREADS).
 const DENSE_THREADS: i32 = 128;
+
+#[cfg(test)]
+mod split_counts_tests {
+    use super::*;
+
+    #[test]
+    fn a_caches_split_counters_are_zeros_kept_for_its_rows_and_not_shared_by_a_copy() {
+        let mut counts = SplitCounts::default();
+        let first = counts.for_groups(8).unwrap();
+        // At least 64 (MLX keeps tiny arrays in unified memory), all zero.
+        assert_eq!((first.size(), first.dtype()), (64, Dtype::Uint32));
+        assert_eq!(ops::max_all(&ops::astype(&first, Dtype::Float32).unwrap(), false).unwrap().item::<f32>().unwrap(), 0.0);
+        // Kept while 64 cover the rows; remade for more.
+        counts.for_groups(40).unwrap();
+        assert_eq!(counts.0.as_ref().map(Array::size), Some(64));
+        assert_eq!(counts.for_groups(96).unwrap().size(), 96);
+        assert_eq!(counts.0.as_ref().map(Array::size), Some(96));
+        // A copy of a cache counts in an array of its own, made at its first launch.
+        assert!(counts.clone().0.is_none());
+    }
+}

@@ -120,6 +120,7 @@ impl TurboStore {
         let [encoded, rotated] = kernels::encode(&self.codec, keys, values)?;
         self.body.append(&[encoded])?;
         self.recent.push(&rotated)?;
+        let counts = self.body.split_counts()?;
         let (body, cut, recent) = (&self.body, self.cut(), &self.recent);
         let params = body.step_params_to(cut, args.scale, masks)?;
         // Each row's first slot the window reads: the window's start, or
@@ -131,7 +132,7 @@ impl TurboStore {
         let window_params = masks.array(MaskKey { kind: "turbo-window-params", layout }, || kernels::step_params(end, args.scale, &firsts))?;
         let rows = body.buffers().first().ok_or(Error::Internal("a TurboQuant body without its column"))?;
         let window = kernels::Window { buffer: recent.buffer(), params: &window_params };
-        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, cut, &window)
+        kernels::attend(&self.codec, queries, &self.sinks, rows, &params, cut, &window, &counts)
     }
 }
 

@@ -47,25 +47,31 @@ fn outputs(format: TurboFormat, c: &Case, seed: u64) -> (Array, Array, Array) {
     cache.compress(|_, _| Some(KvKind::Turbo(format))).unwrap();
     let turbo = cache.attend(&q, &at(&k, len - 1, len), &at(&v, len - 1, len), &args, &StepMemo::default()).unwrap();
     let exact = fast::scaled_dot_product_attention(&q, &k, &v, args.scale, fast::SdpaMask::None, None).unwrap();
-    // The reference: the cache as stored, decoded and rotated back, attended
-    // plainly: the sinks, the body's codes before the recent window, the window.
     let row = cache.row(0).unwrap();
-    let codec = Codec::new(format, d, row.columns[0].dtype()).unwrap();
-    let [sink_k, sink_v, recent_k, recent_v, body] = &row.columns[..] else { panic!("a TurboQuant row has five columns") };
-    let coded = body.dim(2).unwrap() - recent_k.dim(2).unwrap();
-    let held = recent_k.dim(2).unwrap();
+    let held = row.columns[2].dim(2).unwrap();
     assert_eq!(held, super::recent::window().min(len - SINKS), "the window holds the newest positions");
     // Unquantized and rotated (on a GPU the newest by the encode kernel, whose
     // float32 rotation rounds apart from MLX's).
+    let codec = Codec::new(format, d, row.columns[0].dtype()).unwrap();
     let rotated = |x: &Array| codec.rotation.apply(&at(x, len - held, len)).unwrap();
-    assert!(relative_error(recent_k, &rotated(&k)) < 1e-5, "the window holds its keys unquantized");
-    assert!(relative_error(recent_v, &rotated(&v)) < 1e-5, "and its values");
-    let (body_k, body_v) = codec.decode(&at(body, 0, coded), Dtype::Float32).unwrap();
+    assert!(relative_error(&row.columns[2], &rotated(&k)) < 1e-5, "the window holds its keys unquantized");
+    assert!(relative_error(&row.columns[3], &rotated(&v)) < 1e-5, "and its values");
+    (turbo, exact, stored_attention(&cache, format, &q, args.scale))
+}
+
+/// The reference for a one-row TurboQuant `cache`'s last step: the cache as
+/// stored, decoded and rotated back, attended plainly by `q` — the sinks, the
+/// body's codes before the recent window, the window.
+fn stored_attention(cache: &LayerCache, format: TurboFormat, q: &Array, scale: f32) -> Array {
+    let row = cache.row(0).unwrap();
+    let [sink_k, sink_v, recent_k, recent_v, body] = &row.columns[..] else { panic!("a TurboQuant row has five columns") };
+    let codec = Codec::new(format, q.dim(3).unwrap(), row.columns[0].dtype()).unwrap();
+    let coded = body.dim(2).unwrap() - recent_k.dim(2).unwrap();
+    let (body_k, body_v) = codec.decode(&ops::slice_axis(body, 2, 0, coded).unwrap(), Dtype::Float32).unwrap();
     let keys = ops::concatenate(&[sink_k, &body_k, recent_k], 2).unwrap();
     let vals = ops::concatenate(&[sink_v, &body_v, recent_v], 2).unwrap();
     let (keys, vals) = (codec.rotation.invert(&keys).unwrap(), codec.rotation.invert(&vals).unwrap());
-    let reference = fast::scaled_dot_product_attention(&q, &keys, &vals, args.scale, fast::SdpaMask::None, None).unwrap();
-    (turbo, exact, reference)
+    fast::scaled_dot_product_attention(q, &keys, &vals, scale, fast::SdpaMask::None, None).unwrap()
 }
 
 fn relative_error(a: &Array, b: &Array) -> f32 {
@@ -223,6 +229,50 @@ fn the_kv_bits_decode_attention_kernel_equals_attention_over_the_dequantized_cac
         }
     }
     assert_eq!(checked, 8);
+}
+
+#[test]
+fn split_attention_launches_leave_their_counters_zero_on_cuda() {
+    // The kernels count finished splits per (row, KV head) in the cache's
+    // array and the last split of each group merges and zeroes its counter:
+    // the same array serves launch after launch, each giving the first one's
+    // result, and is all zeros after each (16-bit attention, lengths of one
+    // split and of many); a TurboQuant cache's steps, each reusing its
+    // counters, each equal attention over the cache as stored. Elsewhere no
+    // launch counts.
+    if mlx_rs_safe::kernels::gpu_backend() != Some("cuda") {
+        return;
+    }
+    let zeros = |c: &Array| ops::max_all(&ops::astype(c, Dtype::Float32).unwrap(), false).unwrap().item::<f32>().unwrap() == 0.0;
+    for (written, pads) in [(40, vec![0, 7, 39]), (4100, vec![4099, 17, 0])] {
+        let (b, hkv, rep, d) = (pads.len() as i32, 2, 4, 128);
+        let q = normal(&[b, hkv * rep, 1, d], 1);
+        let (k, v) = (normal(&[b, hkv, written + 64, d], 2), normal(&[b, hkv, written + 64, d], 3));
+        let params = super::kernels::step_params(written, (d as f32).powf(-0.5), &pads).unwrap();
+        let counts = super::kernels::SplitCounts::default().for_groups(b * hkv).unwrap();
+        let mut outs: Vec<Array> = Vec::new();
+        for launch in 0..3 {
+            let out = super::kernels::dense_attend(&q, &k, &v, &params, written, &counts).unwrap();
+            mlx_rs_safe::eval(&[&out, &counts]).unwrap();
+            assert!(zeros(&counts), "16-bit, {written} positions: counters left nonzero by launch {launch}");
+            if let Some(first) = outs.first() {
+                assert!(zeros(&ops::abs(&ops::subtract(first, &out).unwrap()).unwrap()), "16-bit, {written} positions: launch {launch} differs");
+            }
+            outs.push(out);
+        }
+    }
+    let format = TurboPreset::Balanced.format(3, 8, 3);
+    let (d, gqa, len) = (128, 4, 1500);
+    let args = AttendArgs { scale: (d as f32).powf(-0.5), window: None, sinks: None, keep: false };
+    let mut cache = LayerCache::new(&KvKind::Dense).unwrap();
+    cache.attend(&normal(&[1, 2 * gqa, len, d], 40), &normal(&[1, 2, len, d], 41), &normal(&[1, 2, len, d], 42), &args, &StepMemo::default()).unwrap();
+    cache.compress(|_, _| Some(KvKind::Turbo(format))).unwrap();
+    for step in 0..3u64 {
+        let q = normal(&[1, 2 * gqa, 1, d], 50 + step);
+        let got = cache.attend(&q, &normal(&[1, 2, 1, d], 60 + step), &normal(&[1, 2, 1, d], 70 + step), &args, &StepMemo::default()).unwrap();
+        let err = relative_error(&got, &stored_attention(&cache, format, &q, args.scale));
+        assert!(err < 1e-2, "TurboQuant step {step}: {err} from attention over the cache as stored");
+    }
 }
 
 #[test]
