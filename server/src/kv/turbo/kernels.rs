@@ -125,7 +125,7 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     let params = step_params(cut, scale, &[SINKS])?;
     let window_params = step_params(3 + held, scale, &[3])?;
     let window = Window { buffer: &win, params: &window_params };
-    let got = attend(&codec, &q, &sinks, &body, &params, cut, &window, &zero_counts(hkv)?)?;
+    let got = second_launch(hkv, |counts| attend(&codec, &q, &sinks, &body, &params, cut, &window, counts))?;
     // The encode kernel's 16-bit form of the last position is its rotation.
     let want_newest = ops::stack(&[&rotated(&k, len - 1, len)?, &rotated(&v, len - 1, len)?], 2)?;
     let window_diff = max_difference(&newest, &want_newest)?;
@@ -416,6 +416,15 @@ fn zero_counts(groups: i32) -> Result<Array> {
     Ok(ops::zeros(&[groups.max(MIN_COUNTS)], Dtype::Uint32)?)
 }
 
+/// The result of `launch`'s second run on one array of counters for `groups`
+/// (the first evaluated before it): what a cache's every later step relies
+/// on, so the start-up checks see a launch that left its counters nonzero.
+fn second_launch(groups: i32, launch: impl Fn(&Array) -> Result<Array>) -> Result<Array> {
+    let counts = zero_counts(groups)?;
+    mlx_rs_safe::eval(&[&launch(&counts)?])?;
+    launch(&counts)
+}
+
 /// The splits' partials (`part_o`, `part_ml`) of a Metal launch merged into
 /// [B, HQ, 1, D] of `dtype`, rotated back with `signs` (TurboQuant's rotated
 /// basis). (CUDA's attention kernels merge their own splits.)
@@ -530,14 +539,14 @@ pub fn against_reference(d: i32, hkv: i32, rep: i32, cap: i32, written: i32, pad
     let scale = (d as f32).powf(-0.5);
     let params = step_params(written, scale, pads)?;
     let (got, k, v) = match quant {
-        None => (dense_attend(&q, &k, &v, &params, written, &zero_counts(b * hkv)?)?, k, v),
+        None => (second_launch(b * hkv, |counts| dense_attend(&q, &k, &v, &params, written, counts))?, k, v),
         Some((group, bits)) => {
             let codes = |x: &Array| -> Result<[Array; 3]> {
                 let (packed, scales, biases) = quantized::quantize(x, group, bits)?;
                 Ok([packed, scales, biases])
             };
             let (kc, vc) = (codes(&k)?, codes(&v)?);
-            let got = affine_attend(&q, &kc, &vc, &params, written, group, bits, &zero_counts(b * hkv)?)?;
+            let got = second_launch(b * hkv, |counts| affine_attend(&q, &kc, &vc, &params, written, group, bits, counts))?;
             let back = |[packed, scales, biases]: &[Array; 3]| quantized::dequantize(packed, scales, Some(biases), group, bits);
             (got, back(&kc)?, back(&vc)?)
         }
