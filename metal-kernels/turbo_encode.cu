@@ -10,6 +10,14 @@
 // [B, HKV, 2, 1, D] of type T: the last position's rotated key and value as
 // they were before quantization (a decode step's entry in the recent window,
 // recent.rs, in its layout: one update puts both in).
+// With TURBO_ENCODE_STEP 1 (a decode step's form, kernels.rs
+// `encode_step`) the window itself is the output instead of rkv: inputs also
+// win [B, HKV, 2, ROOM, D] of type T (the window's buffer before the step) and
+// moves [2] int32 (src, keep); output nwin [B, HKV, 2, ROOM, D]: slots below
+// `keep` are win's slots from `src` on, slot `keep` this position's rotated
+// key and value, the rest zeros (recent.rs `Recent::step`: the push and, once
+// the room is used up, the move down to the newest positions, in this launch
+// instead of a slice update a layer).
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -25,7 +33,30 @@ const int bh = blockIdx.x;
 const int d = threadIdx.x;
 const int L = k_shape[2];
 const bool newest = bh % L == L - 1;    // the last position: also written to rkv
-const size_t wo = (size_t)(bh / L) * 2 * D + d;   // its key's coordinate d (the value's D after)
+#if TURBO_ENCODE_STEP
+const int ROOM = win_shape[3];
+const int keep = moves[1];
+// This head's window: keys at slots 0.., values ROOM slots after.
+const size_t wbase = (size_t)(bh / L) * 2 * ROOM * D + d;
+if (newest) {
+  const int src = moves[0];
+  for (int w = 0; w < 2 * ROOM; ++w) {
+    const int slot = w % ROOM;
+    if (slot != keep) {
+      const size_t at = wbase + (size_t)(w / ROOM) * ROOM * D;
+      nwin[at + (size_t)slot * D] = slot < keep ? win[at + (size_t)(src + slot) * D] : static_cast<T>(0.0f);
+    }
+  }
+}
+// Where the newest position's rotated key and value go (coordinate d).
+T* const newest_out = nwin;
+const size_t key_at = wbase + (size_t)keep * D;
+const size_t value_at = key_at + (size_t)ROOM * D;
+#else
+T* const newest_out = rkv;
+const size_t key_at = (size_t)(bh / L) * 2 * D + d;
+const size_t value_at = key_at + D;
+#endif
 const float inv_sqrt_d = rsqrtf((float)D);
 uint8_t* row = o + (size_t)bh * ROW;
 if (d < ROW - (NOFF + 2)) {
@@ -38,7 +69,7 @@ turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
 if (newest) {
-  turbo_store(rkv + wo, x[d]);
+  turbo_store(newest_out + key_at, x[d]);
 }
 if (KFMT == 0) {
   // Each group's range: every warp's by shuffles, then the group's warps'
@@ -89,7 +120,7 @@ turbo_hadamard(x, D, 1);
 x[d] *= signs[D + d] * inv_sqrt_d;
 __syncthreads();
 if (newest) {
-  turbo_store(rkv + wo + D, x[d]);
+  turbo_store(newest_out + value_at, x[d]);
 }
 float vn = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D);
 if (d == 0) {

@@ -2,6 +2,10 @@
 // its TurboQuant row (codec.rs has the layout), and writes the last
 // position's rotated key and value to rkv [B, HKV, 2, 1, D] (the recent
 // window's entry, recent.rs). One threadgroup of D threads per vector pair.
+// With TURBO_ENCODE_STEP 1 (a decode step's form, as in the CUDA twin) the
+// window itself is the output: inputs also win [B, HKV, 2, ROOM, D] and moves
+// [2] int32 (src, keep); output nwin: win's slots src.. below keep, this
+// position at keep, zeros after.
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -19,7 +23,28 @@ const uint threads = threads_per_threadgroup.x;
 const int d = int(tid);
 const int L = int(k_shape[2]);
 const bool newest = int(bh) % L == L - 1;   // the last position: also written to rkv
-const ulong wo = (ulong)(int(bh) / L) * 2 * D + d;   // its key's coordinate d (the value's D after)
+#if TURBO_ENCODE_STEP
+const int ROOM = int(win_shape[3]);
+const int keep = moves[1];
+const ulong wbase = (ulong)(int(bh) / L) * 2 * ROOM * D + d;   // keys at slots 0.., values ROOM slots after
+if (newest) {
+  const int src = moves[0];
+  for (int w = 0; w < 2 * ROOM; ++w) {
+    const int slot = w % ROOM;
+    if (slot != keep) {
+      const ulong at = wbase + (ulong)(w / ROOM) * ROOM * D;
+      nwin[at + (ulong)slot * D] = slot < keep ? win[at + (ulong)(src + slot) * D] : static_cast<T>(0.0f);
+    }
+  }
+}
+device T* newest_out = nwin;
+const ulong key_at = wbase + (ulong)keep * D;
+const ulong value_at = key_at + (ulong)ROOM * D;
+#else
+device T* newest_out = rkv;
+const ulong key_at = (ulong)(int(bh) / L) * 2 * D + d;
+const ulong value_at = key_at + D;
+#endif
 const float inv_sqrt_d = metal::rsqrt(float(D));
 device uint8_t* row = o + bh * ROW;
 if (d < ROW - (NOFF + 2)) {
@@ -31,7 +56,7 @@ turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 if (newest) {
-  turbo_store(rkv + wo, x[d]);
+  turbo_store(newest_out + key_at, x[d]);
 }
 if (KFMT == 0) {
   const int g = d / KG;
@@ -74,7 +99,7 @@ turbo_hadamard(x, D, 1, tid, threads);
 x[d] *= signs[D + d] * inv_sqrt_d;
 threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 if (newest) {
-  turbo_store(rkv + wo + D, x[d]);
+  turbo_store(newest_out + value_at, x[d]);
 }
 float vnorm = turbo_codebook_encode<VBITS>(x, codes, red, vbounds, vcent, row + KB, D, tid, threads);
 if (d == 0) {

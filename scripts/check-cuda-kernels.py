@@ -82,7 +82,11 @@ def main():
     for t, (d, kfmt, kbits, vbits) in itertools.product(["@bf16", "@f16", "@f32"], [(64, 0, 4, 4), (128, 0, 4, 3), (256, 0, 4, 3), (256, 1, 4, 3), (128, 1, 4, 3)]):
         kg = min(d, 128)
         common = {"T": t, "D": d, "KFMT": kfmt, "KBITS": kbits, "KG": kg, "VBITS": vbits}
-        cases.append(("turbo_encode", [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")], [("o", "u8"), ("rkv", t[1:])], common))
+        encode_in = [("k", t[1:]), ("v", t[1:]), ("signs", "f32"), ("kbounds", "f32"), ("kcent", "f32"), ("vbounds", "f32"), ("vcent", "f32")]
+        cases.append(("turbo_encode", encode_in, [("o", "u8"), ("rkv", t[1:])], common))
+        # A decode step's form (kernels.rs `encode_step`): the whole window out.
+        cases.append(("turbo_encode", encode_in + [("win", t[1:]), ("moves", "i32")], [("o", "u8"), ("nwin", t[1:])], common,
+                      "#define TURBO_ENCODE_STEP 1\n" + header))
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue

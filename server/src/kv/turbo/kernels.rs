@@ -1,6 +1,6 @@
 //! The GPU path of TurboQuant decode steps: one kernel encodes each new
-//! token's key and value into its row of the compressed cache (and hands
-//! back their rotated 16-bit form for the recent window); a split-K kernel
+//! token's key and value into its row of the compressed cache and writes the
+//! recent window with their rotated 16-bit form ([`encode_step`]); a split-K kernel
 //! attends a query per row to the packed cache directly (the history is
 //! never decoded; its first split also attends the unquantized sinks, its
 //! last the recent window); the splits are combined and the output rotated
@@ -132,6 +132,19 @@ fn shape_check(format: super::TurboFormat, d: i32, rep: i32) -> Result<Option<St
     if window_diff > 1e-3 || !window_diff.is_finite() {
         return Ok(Some(format!("the rotated newest position differs by {window_diff}")));
     }
+    // A decode step's form: the last position's rows as `encode` wrote them,
+    // and the window with its held slots moved to the front, the position
+    // after them, zeros after that.
+    let last = |x: &Array| ops::slice_axis(x, 2, len - 1, len);
+    let [step_rows, moved] = encode_step(&codec, &last(&k)?, &last(&v)?, &win, &window_moves(3, held)?)?;
+    let as_f32 = |x: &Array| ops::astype(x, Dtype::Float32);
+    let rows_diff = max_difference(&as_f32(&step_rows)?, &as_f32(&last(&body)?)?)?;
+    let free = win.dim(3)? - held - 1;
+    let want_window = ops::concatenate(&[&ops::slice_axis(&win, 3, 3, 3 + held)?, &want_newest, &ops::zeros(&[1, hkv, 2, free, d], Dtype::Float32)?], 3)?;
+    let moved_diff = max_difference(&moved, &want_window)?;
+    if rows_diff != 0.0 || moved_diff > 1e-3 || !moved_diff.is_finite() {
+        return Ok(Some(format!("a decode step's encoding differs: rows by {rows_diff}, its window by {moved_diff}")));
+    }
     // The reference: the same rows decoded by MLX ops up to the window, attended plainly.
     let (body_k, body_v) = codec.decode(&ops::slice_axis(&body, 2, SINKS, cut)?, Dtype::Float32)?;
     let keys = ops::concatenate(&[&sinks[0], &body_k, &rotated(&k, cut, len)?], 2)?;
@@ -211,6 +224,10 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let cuda = lang == KernelLanguage::Cuda;
             let (inputs, outputs, source): (&[&str], &[&str], &str) = match name {
                 "turbo_encode" => (&["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent"], &["o", "rkv"], source(1)?),
+                "turbo_encode_step" => {
+                    let inputs: &[&str] = &["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent", "win", "moves"];
+                    (inputs, &["o", "nwin"], source(1)?)
+                }
                 "turbo_attend" if cuda => {
                     let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params", "counts"];
                     (inputs, &["part_o", "part_ml", "out"], source(2)?)
@@ -222,7 +239,13 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
                 "dense_attend" => (&["q", "k", "v", "params", "ks", "kb", "vs", "vb", "counts"], &["part_o", "part_ml", "out"], DENSE_CUDA),
                 _ => (&["part_o", "part_ml", "signs"], &["out"], source(3)?),
             };
-            let src = KernelSource { header: &sources[0], ..KernelSource::new(name, inputs, outputs, source) };
+            // The step's form of the encode kernel is the same source with
+            // TURBO_ENCODE_STEP set (see turbo_encode.cu).
+            let header = match name {
+                "turbo_encode_step" => Cow::Owned(format!("#define TURBO_ENCODE_STEP 1\n{}", sources[0])),
+                _ => Cow::Borrowed(sources[0].as_ref()),
+            };
+            let src = KernelSource { header: &header, ..KernelSource::new(name, inputs, outputs, source) };
             map.insert(name, CustomKernel::new(lang, &src)?);
         }
         let kernel = map.get(name).ok_or(Error::Internal("a TurboQuant kernel"))?;
@@ -268,6 +291,44 @@ pub fn encode(codec: &Codec, k: &Array, v: &Array) -> Result<[Array; 2]> {
     <[Array; 2]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant encode kernel without its two outputs"))
 }
 
+/// A decode step's [`encode`] of one new position per row (`k`, `v` [B,
+/// HKV, 1, D]) that also hands back the recent window's whole buffer after
+/// the step (`window` before it, [B, HKV, 2, room, D] of the codec's dtype;
+/// `moves` from [`window_moves`] for [`super::recent::Recent::step_moves`]):
+/// the step's window update is this launch's, not a slice update of its own
+/// (a graph node, ~15 µs of host time a layer). Returns the position's rows
+/// [B, HKV, 1, row bytes] and the new window buffer.
+pub fn encode_step(codec: &Codec, k: &Array, v: &Array, window: &Array, moves: &Array) -> Result<[Array; 2]> {
+    let s = k.shape();
+    let (b, h, d) = (s[0], s[1], s[3]);
+    if s[2] != 1 || window.dtype() != codec.dtype {
+        return Err(Error::Internal("a TurboQuant step encodes one position per row into a window of the codec's dtype"));
+    }
+    let (kfmt, kbits) = key_code(codec);
+    let t = codec.tables();
+    let mut template = vec![("T".to_string(), TemplateArg::Dtype(codec.dtype))];
+    template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", affine_group(d)), ("VBITS", codec.format.value_bits as i32)]));
+    let call = KernelCall {
+        outputs: vec![(vec![b, h, 1, codec.row_bytes()], Dtype::Uint8), (window.shape(), codec.dtype)],
+        grid: (b * h * d, 1, 1),
+        thread_group: (d, 1, 1),
+        template,
+        ..Default::default()
+    };
+    let (k, v) = (ops::astype(k, codec.dtype)?, ops::astype(v, codec.dtype)?);
+    let out = with_kernel("turbo_encode_step", |kern| {
+        Ok(kern.apply(&[&k, &v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids, window, moves], &call)?)
+    })?;
+    <[Array; 2]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant step encode kernel without its two outputs"))
+}
+
+/// [`encode_step`]'s `moves` for a step whose window slots `src..src + keep`
+/// move to `0..keep` and whose new position goes to slot `keep`, in GPU
+/// memory as [`step_params`] puts its scalars (every layer reads one copy).
+pub fn window_moves(src: i32, keep: i32) -> Result<Array> {
+    in_device_memory(&[src, keep], &[0, 0])
+}
+
 /// Blocks an attention call aims for: two per multiprocessor of an H100.
 /// Measured there (Llama-3.1-8B shape, 1 row, 32K and 64K positions): 256
 /// blocks beat 384 and 768 (each block rotates its queries and leaves a
@@ -298,9 +359,15 @@ fn splits(positions: i32, heads: i32) -> i32 {
 /// more than 8 bytes is device memory, so the step copies them once there
 /// and every layer's kernel reads that copy.
 pub fn step_params(written: i32, scale: f32, pads: &[i32]) -> Result<Array> {
-    let head = Array::from_slice(&[written, scale.to_bits() as i32], &[2])?;
-    let pads = Array::from_slice(pads, &[pads.len() as i32])?;
-    Ok(ops::concatenate(&[&head, &pads], 0)?)
+    in_device_memory(&[written, scale.to_bits() as i32], pads)
+}
+
+/// `head` then `rest` as one int32 array made by a GPU op (so in device
+/// memory, as long as it holds more than 8 bytes: see [`step_params`]).
+fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
+    let head = Array::from_slice(head, &[head.len() as i32])?;
+    let rest = Array::from_slice(rest, &[rest.len() as i32])?;
+    Ok(ops::concatenate(&[&head, &rest], 0)?)
 }
 
 /// The recent window's part of a decode step (see `recent.rs`): its whole

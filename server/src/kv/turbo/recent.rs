@@ -135,6 +135,26 @@ impl Recent {
         Ok(())
     }
 
+    /// Where a decode step's one new position goes (the step encode kernel's
+    /// `moves`, `kernels::encode_step`): slots `src..src + keep` move to
+    /// `0..keep` and the position takes slot `keep` — `(0, filled)` while the
+    /// room lasts, else the newest `window - 1` positions move down, as
+    /// [`Recent::push`] does for one position.
+    pub fn step_moves(&self) -> Result<(i32, i32)> {
+        if self.filled < self.pairs.dim(SLOTS)? {
+            return Ok((0, self.filled));
+        }
+        let keep = (window() - 1).clamp(0, self.filled);
+        Ok((self.filled - keep, keep))
+    }
+
+    /// The window after a decode step: `buffer`, written by the step encode
+    /// kernel for `step_moves`' `(src, keep)`.
+    pub fn stepped(&mut self, buffer: Array, (_, keep): (i32, i32)) {
+        self.pairs = buffer;
+        self.filled = keep + 1;
+    }
+
     /// Forgets the newest `n` positions (the body dropped them too).
     pub fn trim(&mut self, n: i32) {
         self.filled -= n.clamp(0, self.filled);
@@ -253,6 +273,38 @@ mod tests {
         assert_eq!(read(&r), vec![16.0, 17.0, 18.0]);
         // A row's part: only its own tokens.
         assert_eq!(values(&r.row(0, 2).unwrap()[0]), vec![17.0, 18.0]);
+        TEST_RECENT.with(|w| w.set(None));
+    }
+
+    /// What the step encode kernel writes for `moves` (turbo_encode.cu with
+    /// TURBO_ENCODE_STEP): slots below `keep` from `src` on, `new` at `keep`,
+    /// zeros after.
+    fn kernel_step(old: &Array, new: &Array, (src, keep): (i32, i32)) -> Array {
+        let room = old.dim(SLOTS).unwrap();
+        let kept = ops::slice_axis(old, SLOTS, src, src + keep).unwrap();
+        let mut rest = old.shape();
+        rest[SLOTS as usize] = room - keep - 1;
+        ops::concatenate(&[&kept, new, &ops::zeros(&rest, old.dtype()).unwrap()], SLOTS).unwrap()
+    }
+
+    #[test]
+    fn a_decode_steps_window_moves_are_those_of_a_push() {
+        // Stepped as the GPU does (the kernel's moves), the window reads what a
+        // push of each position leaves: while the room lasts, when it is used
+        // up, after a rewind.
+        TEST_RECENT.with(|w| w.set(Some(4)));
+        let (mut pushed, mut stepped) = (Recent::new(&both(0, 10), Dtype::Float32).unwrap(), Recent::new(&both(0, 10), Dtype::Float32).unwrap());
+        for p in 10..20 {
+            if p == 15 {
+                pushed.trim(2);
+                stepped.trim(2);
+            }
+            pushed.push(&both(p, p + 1)).unwrap();
+            let moves = stepped.step_moves().unwrap();
+            let buffer = kernel_step(stepped.buffer(), &both(p, p + 1), moves);
+            stepped.stepped(buffer, moves);
+            assert_eq!((stepped.filled(), read(&stepped)), (pushed.filled(), read(&pushed)), "position {p}");
+        }
         TEST_RECENT.with(|w| w.set(None));
     }
 

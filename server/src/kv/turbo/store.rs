@@ -114,12 +114,16 @@ impl TurboStore {
 }
 
 impl TurboStore {
-    /// A decode step through the GPU kernels: the new token encoded by one,
-    /// attention read from the packed buffers by the others.
+    /// A decode step through the GPU kernels: the new token encoded (and the
+    /// recent window updated) by one, attention read from the packed buffers
+    /// by the other (which on CUDA also merges its splits).
     fn attend_on_gpu(&mut self, queries: &Array, keys: &Array, values: &Array, args: &AttendArgs, masks: &StepMemo) -> Result<Array> {
-        let [encoded, rotated] = kernels::encode(&self.codec, keys, values)?;
+        // The new position's codes, and the window with it (one launch).
+        let moves = self.recent.step_moves()?;
+        let moves_arr = masks.array(MaskKey { kind: "turbo-window-moves", layout: vec![moves.0, moves.1] }, || kernels::window_moves(moves.0, moves.1))?;
+        let [encoded, window] = kernels::encode_step(&self.codec, keys, values, self.recent.buffer(), &moves_arr)?;
         self.body.append(&[encoded])?;
-        self.recent.push(&rotated)?;
+        self.recent.stepped(window, moves);
         let counts = self.body.split_counts()?;
         let (body, cut, recent) = (&self.body, self.cut(), &self.recent);
         let params = body.step_params_to(cut, args.scale, masks)?;
