@@ -15,7 +15,7 @@
 // win [B, HKV, 2, ROOM, D] of type T (the window's buffer before the step) and
 // moves [2] int32 (src, keep); output nwin [B, HKV, 2, ROOM, D]: slots below
 // `keep` are win's slots from `src` on, slot `keep` this position's rotated
-// key and value, the rest zeros (recent.rs `Recent::step`: the push and, once
+// key and value, the rest zeros (recent.rs `Recent::step_moves`: the push and, once
 // the room is used up, the move down to the newest positions, in this launch
 // instead of a slice update a layer).
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
@@ -37,14 +37,36 @@ const bool newest = bh % L == L - 1;    // the last position: also written to rk
 const int ROOM = win_shape[3];
 const int keep = moves[1];
 // This head's window: keys at slots 0.., values ROOM slots after.
-const size_t wbase = (size_t)(bh / L) * 2 * ROOM * D + d;
+const size_t head0 = (size_t)(bh / L) * 2 * ROOM * D;
+const size_t wbase = head0 + d;
 if (newest) {
+  // The head's 2 x ROOM x D window in 16-byte pieces (a piece stays in one
+  // slot: D * sizeof(T) is a multiple of 16), UNR pieces a thread loaded
+  // before any is stored (so their loads are in flight together; the
+  // compiler cannot move a load of `win` past a store to `nwin` itself).
+  // Slot `keep` is left to the stores of the new position below.
+  constexpr int VEC = 16 / (int)sizeof(T);
+  constexpr int UNR = 8;
   const int src = moves[0];
-  for (int w = 0; w < 2 * ROOM; ++w) {
-    const int slot = w % ROOM;
-    if (slot != keep) {
-      const size_t at = wbase + (size_t)(w / ROOM) * ROOM * D;
-      nwin[at + (size_t)slot * D] = slot < keep ? win[at + (size_t)(src + slot) * D] : static_cast<T>(0.0f);
+  const int pieces = 2 * ROOM * D / VEC;
+  for (int p0 = d; p0 < pieces; p0 += UNR * D) {
+    uint4 val[UNR];
+    int slot[UNR];
+#pragma unroll
+    for (int j = 0; j < UNR; ++j) {
+      const int e = (p0 + j * D) * VEC;
+      slot[j] = p0 + j * D < pieces ? (e / D) % ROOM : keep;
+      val[j] = make_uint4(0, 0, 0, 0);
+      if (slot[j] < keep) {
+        const size_t from = (size_t)(e / (ROOM * D)) * ROOM * D + (size_t)(src + slot[j]) * D + e % D;
+        val[j] = *reinterpret_cast<const uint4*>(win + head0 + from);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < UNR; ++j) {
+      if (slot[j] != keep) {
+        *reinterpret_cast<uint4*>(nwin + head0 + (size_t)(p0 + j * D) * VEC) = val[j];
+      }
     }
   }
 }
