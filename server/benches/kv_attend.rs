@@ -142,8 +142,10 @@ fn main() -> Res<()> {
                     for layer in 0..s.layers as u64 {
                         let [rows, _] = kernels::encode(&codec, &normal(&shape, 100 + layer)?, &normal(&shape, 200 + layer)?)?;
                         let sinks = [normal(&sink_shape, 300 + layer)?, normal(&sink_shape, 400 + layer)?];
-                        eval(&[&rows, &sinks[0], &sinks[1]])?;
-                        sets.push((rows, sinks));
+                        // Each layer's cache counts its attention's splits apart.
+                        let counts = kernels::SplitCounts::default().for_groups(s.rows * s.kv_heads)?;
+                        eval(&[&rows, &sinks[0], &sinks[1], &counts])?;
+                        sets.push((rows, sinks, counts));
                     }
                     // The newest RECENT positions read from a full window, the rest from codes.
                     let cut = ctx - RECENT;
@@ -152,12 +154,14 @@ fn main() -> Res<()> {
                     let window_params = kernels::step_params(ROOM, scale, &vec![ROOM - RECENT; s.rows as usize])?;
                     eval(&[&params, &win, &window_params])?;
                     let window = kernels::Window { buffer: &win, params: &window_params };
-                    let step = time(5, steps, || sets.iter().map(|(rows, sinks)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, cut, &window)?)).collect())?;
+                    let step = time(5, steps, || sets.iter().map(|(rows, sinks, counts)| Ok(kernels::attend(&codec, &q, sinks, rows, &params, cut, &window, counts)?)).collect())?;
                     let kern = format!("{:.3} ({:.3})", step.1, step.0);
+                    // A decode step's encoding: the new position's rows and the window with it.
+                    let moves = kernels::window_moves(0, RECENT)?;
                     let step = time(5, steps, || {
                         let mut out = Vec::new();
                         for _ in 0..s.layers {
-                            out.extend(kernels::encode(&codec, &k1, &v1)?);
+                            out.extend(kernels::encode_step(&codec, &k1, &v1, &win, &moves)?);
                         }
                         Ok(out)
                     })?;
