@@ -1,6 +1,12 @@
-// Metal twin of turbo_merge.cu (line for line; see its comments): merges the
-// splits' partials (split 0's include the sinks) and rotates the result back.
-// One threadgroup of 4 simdgroups per (row, query head).
+// Merges turbo_attend's split partials (split 0's include the sinks; part_o
+// [B, HQ, NS, D], part_ml [B, HQ, NS, 2]: each split's max and sum, base 2)
+// into the attention output and rotates it back, o = s1 ⊙ H(s2 ⊙ õ)/√D.
+// One threadgroup of 4 simdgroups per (row, query head): the weights
+// exp2(max - M) once per split in threadgroup memory, each simdgroup sums a
+// quarter of the splits, the first adds the others' sums, divides, and runs
+// the transform across its lanes by shuffles. Metal only: on CUDA the
+// attention kernel's last block merges (turbo_warp_merge, turbo_common.cuh);
+// Metal would need device-scope fences for that pattern.
 constexpr int WARPS = 4;
 constexpr int E = D / 32;               // coordinates a lane owns: lane * E ..
 threadgroup float weight[256];
