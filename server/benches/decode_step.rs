@@ -25,7 +25,13 @@
 //! MLX attention kernel takes at one query position).
 //!
 //! `--turbo-kv` compresses the cache when decoding starts, as the engine
-//! does (the prompt stays under the prefill threshold).
+//! does (the prompt stays under the prefill threshold). A list such as
+//! `--turbo-kv fp16,balanced` (`fp16`: the 16-bit cache) runs the
+//! configurations in turn within each pass, in one process on one loaded
+//! model, and ends with each one's median tok/s and the median of the
+//! passes' ratios to the first: a lent GPU machine's host speed drifts by
+//! tens of percent between passes and processes (a decode step is bound by
+//! it), and passes run back to back share the drift.
 //!
 //! `--alternate` adds one no-op (the tokens plus zero) in front of every
 //! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
@@ -180,8 +186,9 @@ struct Pass<'a> {
     engine_loop: bool,
 }
 
-/// Timings of a pass over `rows` sequences, printed when `report`.
-fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool) -> Res<()> {
+/// Timings of a pass over `rows` sequences, printed when `report` (with
+/// `label` after the row count) and then its pipelined tok/s returned.
+fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &str) -> Res<Option<f64>> {
     let Pass { prompt, steps, turbo, ragged, alternate, engine_loop } = *pass;
     let row_prompt = |r: i32| if ragged { (prompt - 8 * r).max(1) } else { prompt };
     let kinds = model.kv_layout().kinds;
@@ -225,10 +232,11 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool) -> Res<(
     let (p_build, p_launch, p_wait, p_step) = (p.build, p.launch, p.wait, p.step);
     let piped = t.elapsed().as_secs_f64() / (steps + 1) as f64;
     if !report {
-        return Ok(memory::clear_cache()?);
+        memory::clear_cache()?;
+        return Ok(None);
     }
     println!(
-        "| {rows} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.0} |",
+        "| {rows}{label} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.0} |",
         median_ms(build),
         median_ms(launch),
         median_ms(single),
@@ -263,7 +271,7 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool) -> Res<(
         slow.join(" ")
     );
     memory::clear_cache()?;
-    Ok(())
+    Ok(Some(rows as f64 / piped))
 }
 
 fn main() -> Res<()> {
@@ -276,38 +284,74 @@ fn main() -> Res<()> {
     let rows: Vec<i32> = list(&args, "--rows", "1,8")?;
     let prompt: i32 = arg(&args, "--prompt", 128)?;
     let steps: usize = arg(&args, "--steps", 64)?;
-    let turbo_name: String = arg(&args, "--turbo-kv", String::new())?;
+    let kv_names: String = arg(&args, "--turbo-kv", String::new())?;
     let alternate = args.iter().any(|a| a == "--alternate");
     let ragged = args.iter().any(|a| a == "--ragged");
     let engine_loop = args.iter().any(|a| a == "--engine-loop");
     let passes: usize = arg(&args, "--passes", 1)?;
     let model = models::load(&dir)?.model;
-    let turbo = match turbo_name.as_str() {
-        "" => None,
-        preset => {
-            let layout = model.kv_layout();
-            Some(KvCompression::turbo(preset, i32::MAX)?.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?)
-        }
-    };
+    // Each configuration: its name and its compression (None: the 16-bit cache).
+    let mut configs: Vec<(String, Option<KvCompression>)> = Vec::new();
+    for name in kv_names.split(',').map(str::trim) {
+        let turbo = match name {
+            "" | "fp16" => None,
+            preset => {
+                let layout = model.kv_layout();
+                Some(KvCompression::turbo(preset, i32::MAX)?.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?)
+            }
+        };
+        configs.push((if name.is_empty() { "fp16".to_string() } else { name.to_string() }, turbo));
+    }
+    let names: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
     println!(
         "{} (quantized matmul kernel: {}; KV cache: {}{}; consecutive steps' graphs: {}{})",
         dir.display(),
         if models::quant_kernel::in_use() { "ours" } else { "MLX's" },
-        if turbo_name.is_empty() { "16-bit" } else { &turbo_name },
+        if configs.len() > 1 { format!("{}, in turn each pass", names.join(", ")) } else if kv_names.is_empty() { "16-bit".to_string() } else { kv_names.clone() },
         if ragged { ", rows of other lengths (left-padded)" } else { "" },
         if alternate { "alternating" } else { "alike" },
         if engine_loop { "; pipelined as the engine: sampling its own graph" } else { "" }
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let pass = Pass { prompt, steps, turbo: turbo.as_ref(), ragged, alternate, engine_loop };
+    let base = Pass { prompt, steps, turbo: None, ragged, alternate, engine_loop };
+    let label = |name: &str| if configs.len() > 1 { format!(" {name}") } else { String::new() };
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
-        run(model.as_ref(), r, &pass, false)?;
+        for (_, turbo) in &configs {
+            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, false, "")?;
+        }
+        let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for _ in 0..passes {
-            run(model.as_ref(), r, &pass, true)?;
+            for (i, (name, turbo)) in configs.iter().enumerate() {
+                tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, true, &label(name))?);
+            }
+        }
+        if configs.len() > 1 {
+            print_pairs(r, &names, &tps);
         }
     }
     Ok(())
+}
+
+/// Each configuration's median pipelined tok/s over the passes, and the
+/// median of each pass's ratio to the first configuration's run beside it.
+fn print_pairs(rows: i32, names: &[&str], tps: &[Vec<f64>]) {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    for (name, runs) in names.iter().zip(tps) {
+        let ratios: Vec<f64> = runs.iter().zip(&tps[0]).map(|(x, base)| x / base).collect();
+        let shown: Vec<String> = runs.iter().map(|x| format!("{x:.0}")).collect();
+        println!(
+            "|   | {rows} row(s), {name}: median {:.1} tok/s over {} passes ({}); median ratio to {} in the same pass {:.2}x |",
+            median(runs.clone()),
+            runs.len(),
+            shown.join(", "),
+            names[0],
+            median(ratios)
+        );
+    }
 }
