@@ -58,9 +58,13 @@ use mlx_serve::models::{self, LanguageModel};
 /// Tokens a prefill chunk takes.
 const PREFILL_CHUNK: usize = 2048;
 
-fn median_ms(mut v: Vec<f64>) -> f64 {
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2] * 1e3
+    v[v.len() / 2]
+}
+
+fn median_ms(v: Vec<f64>) -> f64 {
+    median(v) * 1e3
 }
 
 fn mean_ms(v: &[f64]) -> f64 {
@@ -328,7 +332,7 @@ fn main() -> Res<()> {
                 tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, true, &label(name))?);
             }
         }
-        if configs.len() > 1 {
+        if configs.len() > 1 && passes > 0 {
             print_pairs(r, &names, &tps);
         }
     }
@@ -338,10 +342,6 @@ fn main() -> Res<()> {
 /// Each configuration's median pipelined tok/s over the passes, and the
 /// median of each pass's ratio to the first configuration's run beside it.
 fn print_pairs(rows: i32, names: &[&str], tps: &[Vec<f64>]) {
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
     for (name, runs) in names.iter().zip(tps) {
         let ratios: Vec<f64> = runs.iter().zip(&tps[0]).map(|(x, base)| x / base).collect();
         let shown: Vec<String> = runs.iter().map(|x| format!("{x:.0}")).collect();
