@@ -12,7 +12,8 @@
 # env: BIN_DIR (default .device/bin), OUT (default /tmp/turbo-out), CONTEXTS (32768,65536),
 #      BLOCKS="256 512" (kv_attend once per attention block target, MLX_SERVE_TURBO_BLOCKS),
 #      SHAPE (kv_attend's shape flags, default the Llama-3.1-8B shape; the Qwen3-30B-A3B shape:
-#      SHAPE="--layers 48 --kv-heads 4 --heads 32", where host time decides: BENCHMARKS.md),
+#      SHAPE="--layers 48 --kv-heads 4 --heads 32", where host time decides: BENCHMARKS.md; the
+#      ncu runs keep their own few layers: kv_attend takes a flag's first value),
 #      NCU=1 (per-kernel GPU times of each version), NCU_FULL=1 (one attention launch in full),
 #      TESTS=0 (skip the unit tests of the built-in kernels, e.g. already run on this build),
 #      MODEL=1 (then bench/turbo_bench.py on a Llama-3.1-8B-shaped 4-bit model, built once
@@ -47,7 +48,7 @@ for version in "$@"; do
   if [ "${NCU:-0}" = 1 ]; then
     echo "== $tag: GPU time per kernel (ncu), 32768 tokens, 4 layers"
     timeout 400 ncu --csv --metrics gpu__time_duration.sum --print-units base \
-      "$BIN_DIR/kv_attend" --contexts 32768 --formats fp16,balanced --layers 4 --steps 3 >"$OUT/ncu-times-$tag.csv" 2>"$OUT/ncu-times-$tag.err" || status=1
+      "$BIN_DIR/kv_attend" --contexts 32768 --formats fp16,balanced --layers 4 --steps 3 $SHAPE >"$OUT/ncu-times-$tag.csv" 2>"$OUT/ncu-times-$tag.err" || status=1
     python3 bench/ncu_times.py "$OUT/ncu-times-$tag.csv" || status=1
   fi
   if [ "$first" = 1 ] && [ "${NCU_FULL:-0}" = 1 ]; then
@@ -55,7 +56,7 @@ for version in "$@"; do
     timeout 300 ncu --kernel-name regex:turbo_attend --launch-skip 8 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      "$BIN_DIR/kv_attend" --contexts 32768 --formats balanced --layers 2 --steps 3 >"$OUT/ncu-full-$tag.txt" 2>&1 || status=1
+      "$BIN_DIR/kv_attend" --contexts 32768 --formats balanced --layers 2 --steps 3 $SHAPE >"$OUT/ncu-full-$tag.txt" 2>&1 || status=1
     grep -E "Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|Block Limit|Shared Memory Configuration|Waves" "$OUT/ncu-full-$tag.txt" | head -60
   fi
   if [ "$first" = 1 ] && [ "${MODEL:-0}" = 1 ]; then
