@@ -411,12 +411,8 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     }
     let inputs = [q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params];
     if lang == KernelLanguage::Cuda {
-        if counts.size() < (b * hkv) as usize {
-            return Err(Error::Internal("split counters for fewer rows than the query's"));
-        }
         let call = split_call([b, hq, hkv, ns, d], threads, template, Some(q.dtype()));
-        let with_counts: Vec<&Array> = inputs.iter().copied().chain([counts]).collect();
-        return with_kernel("turbo_attend", |kern| merged(kern.apply(&with_counts, &call)?));
+        return launch_merged("turbo_attend", &inputs, counts, b * hkv, &call);
     }
     let call = split_call([b, hq, hkv, ns, d], threads, template, None);
     let parts = with_kernel("turbo_attend", |kern| Ok(kern.apply(&inputs, &call)?))?;
@@ -439,9 +435,15 @@ fn split_call([b, hq, hkv, ns, d]: [i32; 5], threads: i32, template: Vec<(String
     }
 }
 
-/// The attention a self-merging (CUDA) split-K launch returns: its third
-/// output, after the partials.
-fn merged(outputs: Vec<Array>) -> Result<Array> {
+/// A self-merging (CUDA) split-K launch of kernel `name` over `inputs` and
+/// the cache's `counts` (one per group of the launch: `groups`, rows × KV
+/// heads): the merged attention, its third output after the partials.
+fn launch_merged(name: &'static str, inputs: &[&Array], counts: &Array, groups: i32, call: &KernelCall) -> Result<Array> {
+    if counts.size() < groups as usize {
+        return Err(Error::Internal("split counters for fewer rows than the query's"));
+    }
+    let inputs: Vec<&Array> = inputs.iter().copied().chain([counts]).collect();
+    let outputs = with_kernel(name, |kern| Ok(kern.apply(&inputs, call)?))?;
     outputs.into_iter().nth(2).ok_or(Error::Internal("a split-K attention kernel without its merged output"))
 }
 
@@ -666,10 +668,7 @@ fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group
     template.extend(ints(&[("D", d), ("REP", hq / hkv), ("BITS", bits), ("GS", group_size)]));
     let call = split_call([b, hq, hkv, splits(written, b * hkv), d], DENSE_THREADS, template, Some(q.dtype()));
     let [k, v, ks, kb, vs, vb] = kv;
-    if counts.size() < (b * hkv) as usize {
-        return Err(Error::Internal("split counters for fewer rows than the query's"));
-    }
-    with_kernel("dense_attend", |kern| merged(kern.apply(&[q, k, v, params, ks, kb, vs, vb, counts], &call)?))
+    launch_merged("dense_attend", &[q, k, v, params, ks, kb, vs, vb], counts, b * hkv, &call)
 }
 
 /// Threads of a dense attention block (dense_attend.cu's THREADS).
