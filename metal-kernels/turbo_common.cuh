@@ -433,9 +433,17 @@ __device__ inline void turbo_lane_attend(
 // ROT = 1 rotated back from TurboQuant's basis, o = s1 ⊙ H(s2 ⊙ õ)/√D (the
 // transform on registers, across lanes by shuffles; `signs` [3, D] is not
 // read with ROT = 0). A lane owns coordinates lane * E .. + E.
+// The rest of the GPU may be idle while this runs (it is the launch's tail),
+// so its time is L2 round trips: U splits' loads are issued before any is
+// used, in 8- or 16-byte pieces, the last batch re-reading split NS - 1 at
+// weight 0 so that every load is unconditional. Not inlined: the attention
+// loop that calls it keeps its registers (inlined, the batch's registers
+// raise the whole kernel's count and cost it resident blocks).
 template <typename T, int D, int ROT>
-__device__ inline void turbo_warp_merge(const float* part_o, const float* part_ml, const float* signs, T* out, size_t bh, int NS) {
+__device__ __noinline__ void turbo_warp_merge(const float* part_o, const float* part_ml, const float* signs, T* out, size_t bh, int NS) {
   constexpr int E = D / 32;
+  constexpr int P = E % 4 == 0 ? 4 : 2;   // floats a load
+  constexpr int U = D <= 64 ? 16 : D <= 128 ? 12 : 8;
   const int lane = threadIdx.x & 31;
   const float* ml = part_ml + bh * NS * 2;
   float M = TURBO_NEG_INF;
@@ -450,15 +458,38 @@ __device__ inline void turbo_warp_merge(const float* part_o, const float* part_m
     x[e] = 0.0f;
   }
   const float* po = part_o + bh * NS * D + lane * E;
-#pragma unroll 4
-  for (int s = 0; s < NS; ++s) {
-    // Every lane reads the same (max, sum): a broadcast; an empty split has
-    // max -inf and weight 0.
-    const float w = exp2f(__ldcg(ml + 2 * s) - M);
-    L += __ldcg(ml + 2 * s + 1) * w;
+  for (int s0 = 0; s0 < NS; s0 += U) {
+    float2 mlu[U];
+    float o[U][E];
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      x[e] += w * __ldcg(po + (size_t)s * D + e);
+    for (int u = 0; u < U; ++u) {
+      const int s = min(s0 + u, NS - 1);
+      mlu[u] = __ldcg(reinterpret_cast<const float2*>(ml) + s);
+#pragma unroll
+      for (int e = 0; e < E; e += P) {
+        if constexpr (P == 4) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(po + (size_t)s * D + e));
+          o[u][e] = v.x;
+          o[u][e + 1] = v.y;
+          o[u][e + 2] = v.z;
+          o[u][e + 3] = v.w;
+        } else {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(po + (size_t)s * D + e));
+          o[u][e] = v.x;
+          o[u][e + 1] = v.y;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      // Every lane reads the same (max, sum): a broadcast; an empty split has
+      // max -inf and weight 0, as has a batch's padding past NS.
+      const float w = s0 + u < NS ? exp2f(mlu[u].x - M) : 0.0f;
+      L += mlu[u].y * w;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        x[e] += w * o[u][e];
+      }
     }
   }
 #pragma unroll
