@@ -3,8 +3,9 @@
 // row's compressed positions with 4 warps, for every query head of the KV
 // head's group at once; split 0 also attends the row's 4 unquantized sinks
 // (warp 0, before its first chunk), so the merge needs neither the query nor
-// the sinks. The last split instead attends the recent window (recent.rs):
-// the newest positions' keys and values kept at 16 bits, both rotated.
+// the sinks. The last WS splits instead attend the recent window (recent.rs),
+// a slice each: the newest positions' keys and values kept at 16 bits, both
+// rotated.
 //
 // The warps work independently (no block barrier between the prologue and
 // the end): warp w takes the slice's chunks of 16 positions w, w + 4, ...,
@@ -42,8 +43,8 @@
 // counts [B * HKV] uint32: zeros, one per (row, KV head) group (see
 // turbo_merge_if_last: the last split of a group to finish merges it).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
-// the grid's blocks per (row, KV head): NS - 1 splits of the codes, then the
-// window; out [B, HQ, 1, D] of type T: the merged attention, rotated back.
+// the grid's blocks per (row, KV head): NS - WS splits of the codes, then
+// WS of the window (the template's WS); out [B, HQ, 1, D] of type T: the merged attention, rotated back.
 // 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
@@ -115,9 +116,10 @@ for (int j = 0; j < QPT; ++j) {
 const float vcr = tid < (1 << VBITS) ? vcent[tid] : 0.0f;
 const float kcr = KFMT == 1 && tid < 16 ? kcent[tid] : 0.0f;
 const int len = idx > first ? idx - first : 0;
-const int per = (len + NS - 2) / (NS - 1);
+const int NC = NS - WS;                 // splits of the codes; the window's follow
+const int per = (len + NC - 1) / NC;
 const int t0 = first + split * per;
-const bool window = split == NS - 1;
+const bool window = split >= NC;
 const int count = window ? 0 : max(min(idx, t0 + per) - t0, 0);
 const int nch = (count + CH - 1) / CH;
 const size_t head = (size_t)b * HKV + g;
@@ -285,15 +287,20 @@ if (split == 0 && warp == 0) {
 }
 __syncthreads();
 
-// The last split: the window's slots wfirst..wend, read as they are (no
-// codes, no copies into the stages) by turbo_lane_attend, its sums in the
-// stages (clear of the queries once it has read them).
+// The last WS splits: the window's slots wfirst..wend, a slice each, read as
+// they are (no codes, no copies into the stages) by turbo_lane_attend, its
+// sums in the stages (clear of the queries once it has read them). The lane
+// loop takes a warp's positions two at a time (head dim 128): one block over
+// the whole window (128-192 positions) was the launch's longest path.
 if (window) {
   const int wfirst = win_params[2 + b];
+  const int wend = win_params[0];
+  const int wper = (max(wend - wfirst, 0) + WS - 1) / WS;
+  const int w0 = wfirst + (split - NC) * wper;
   // A head's keys are its 2 * WCAP slots' first half, its values the second.
   const int wcap = win_shape[3];
-  turbo_lane_attend<S, 0, 32, D, REP>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, wfirst,
-                                      win_params[0], mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
+  turbo_lane_attend<S, 0, 32, D, REP>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, w0,
+                                      min(wend, w0 + wper), mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
                                       (size_t)(b * HQ + g * REP) * NS + split, NS);
   turbo_merge_if_last<T, D, 1, REP>(counts, head, NS, part_o, part_ml, signs, out, (size_t)b * HQ + g * REP);
   return;

@@ -6,8 +6,8 @@
 // for the H100; Metal's simdgroup matrices are 8x8): each packed
 // coordinate decoded once for the MAXH query heads a simdgroup serves,
 // chunks of CH positions with one online-softmax step each, values summed in
-// the rotated basis. The last split attends the recent window instead
-// (recent.rs: the newest positions' rotated keys and values at 16 bits, in
+// the rotated basis. The last WS splits attend the recent window instead,
+// a slice each (recent.rs: the newest positions' rotated keys and values at 16 bits, in
 // win [B, HKV, 2, WCAP, D] of type S, keys then values; win_params [2 + B]: the end
 // slot, the scale's bits (not read), each row's first slot), through the
 // same chunks with plain loads.
@@ -90,10 +90,13 @@ for (int h = 0; h < HPW; ++h) {
 const int idx = params[0];
 const int first = params[2 + b];
 const int len = idx > first ? idx - first : 0;
-const int per = (len + NS - 2) / (NS - 1);   // NS - 1 splits of the codes
-const bool window = split == NS - 1;
-const int t0 = window ? win_params[2 + b] : first + split * per;
-const int count = window ? metal::max(win_params[0] - t0, 0) : metal::max(metal::min(idx, t0 + per) - t0, 0);
+const int NC = NS - WS;                      // NS - WS splits of the codes,
+const int per = (len + NC - 1) / NC;
+const bool window = split >= NC;             // then WS of the window, a slice each
+const int wfirst = win_params[2 + b];
+const int wper = (metal::max(win_params[0] - wfirst, 0) + WS - 1) / WS;
+const int t0 = window ? wfirst + (split - NC) * wper : first + split * per;
+const int count = window ? metal::max(metal::min(win_params[0], t0 + wper) - t0, 0) : metal::max(metal::min(idx, t0 + per) - t0, 0);
 const ulong head = (ulong)b * HKV + g;
 const ulong wbase = head * 2 * win_shape[3];   // the window's key slot 0 of this row and head
 const ulong wvals = (ulong)win_shape[3] * D;     // its values: this far after its keys

@@ -17,7 +17,9 @@
 // `keep` are win's slots from `src` on, slot `keep` this position's rotated
 // key and value, the rest zeros (recent.rs `Recent::step_moves`: the push and, once
 // the room is used up, the move down to the newest positions, in this launch
-// instead of a slice update a layer).
+// instead of a slice update a layer). The grid's blocks past the B * HKV * L
+// encoding ones copy the window, CB a head (the grid's extra blocks per head):
+// one block copying a head's whole window was the launch's longest path.
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -36,20 +38,23 @@ const bool newest = bh % L == L - 1;    // the last position: also written to rk
 #if TURBO_ENCODE_STEP
 const int ROOM = win_shape[3];
 const int keep = moves[1];
-// This head's window: keys at slots 0.., values ROOM slots after.
-const size_t head0 = (size_t)(bh / L) * 2 * ROOM * D;
-const size_t wbase = head0 + d;
-if (newest) {
-  // The head's 2 x ROOM x D window in 16-byte pieces (a piece stays in one
-  // slot: D * sizeof(T) is a multiple of 16), UNR pieces a thread loaded
+const int NB = k_shape[0] * k_shape[1] * L;
+if (bh >= NB) {
+  // A copy block: part `part` of head `hd`'s 2 x ROOM x D window (keys at
+  // slots 0.., values ROOM slots after) in 16-byte pieces (a piece stays in
+  // one slot: D * sizeof(T) is a multiple of 16), UNR pieces a thread loaded
   // before any is stored (so their loads are in flight together; the
   // compiler cannot move a load of `win` past a store to `nwin` itself).
-  // Slot `keep` is left to the stores of the new position below.
+  // Slot `keep` is left to the new position's stores.
   constexpr int VEC = 16 / (int)sizeof(T);
   constexpr int UNR = 8;
+  const int CB = gridDim.x / NB - 1;
+  const int hd = (bh - NB) / CB;
+  const int part = (bh - NB) % CB;
+  const size_t head0 = (size_t)hd * 2 * ROOM * D;
   const int src = moves[0];
   const int pieces = 2 * ROOM * D / VEC;
-  for (int p0 = d; p0 < pieces; p0 += UNR * D) {
+  for (int p0 = part * UNR * D + d; p0 < pieces; p0 += CB * UNR * D) {
     uint4 val[UNR];
     int slot[UNR];
 #pragma unroll
@@ -69,8 +74,11 @@ if (newest) {
       }
     }
   }
+  return;
 }
-// Where the newest position's rotated key and value go (coordinate d).
+// Where the newest position's rotated key and value go (coordinate d) in its
+// head's window.
+const size_t wbase = (size_t)(bh / L) * 2 * ROOM * D + d;
 T* const newest_out = nwin;
 const size_t key_at = wbase + (size_t)keep * D;
 const size_t value_at = key_at + (size_t)ROOM * D;

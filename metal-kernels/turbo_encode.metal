@@ -5,7 +5,8 @@
 // With TURBO_ENCODE_STEP 1 (a decode step's form, as in the CUDA twin) the
 // window itself is the output: inputs also win [B, HKV, 2, ROOM, D] and moves
 // [2] int32 (src, keep); output nwin: win's slots src.. below keep, this
-// position at keep, zeros after.
+// position at keep, zeros after; the threadgroups past the B * HKV * L
+// encoding ones copy the window, CB a head (the grid's extra ones per head).
 constexpr int KB = KFMT == 0 ? D : D * KBITS / 8;
 constexpr int VB = D * VBITS / 8;
 constexpr int NKG = KFMT == 0 ? D / KG : 1;
@@ -26,17 +27,25 @@ const bool newest = int(bh) % L == L - 1;   // the last position: also written t
 #if TURBO_ENCODE_STEP
 const int ROOM = int(win_shape[3]);
 const int keep = moves[1];
-const ulong wbase = (ulong)(int(bh) / L) * 2 * ROOM * D + d;   // keys at slots 0.., values ROOM slots after
-if (newest) {
+const int NB = int(k_shape[0] * k_shape[1]) * L;
+if (int(bh) >= NB) {
+  // A copy threadgroup: head hd's slots w = part, part + CB, ... of its keys
+  // (w < ROOM) and values, coordinate d; slot keep is the new position's.
+  const int CB = int(threadgroups_per_grid.x) / NB - 1;
+  const int hd = (int(bh) - NB) / CB;
+  const int part = (int(bh) - NB) % CB;
+  const ulong head0 = (ulong)hd * 2 * ROOM * D + d;   // keys at slots 0.., values ROOM slots after
   const int src = moves[0];
-  for (int w = 0; w < 2 * ROOM; ++w) {
+  for (int w = part; w < 2 * ROOM; w += CB) {
     const int slot = w % ROOM;
     if (slot != keep) {
-      const ulong at = wbase + (ulong)(w / ROOM) * ROOM * D;
+      const ulong at = head0 + (ulong)(w / ROOM) * ROOM * D;
       nwin[at + (ulong)slot * D] = slot < keep ? win[at + (ulong)(src + slot) * D] : static_cast<T>(0.0f);
     }
   }
+  return;
 }
+const ulong wbase = (ulong)(int(bh) / L) * 2 * ROOM * D + d;   // this head's window
 device T* newest_out = nwin;
 const ulong key_at = wbase + (ulong)keep * D;
 const ulong value_at = key_at + (ulong)ROOM * D;

@@ -90,7 +90,7 @@ def main():
         for rep in [1, 4, 8]:
             if rep * d > 1024:
                 continue
-            cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t)))
+            cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t, WS=4)))
     for t, d, rep, (bits, gs) in itertools.product(["@bf16", "@f16", "@f32"], [64, 128, 256], [1, 4, 8], [(0, 32), (8, 64), (4, 32), (8, 128)]):
         if bits and d % gs:
             continue  # affine_applies: a row is whole scale groups

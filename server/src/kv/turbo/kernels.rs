@@ -310,7 +310,7 @@ pub fn encode_step(codec: &Codec, k: &Array, v: &Array, window: &Array, moves: &
     template.extend(ints(&[("D", d), ("KFMT", kfmt), ("KBITS", kbits), ("KG", affine_group(d)), ("VBITS", codec.format.value_bits as i32)]));
     let call = KernelCall {
         outputs: vec![(vec![b, h, 1, codec.row_bytes()], Dtype::Uint8), (window.shape(), codec.dtype)],
-        grid: (b * h * d, 1, 1),
+        grid: (b * h * (1 + window_copy_blocks(window)?) * d, 1, 1),
         thread_group: (d, 1, 1),
         template,
         ..Default::default()
@@ -320,6 +320,16 @@ pub fn encode_step(codec: &Codec, k: &Array, v: &Array, window: &Array, moves: &
         Ok(kern.apply(&[&k, &v, &t.signs, &t.key_bounds, &t.key_centroids, &t.value_bounds, &t.value_centroids, window, moves], &call)?)
     })?;
     <[Array; 2]>::try_from(out).map_err(|_| Error::Internal("the TurboQuant step encode kernel without its two outputs"))
+}
+
+/// Blocks a head's window buffer ([.., 2, room, D]) is copied by in
+/// [`encode_step`], beside the block that encodes the head's new position:
+/// enough that each thread of each (D threads) moves 8 pieces of 16 bytes
+/// once (turbo_encode.cu), so the copy is one memory round trip, not a loop
+/// of them in one block.
+fn window_copy_blocks(window: &Array) -> Result<i32> {
+    let bytes = 2 * window.dim(3)? as usize * window.dtype().size_of();
+    Ok(bytes.div_ceil(8 * 16).max(1) as i32)
 }
 
 /// [`encode_step`]'s `moves` for a step whose window slots `src..src + keep`
@@ -370,6 +380,12 @@ fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
     Ok(ops::concatenate(&[&head, &rest], 0)?)
 }
 
+/// Splits (blocks per row and KV head) that attend the recent window, a slice
+/// each: on CUDA a warp reads two of its 16-bit positions at a time, so one
+/// block over the whole window (128-192 positions) took longer than a split
+/// of 256 or more codes on tensor cores and every layer waited for it.
+const WINDOW_SPLITS: i32 = 4;
+
 /// The recent window's part of a decode step (see `recent.rs`): its whole
 /// buffer (rotated keys and values, [B, HKV, 2, capacity, D] of the codec's
 /// dtype) and `params` from [`step_params`] over it (the end slot, the
@@ -392,8 +408,8 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let hkv = sinks[0].dim(1)?;
     let rep = hq / hkv;
     let (kfmt, kbits) = key_code(codec);
-    // The merge takes at most 256 splits; the window takes the last.
-    let ns = splits(cut - SINKS, b * hkv).min(255) + 1;
+    // The merge takes at most 256 splits; the window takes the last ones.
+    let ns = splits(cut - SINKS, b * hkv).min(256 - WINDOW_SPLITS) + WINDOW_SPLITS;
     let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
     let threads = attend_threads(lang, rep);
     let t = codec.tables();
@@ -405,6 +421,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         ("KBITS", kbits),
         ("KG", affine_group(d)),
         ("VBITS", codec.format.value_bits as i32),
+        ("WS", WINDOW_SPLITS),
     ]));
     if window.buffer.dtype() != codec.dtype {
         return Err(Error::Internal("the recent window's dtype is not the codec's"));
