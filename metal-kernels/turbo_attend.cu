@@ -44,7 +44,8 @@
 // turbo_merge_if_last: the last split of a group to finish merges it).
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is
 // the grid's blocks per (row, KV head): NS - WS splits of the codes, then
-// WS of the window (the template's WS); out [B, HQ, 1, D] of type T: the merged attention, rotated back.
+// WS of the window (the template's WS); out [B, HQ, 1, D] of type T: the
+// merged attention, rotated back.
 // 128 threads a block (kernels.rs).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;

@@ -381,9 +381,10 @@ fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
 }
 
 /// Splits (blocks per row and KV head) that attend the recent window, a slice
-/// each: on CUDA a warp reads two of its 16-bit positions at a time, so one
-/// block over the whole window (128-192 positions) took longer than a split
-/// of 256 or more codes on tensor cores and every layer waited for it.
+/// each: on CUDA a warp reads two of its 16-bit positions at a time (head dim
+/// 128; `turbo_lane_attend` in turbo_common.cuh), so one block over the whole
+/// window (128-192 positions) took longer than a split of 256 or more codes
+/// on tensor cores and every layer waited for it.
 const WINDOW_SPLITS: i32 = 4;
 
 /// The recent window's part of a decode step (see `recent.rs`): its whole
