@@ -5,7 +5,8 @@
 # `cargo build --release`, `cargo test --release --no-run --test quant_kernel` and
 # `cargo bench --no-run --bench decode_step` under $BIN_DIR named mlx-serve, quant_kernel and
 # decode_step (and libmlxc.so beside them); for `dense`, also `cargo test --release --lib
-# --no-run`'s mlx_serve executable as mlx_serve_lib.
+# --no-run`'s mlx_serve executable as mlx_serve_lib (`scripts/device-bundle.sh --bench`
+# packs all of them).
 #
 # usage: bash bench/quant_kernel_gpu.sh STAGE...
 #   tests   server/tests/quant_kernel.rs against MLX (dense, every tiling, gathered, fallbacks)

@@ -5,8 +5,8 @@
 # attention launch). Variant kernel sources (MLX_SERVE_TURBO_KERNELS folders) run one after
 # another with the same tests and bench, so versions compare on one warm machine.
 # Run from the project root after `source .device/cuda-env.sh`, with $BIN_DIR holding
-# mlx_serve (the server crate's unit-test executable), kv_attend and libmlxc.so (and
-# mlx-serve for the whole model).
+# mlx_serve_lib (the server crate's unit-test executable), kv_attend and libmlxc.so (and
+# mlx-serve for the whole model): `scripts/device-bundle.sh --bench` packs them.
 #
 # usage: bash bench/turbo_profile.sh [builtin|DIR]...     (default: builtin)
 # env: BIN_DIR (default .device/bin), OUT (default /tmp/turbo-out), CONTEXTS (32768,65536),
@@ -36,7 +36,7 @@ for version in "$@"; do
   echo "== $tag: kv::turbo tests"
   if [ "$version" = builtin ] && [ "${TESTS:-1}" = 0 ]; then
     echo "skipped"
-  elif ! grep -q "test result: ok" <(timeout 300 "$BIN_DIR/mlx_serve" kv::turbo --test-threads 1 2>&1 | tee "$OUT/tests-$tag.txt"); then
+  elif ! grep -q "test result: ok" <(timeout 300 "$BIN_DIR/mlx_serve_lib" kv::turbo --test-threads 1 2>&1 | tee "$OUT/tests-$tag.txt"); then
     grep -E "^test .*FAILED|panicked|test result" "$OUT/tests-$tag.txt" | head; status=1; continue
   fi
   for blocks in ${BLOCKS:-default}; do

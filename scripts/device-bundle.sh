@@ -2,6 +2,11 @@
 # Packs what the GPU machine needs to run this checkout's release binary and test
 # executables against MLX's CUDA build: .device/bin/ gets mlx-serve, every test
 # executable of `cargo test --release` and libmlxc.so (found through $ORIGIN).
+# With --bench it gets instead the executables the GPU scripts of bench/ name
+# (bench/quant_kernel_gpu.sh, bench/turbo_profile.sh): mlx-serve, libmlxc.so, the
+# library's unit tests as mlx_serve_lib, the quant_kernel test, and the kv_attend,
+# decode_step and quant_matmul benches (~11 MB packed; every test executable is
+# several times that).
 # MLX's CUDA bundle comes from ../shared/tools/cuda-bundle.sh (same .device/).
 #
 # On the GPU machine (device tool, carry [".device"]):
@@ -12,14 +17,27 @@ out=.device
 mkdir -p "$out/bin"
 rm -f "$out"/bin/*
 cargo build --release
-cargo test --release --no-run --message-format=json 2>/dev/null |
-  python3 -c '
+# The executables cargo builds for `$@`, one a line.
+executables() {
+  cargo "$@" --message-format=json 2>/dev/null |
+    python3 -c '
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
-        print(m["executable"])' >"$out/tests.txt"
-while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
+        print(m["executable"])'
+}
+if [ "${1:-}" = --bench ]; then
+  cp "$(executables test -p mlx-serve --release --no-run --lib)" "$out/bin/mlx_serve_lib"
+  cp "$(executables test -p mlx-serve --release --no-run --test quant_kernel)" "$out/bin/quant_kernel"
+  for bench in kv_attend decode_step quant_matmul; do
+    cp "$(executables bench -p mlx-serve --no-run --bench $bench)" "$out/bin/$bench"
+  done
+  printf '%s\n' mlx_serve_lib quant_kernel >"$out/tests.txt"
+else
+  executables test --release --no-run >"$out/tests.txt"
+  while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
+fi
 cp target/release/mlx-serve vendor/mlxc/lib/libmlxc.so "$out/bin/"
 pwd >"$out/built-at"
 # The benchmark suite records which commit the binary was built from (no git there).
@@ -30,7 +48,8 @@ strip --strip-debug "$out"/bin/*
 tar -C "$out" -cJf "$out/bin.tar.xz" bin && rm -rf "$out/bin"
 cat >"$out/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs every packed test executable; prints a summary line per executable.
+# Runs every packed test executable (those .device/tests.txt names); prints a
+# summary line per executable.
 cd "$(dirname "$0")/.."
 [ -d .device/bin ] || tar -C .device -xJf .device/bin.tar.xz
 # The tests find the repository at the path it had where they were built.
@@ -39,12 +58,11 @@ built_at=$(cat .device/built-at)
 export MLX_SERVE_PYTHON=${MLX_SERVE_PYTHON:-python3}
 export MLX_SERVE_BIN=$PWD/.device/bin/mlx-serve
 fail=0
-for t in .device/bin/*-*; do
-  [ -x "$t" ] || continue
-  case "$t" in *.so) continue ;; esac
+while read -r exe; do
+  t=.device/bin/$(basename "$exe")
   echo "== $t"
   "$t" "$@" || fail=1
-done
+done <.device/tests.txt
 exit $fail
 RUN
 chmod +x "$out/run-tests.sh"
