@@ -14,7 +14,8 @@
 #      SHAPE (kv_attend's shape flags, default the Llama-3.1-8B shape; the Qwen3-30B-A3B shape:
 #      SHAPE="--layers 48 --kv-heads 4 --heads 32", where host time decides: BENCHMARKS.md; the
 #      ncu runs keep their own few layers: kv_attend takes a flag's first value),
-#      NCU=1 (per-kernel GPU times of each version), NCU_FULL=1 (one attention launch in full),
+#      NCU=1 (per-kernel GPU times of each version, at each of NCU_CONTEXTS, default 32768),
+#      NCU_FULL=1 (one attention launch in full),
 #      TESTS=0 (skip the unit tests of the built-in kernels, e.g. already run on this build),
 #      MODEL=1 (then bench/turbo_bench.py on a Llama-3.1-8B-shaped 4-bit model, built once
 #      under $MODELS, default /tmp/bench-models, if the tests passed)
@@ -46,10 +47,12 @@ for version in "$@"; do
   done
   unset MLX_SERVE_TURBO_BLOCKS
   if [ "${NCU:-0}" = 1 ]; then
-    echo "== $tag: GPU time per kernel (ncu), 32768 tokens, 4 layers"
-    timeout 400 ncu --csv --metrics gpu__time_duration.sum --print-units base \
-      "$BIN_DIR/kv_attend" --contexts 32768 --formats fp16,balanced --layers 4 --steps 3 $SHAPE >"$OUT/ncu-times-$tag.csv" 2>"$OUT/ncu-times-$tag.err" || status=1
-    python3 bench/ncu_times.py "$OUT/ncu-times-$tag.csv" || status=1
+    for c in ${NCU_CONTEXTS:-32768}; do
+      echo "== $tag: GPU time per kernel (ncu), $c tokens, 4 layers"
+      timeout 400 ncu --csv --metrics gpu__time_duration.sum --print-units base \
+        "$BIN_DIR/kv_attend" --contexts $c --formats fp16,balanced --layers 4 --steps 3 $SHAPE >"$OUT/ncu-times-$tag-$c.csv" 2>"$OUT/ncu-times-$tag-$c.err" || status=1
+      python3 bench/ncu_times.py "$OUT/ncu-times-$tag-$c.csv" || status=1
+    done
   fi
   if [ "$first" = 1 ] && [ "${NCU_FULL:-0}" = 1 ]; then
     echo "== $tag: one attention launch in full (ncu)"
