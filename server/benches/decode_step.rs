@@ -9,11 +9,16 @@
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
+//!       [--warm-prompt N]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
 //! positions) is compiled and instantiated before timing; `--passes` timed
-//! passes follow. Besides the medians, a line per pass gives the pipelined
+//! passes follow. `--warm-prompt N` makes that pass's prompt N tokens: at
+//! long contexts the prefill takes most of a pass (a 64K-token prompt over a
+//! minute on the Qwen3-30B-A3B shape on an H200), and a timed pass's own
+//! steps one at a time come before its pipelined ones, so what compiles per
+//! cache length compiles there. Besides the medians, a line per pass gives the pipelined
 //! steps' spread (p50, p90, max) and the steps over 3x the median.
 //!
 //! `--engine-loop` pipelines as the engine does (engine/batch.rs): sampling
@@ -293,6 +298,7 @@ fn main() -> Res<()> {
     let ragged = args.iter().any(|a| a == "--ragged");
     let engine_loop = args.iter().any(|a| a == "--engine-loop");
     let passes: usize = arg(&args, "--passes", 1)?;
+    let warm_prompt: i32 = arg(&args, "--warm-prompt", prompt)?;
     let model = models::load(&dir)?.model;
     // Each configuration: its name and its compression (None: the 16-bit cache).
     let mut configs: Vec<(String, Option<KvCompression>)> = Vec::new();
@@ -324,7 +330,7 @@ fn main() -> Res<()> {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
         for (_, turbo) in &configs {
-            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, false, "")?;
+            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), prompt: warm_prompt, ..base }, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for _ in 0..passes {
