@@ -566,3 +566,13 @@ __device__ inline void turbo_merge_if_last(const uint32_t* counts, size_t group,
     turbo_warp_merge<T, D, ROT>(part_o, part_ml, signs, out, bh0 + h, NS);
   }
 }
+
+// A kernel whose header starts by defining TURBO_MIN_BLOCKS (kernels.rs
+// `turbo_attend_bounded`) asks ptxas for registers that let that many
+// 128-thread blocks share an SM. MLX writes the kernel's signature
+// (`__global__ void name(`) right after this header and takes no launch
+// bounds of its own, so the bound comes in through `__global__`.
+#ifdef TURBO_MIN_BLOCKS
+#undef __global__
+#define __global__ __attribute__((global)) __launch_bounds__(128, TURBO_MIN_BLOCKS)
+#endif

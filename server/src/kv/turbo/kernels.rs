@@ -228,7 +228,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
                     let inputs: &[&str] = &["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent", "win", "moves"];
                     (inputs, &["o", "nwin"], source(1)?)
                 }
-                "turbo_attend" if cuda => {
+                "turbo_attend" | "turbo_attend_bounded" if cuda => {
                     let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params", "counts"];
                     (inputs, &["part_o", "part_ml", "out"], source(2)?)
                 }
@@ -240,9 +240,11 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
                 _ => (&["part_o", "part_ml", "signs"], &["out"], source(3)?),
             };
             // The step's form of the encode kernel is the same source with
-            // TURBO_ENCODE_STEP set (see turbo_encode.cu).
+            // TURBO_ENCODE_STEP set (see turbo_encode.cu); the bounded
+            // attention kernel, with TURBO_MIN_BLOCKS (turbo_common.cuh).
             let header = match name {
                 "turbo_encode_step" => Cow::Owned(format!("#define TURBO_ENCODE_STEP 1\n{}", sources[0])),
+                "turbo_attend_bounded" => Cow::Owned(format!("#define TURBO_MIN_BLOCKS {BOUNDED_BLOCKS}\n{}", sources[0])),
                 _ => Cow::Borrowed(sources[0].as_ref()),
             };
             let src = KernelSource { header: &header, ..KernelSource::new(name, inputs, outputs, source) };
@@ -380,6 +382,13 @@ fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
     Ok(ops::concatenate(&[&head, &rest], 0)?)
 }
 
+/// Blocks of the CUDA attention kernel an SM is to hold at head dim 128 with
+/// more than 4 query heads per KV head (`turbo_attend_bounded`): there it
+/// takes ~200 registers a thread, 2 blocks an SM, and at 32K positions waits
+/// on its own latency; bounded to 3 (168 registers, a few spilled) it took
+/// 57 µs a layer instead of 65 on an H200 (Qwen3-30B-A3B shape, BENCHMARKS.md).
+const BOUNDED_BLOCKS: i32 = 3;
+
 /// Splits (blocks per row and KV head) that attend the recent window, a slice
 /// each: on CUDA a warp reads two of its 16-bit positions at a time (head dim
 /// 128; `turbo_lane_attend` in turbo_common.cuh), so one block over the whole
@@ -430,7 +439,8 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let inputs = [q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params];
     if lang == KernelLanguage::Cuda {
         let call = split_call([b, hq, hkv, ns, d], threads, template, Some(q.dtype()));
-        return launch_merged("turbo_attend", &inputs, counts, b * hkv, &call);
+        let name = if d == 128 && rep > 4 { "turbo_attend_bounded" } else { "turbo_attend" };
+        return launch_merged(name, &inputs, counts, b * hkv, &call);
     }
     let call = split_call([b, hq, hkv, ns, d], threads, template, None);
     let parts = with_kernel("turbo_attend", |kern| Ok(kern.apply(&inputs, &call)?))?;
