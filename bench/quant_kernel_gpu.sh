@@ -65,7 +65,7 @@ for stage in "$@"; do
     server)
       dir=$(model llama-3.1-8b-4bit)
       python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
-        --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/COMMIT" 2>/dev/null)" \
+        --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/../commit" 2>/dev/null)" \
         --out "$OUT/server-llama-3.1-8b-4bit.json" 2>&1 | tail -40 || status=1 ;;
     dense)
       timeout 300 "$BIN_DIR/mlx_serve_lib" the_16_bit_decode_attention_kernel --test-threads 1 2>&1 | grep -E "^test |test result|differs" || status=1
@@ -76,7 +76,7 @@ for stage in "$@"; do
         MLX_SERVE_DENSE_KERNEL=$on timeout 300 "$BIN_DIR/decode_step" "$dir" --rows 4 --prompt 8192 --steps 32 --engine-loop --ragged 2>&1 | tail -2 || status=1
       done
       python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
-        --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/COMMIT" 2>/dev/null) dense kernel" \
+        --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/../commit" 2>/dev/null) dense kernel" \
         --out "$OUT/server-llama-3.1-8b-4bit-dense.json" 2>&1 | tail -40 || status=1 ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
