@@ -185,8 +185,9 @@ fn unsupported_calls_fall_back() {
     let x = normal(&[2, 256], 2, Dtype::Bfloat16);
     let applies = |x: &Array, w: &Array, s: &Array, b: Option<&Array>, spec: QuantSpec| quant_kernel::matmul(x, w, s, b, spec).unwrap().is_some();
     assert_eq!(applies(&x, &w, &s, Some(&b), spec), cuda, "a supported call");
-    // One row (MLX's matvec), too many rows (prefill), float32 activations, no biases, 3 bits, mxfp4.
-    assert!(!applies(&normal(&[1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec));
+    // One row (a single sequence's decode step) takes it too (MIN_ROWS = 1).
+    assert_eq!(applies(&normal(&[1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec), cuda, "one row");
+    // Too many rows (prefill), float32 activations, no biases, 3 bits, mxfp4.
     assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &w, &s, Some(&b), spec));
     let x32 = ops::astype(&x, Dtype::Float32).unwrap();
     let (w32, s32, b32) = weights(&[], 64, 256, spec, Dtype::Float32, 1);
