@@ -18,8 +18,9 @@
 //! long contexts the prefill takes most of a pass (a 64K-token prompt over a
 //! minute on the Qwen3-30B-A3B shape on an H200), and a timed pass's own
 //! steps one at a time come before its pipelined ones, so what compiles per
-//! cache length compiles there. Besides the medians, a line per pass gives the pipelined
-//! steps' spread (p50, p90, max) and the steps over 3x the median.
+//! cache length compiles there. Besides the medians, a line per pass gives
+//! the pipelined steps' spread (p50, p90, max) and the steps over 3x the
+//! median.
 //!
 //! `--engine-loop` pipelines as the engine does (engine/batch.rs): sampling
 //! is a graph of its own, queued before the next model call.

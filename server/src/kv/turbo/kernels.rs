@@ -386,7 +386,7 @@ fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
 /// more than 4 query heads per KV head (`turbo_attend_bounded`): there it
 /// takes ~200 registers a thread, 2 blocks an SM, and at 32K positions waits
 /// on its own latency; bounded to 3 (168 registers, a few spilled) it took
-/// 57 µs a layer instead of 65 on an H200 (Qwen3-30B-A3B shape, BENCHMARKS.md).
+/// 56-57 µs a layer instead of 65 on an H200 (Qwen3-30B-A3B shape, BENCHMARKS.md).
 const BOUNDED_BLOCKS: i32 = 3;
 
 /// Splits (blocks per row and KV head) that attend the recent window, a slice
