@@ -9,6 +9,17 @@
 // axis). Inputs and outputs are row-contiguous; their leading axes are read
 // flat, so no reshape is needed around the call.
 //
+// Gated (QMM_GLU 1): a second weight set w_up, scales_up, biases_up of the
+// same shape; y = silu(x @ wᵀ) * (x @ w_upᵀ), each product rounded to T and
+// the gate applied op for op as MLX's compiled swiglu (qmm_swiglu), so the
+// result equals the two products (with the same split) and MLX's swiglu
+// exactly. A warp then owns RT tiles of each: RR = 2 * RT tiles of
+// accumulators, the up tiles after the gate's.
+//
+// With a residual (QMM_RESIDUAL 1, dense only): an input `res` shaped as y;
+// y = res + (x @ Wᵀ), the product rounded to T and added by MLX's own Add,
+// as the layer's `h + o_proj(...)` computes it.
+//
 // A warp owns RT tiles of 16 output features; the WK warps of a block split
 // the k-blocks between them and sum in shared memory at the end. In a k-block
 // (4 * SEG columns) the lane with quad index t reads one 16-byte run of each
@@ -22,6 +33,7 @@ constexpr int SEG = 128 / BITS;
 constexpr int KB = 4 * SEG;
 constexpr int STEPS = SEG / 4;
 constexpr int XW = SEG / 2;  // 32-bit words of x in a lane's run (2 values each)
+constexpr int RR = QMM_GLU ? 2 * RT : RT;  // tiles of accumulators a warp owns
 
 const int K = x_shape[x_ndim - 1];
 #if QMM_GATHER
@@ -45,6 +57,11 @@ const int row0 = blockIdx.x * (16 * RT);
 const uint32_t* wp = w;
 const T* sp = scales;
 const T* bp = biases;
+#if QMM_GLU
+const uint32_t* wp2 = w_up;
+const T* sp2 = scales_up;
+const T* bp2 = biases_up;
+#endif
 const T* xp = x;
 T* yp = y;
 #if QMM_GATHER
@@ -54,6 +71,11 @@ T* yp = y;
   wp += e * N * KW;
   sp += e * N * G;
   bp += e * N * G;
+#if QMM_GLU
+  wp2 += e * N * KW;
+  sp2 += e * N * G;
+  bp2 += e * N * G;
+#endif
   xp += (pair / DIV) * K;
   yp += pair * N;
 }
@@ -67,9 +89,9 @@ for (int r = 0; r < RT; ++r) {
   rows[r][1] = min(row0 + r * 16 + g + 8, N - 1);
 }
 
-float acc[RT][MT][4];
+float acc[RR][MT][4];
 #pragma unroll
-for (int r = 0; r < RT; ++r) {
+for (int r = 0; r < RR; ++r) {
   #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     #pragma unroll
@@ -83,17 +105,28 @@ const int nkb = (K + KB - 1) / KB;
 for (int kb = warp; kb < nkb; kb += WK) {
   const int k0 = kb * KB + t * SEG;
   const bool live = k0 < K;
-  uint4 wv[RT][2];
-  T sc[RT][2], bi[RT][2];
+  uint4 wv[RR][2];
+  T sc[RR][2], bi[RR][2];
   #pragma unroll
-  for (int r = 0; r < RT; ++r) {
+  for (int r = 0; r < RR; ++r) {
+    // Tiles past RT are the up projection's, at the same features.
+    const uint32_t* wr = wp;
+    const T* sr = sp;
+    const T* br = bp;
+#if QMM_GLU
+    if (r >= RT) {
+      wr = wp2;
+      sr = sp2;
+      br = bp2;
+    }
+#endif
     #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const size_t row = rows[r][h];
+      const size_t row = rows[r % RT][h];
       if (live) {
-        wv[r][h] = *reinterpret_cast<const uint4*>(wp + row * KW + k0 / (32 / BITS));
-        sc[r][h] = sp[row * G + k0 / GS];
-        bi[r][h] = bp[row * G + k0 / GS];
+        wv[r][h] = *reinterpret_cast<const uint4*>(wr + row * KW + k0 / (32 / BITS));
+        sc[r][h] = sr[row * G + k0 / GS];
+        bi[r][h] = br[row * G + k0 / GS];
       } else {
         wv[r][h] = make_uint4(0, 0, 0, 0);
         sc[r][h] = static_cast<T>(0.0f);
@@ -122,9 +155,9 @@ for (int kb = warp; kb < nkb; kb += WK) {
     // Words of x holding this step's 4 columns, and where the two pairs sit.
     const int xa = BITS == 4 ? 4 * (s / 2) + s % 2 : 2 * s;
     const int xb = BITS == 4 ? xa + 2 : xa + 1;
-    uint32_t a[RT][4];
+    uint32_t a[RR][4];
     #pragma unroll
-    for (int r = 0; r < RT; ++r) {
+    for (int r = 0; r < RR; ++r) {
       #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[r][h]);
@@ -144,7 +177,7 @@ for (int kb = warp; kb < nkb; kb += WK) {
       const uint32_t b0 = __byte_perm(xv[mt][xa], xv[mt][xb], 0x5410);
       const uint32_t b1 = __byte_perm(xv[mt][xa], xv[mt][xb], 0x7632);
       #pragma unroll
-      for (int r = 0; r < RT; ++r) {
+      for (int r = 0; r < RR; ++r) {
         qmm_mma<T>(acc[r][mt], a[r], b0, b1);
       }
     }
@@ -153,10 +186,10 @@ for (int kb = warp; kb < nkb; kb += WK) {
 
 // Split-K: warps 1.. hand their sums to warp 0 through shared memory.
 if (WK > 1) {
-  __shared__ float part[WK > 1 ? WK - 1 : 1][RT * MT * 4][32];
+  __shared__ float part[WK > 1 ? WK - 1 : 1][RR * MT * 4][32];
   if (warp > 0) {
     #pragma unroll
-    for (int r = 0; r < RT; ++r) {
+    for (int r = 0; r < RR; ++r) {
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
@@ -173,7 +206,7 @@ if (WK > 1) {
   #pragma unroll
   for (int o = 0; o < WK - 1; ++o) {
     #pragma unroll
-    for (int r = 0; r < RT; ++r) {
+    for (int r = 0; r < RR; ++r) {
       #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         #pragma unroll
@@ -195,7 +228,13 @@ for (int r = 0; r < RT; ++r) {
       const int n = row0 + r * 16 + g + (i / 2) * 8;
       const int m = mt * 8 + 2 * t + i % 2;
       if (n < N && m < M) {
+#if QMM_GLU
+        yp[(size_t)m * N + n] = qmm_swiglu(static_cast<T>(acc[r][mt][i]), static_cast<T>(acc[r + RT][mt][i]));
+#elif QMM_RESIDUAL
+        yp[(size_t)m * N + n] = mlx::core::cu::Add{}(res[(size_t)m * N + n], static_cast<T>(acc[r][mt][i]));
+#else
         yp[(size_t)m * N + n] = static_cast<T>(acc[r][mt][i]);
+#endif
       }
     }
   }

@@ -1,4 +1,9 @@
 #include <cuda/std/type_traits>
+#if QMM_GLU || QMM_RESIDUAL
+// MLX's own elementwise ops, as its kernels call them.
+#include "mlx/backend/cuda/device/binary_ops.cuh"
+#include "mlx/backend/cuda/device/unary_ops.cuh"
+#endif
 
 // Helpers of quant_matmul.cu: unpacking affine-quantized values into pairs of
 // T (bfloat16 or half) and the tensor-core product.
@@ -72,3 +77,15 @@ __device__ inline void qmm_mma(float* c, const uint32_t* a, uint32_t b0, uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+
+#if QMM_GLU
+// silu(gate) * up as MLX's compiled swiglu computes it (mlx-lm's
+// `silu(gate) * x`, silu(g) = g * sigmoid(g)): the same ops, each rounding
+// to T, so the fused kernel's output equals the unfused calls' bit for bit.
+template <typename T>
+__device__ inline T qmm_swiglu(T gate, T up) {
+  using namespace mlx::core::cu;
+  const T silu = Multiply{}(gate, Sigmoid{}(gate));
+  return Multiply{}(silu, up);
+}
+#endif

@@ -26,6 +26,23 @@ using Strides = cuda::std::array<int64_t, 8>;
 }
 """
 
+# MLX's elementwise ops that quant_matmul's gated form includes, stubbed with
+# their signatures (the real headers come with MLX's CUDA build).
+MLX_OP_STUBS = {
+    "mlx/backend/cuda/device/binary_ops.cuh": """#pragma once
+namespace mlx::core::cu {
+struct Multiply { template <typename T> __device__ T operator()(T x, T y) { return x * y; } };
+struct Add { template <typename T> __device__ T operator()(T x, T y) { return x + y; } };
+}
+""",
+    "mlx/backend/cuda/device/unary_ops.cuh": """#pragma once
+#include <cuda/std/cmath>
+namespace mlx::core::cu {
+struct Sigmoid { template <typename T> __device__ T operator()(T x) { float y = 1.0f / (1.0f + expf(-static_cast<float>(x))); return static_cast<T>(y); } };
+}
+""",
+}
+
 CTYPE = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "u8": "uint8_t", "u32": "uint32_t", "i32": "int32_t"}
 
 
@@ -49,7 +66,10 @@ def wrap(name, header, body, inputs, outputs, template):
 def compile_one(lib, includes, name, src):
     """(NVRTC's result, its log, the PTX when it compiled) of one wrapped kernel source."""
     prog = ctypes.c_void_p()
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 0, None, None) == 0
+    names = list(MLX_OP_STUBS)
+    headers = (ctypes.c_char_p * len(names))(*[MLX_OP_STUBS[n].encode() for n in names])
+    include_names = (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), len(names), headers, include_names) == 0
     opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     res = lib.nvrtcCompileProgram(prog, len(opts), arr)
@@ -104,14 +124,18 @@ def main():
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
     qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
-    for t, bits, gs, rt, mt, wk, gather in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1]):
-        if gather and mt > 1:
+    # form: 0 plain, 1 gated (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only).
+    for t, bits, gs, rt, mt, wk, gather, form in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1], [0, 1, 2]):
+        if gather and mt > 1 or form == 1 and rt > 1 or form == 2 and gather:
             continue
-        inputs = [("x", t[1:]), ("w", "u32"), ("scales", t[1:]), ("biases", t[1:])] + ([("idx", "u32")] if gather else [])
+        glu, residual = int(form == 1), int(form == 2)
+        weight = [("w", "u32"), ("scales", t[1:]), ("biases", t[1:])]
+        up = [("w_up", "u32"), ("scales_up", t[1:]), ("biases_up", t[1:])] if glu else []
+        inputs = [("x", t[1:])] + weight + up + ([("res", t[1:])] if residual else []) + ([("idx", "u32")] if gather else [])
         template = {"T": t, "BITS": bits, "GS": gs, "RT": rt, "MT": mt, "WK": wk}
         if gather:
             template["DIV"] = 8
-        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, f"#define QMM_GATHER {gather}\n" + qmm_header))
+        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n" + qmm_header))
     only = [n for n in os.environ.get("CHECK_ONLY", "").split(",") if n]
     cases = [c for c in cases if not only or c[0] in only]
     for name, inputs, outputs, template, *own in cases:

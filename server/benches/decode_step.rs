@@ -9,7 +9,7 @@
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
-//!       [--warm-prompt N]
+//!       [--warm-prompt N] [--fused on,off]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -38,6 +38,11 @@
 //! passes' ratios to the first: a lent GPU machine's host speed drifts by
 //! tens of percent between passes and processes (a decode step is bound by
 //! it), and passes run back to back share the drift.
+//!
+//! `--fused on,off` does the same for the quantized-matmul kernel's fused
+//! forms (gate, up and swiglu in one launch; the residual added by the
+//! output and down projections: `quant_kernel::set_fused`), for each
+//! `--turbo-kv` configuration.
 //!
 //! `--alternate` adds one no-op (the tokens plus zero) in front of every
 //! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
@@ -300,9 +305,22 @@ fn main() -> Res<()> {
     let engine_loop = args.iter().any(|a| a == "--engine-loop");
     let passes: usize = arg(&args, "--passes", 1)?;
     let warm_prompt: i32 = arg(&args, "--warm-prompt", prompt)?;
+    let fused_names: String = arg(&args, "--fused", String::new())?;
+    let fused: Vec<Option<bool>> = match fused_names.as_str() {
+        "" => vec![None],
+        list => list
+            .split(',')
+            .map(|f| match f.trim() {
+                "on" => Ok(Some(true)),
+                "off" => Ok(Some(false)),
+                other => Err(format!("--fused takes on and off, not {other}")),
+            })
+            .collect::<std::result::Result<_, _>>()?,
+    };
     let model = models::load(&dir)?.model;
-    // Each configuration: its name and its compression (None: the 16-bit cache).
-    let mut configs: Vec<(String, Option<KvCompression>)> = Vec::new();
+    // Each configuration: its name, its compression (None: the 16-bit
+    // cache) and whether the fused kernel forms are on (None: as set).
+    let mut configs: Vec<(String, Option<KvCompression>, Option<bool>)> = Vec::new();
     for name in kv_names.split(',').map(str::trim) {
         let turbo = match name {
             "" | "fp16" => None,
@@ -311,7 +329,14 @@ fn main() -> Res<()> {
                 Some(KvCompression::turbo(preset, i32::MAX)?.for_model(layout.head_dim, layout.attention_sinks, layout.fixed_kv)?)
             }
         };
-        configs.push((if name.is_empty() { "fp16".to_string() } else { name.to_string() }, turbo));
+        for &f in &fused {
+            let kv = if name.is_empty() { "fp16" } else { name };
+            let label = match f {
+                None => kv.to_string(),
+                Some(on) => format!("{kv} fused {}", if on { "on" } else { "off" }),
+            };
+            configs.push((label, turbo, f));
+        }
     }
     let names: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
     println!(
@@ -330,12 +355,18 @@ fn main() -> Res<()> {
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
-        for (_, turbo) in &configs {
+        for (_, turbo, fused) in &configs {
+            if let Some(on) = fused {
+                models::quant_kernel::set_fused(*on);
+            }
             run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), prompt: warm_prompt, ..base }, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for _ in 0..passes {
-            for (i, (name, turbo)) in configs.iter().enumerate() {
+            for (i, (name, turbo, fused)) in configs.iter().enumerate() {
+                if let Some(on) = fused {
+                    models::quant_kernel::set_fused(*on);
+                }
                 tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, true, &label(name))?);
             }
         }

@@ -2,7 +2,8 @@
 //! against MLX's quantized_matmul and gather_qmm: every bit width, group size
 //! and dtype it takes, 1 to 32 rows, feature counts that are and are not
 //! multiples of its tiles, dense and gathered (both broadcast forms and the
-//! sorted one). On a machine without CUDA the kernel must decline every call,
+//! sorted one), and its gated (gate, up and swiglu) and residual forms. On a
+//! machine without CUDA the kernel must decline every call,
 //! so the callers run MLX's op; that part runs everywhere.
 
 use mlx_rs_safe::kernels::gpu_backend;
@@ -205,4 +206,179 @@ fn unsupported_calls_fall_back() {
     assert_eq!(gathered(&normal(&[2, 1, 1, 256], 6, Dtype::Bfloat16)), cuda, "broadcast rows");
     assert!(!gathered(&normal(&[3, 1, 1, 256], 6, Dtype::Bfloat16)), "3 rows for 2 index rows");
     assert!(!gathered(&normal(&[2, 3, 2, 256], 6, Dtype::Bfloat16)), "x rows of 2");
+}
+
+/// mlx-lm's swiglu(gate, up) = silu(gate) * up, op for op (each op rounds to
+/// the inputs' dtype, as MLX's compiled swiglu does).
+fn swiglu(gate: &Array, up: &Array) -> Array {
+    let silu = ops::multiply(gate, &ops::sigmoid(gate).unwrap()).unwrap();
+    ops::multiply(&silu, up).unwrap()
+}
+
+/// `got` equals `want` bit for bit.
+fn check_exact(what: &str, got: &Array, want: &Array) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let diff = ops::abs(&ops::subtract(&ops::astype(got, Dtype::Float32).unwrap(), &ops::astype(want, Dtype::Float32).unwrap()).unwrap()).unwrap();
+    let worst = ops::max_all(&diff, false).unwrap().item::<f32>().unwrap();
+    assert_eq!(worst, 0.0, "{what}: differs from the separate products by up to {worst}");
+}
+
+fn packed<'a>(w: &'a (Array, Array, Array)) -> quant_kernel::Packed<'a> {
+    quant_kernel::Packed { w: &w.0, scales: &w.1, biases: Some(&w.2) }
+}
+
+/// The gated form (gate, up and swiglu in one launch) equals the kernel's
+/// two products with the same split followed by swiglu exactly, and MLX's
+/// quantized_matmul and swiglu within 16-bit rounding: every dtype, bit
+/// width and group size at 1, 17 and 32 rows, every split for one of them.
+#[test]
+fn gated_dense_matches_separate_products() {
+    if !on_cuda() {
+        return;
+    }
+    let mut cases = 0;
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            for gs in [32, 64, 128] {
+                let spec = QuantSpec::affine(gs, bits);
+                let (n, k) = (1000, 768);
+                let gate = weights(&[], n, k, spec, dtype, 40 + bits as u64);
+                let up = weights(&[], n, k, spec, dtype, 50 + bits as u64);
+                // Each kernel instance compiles with NVRTC on first use (seconds
+                // each): every split only for one dtype, bit width and group size.
+                let splits: &[i32] = if dtype == Dtype::Bfloat16 && bits == 4 && gs == 64 { &[1, 2, 4, 8] } else { &[] };
+                for m in [1, 17, 32] {
+                    let x = normal(&[m, 1, k], 60 + m as u64, dtype);
+                    let what = format!("{dtype:?} {bits}-bit group {gs}, {m} rows");
+                    let mlx = |w: &(Array, Array, Array)| quantized::quantized_matmul(&x, &w.0, &w.1, Some(&w.2), true, gs, bits).unwrap();
+                    let got = quant_kernel::swiglu_matmul(&x, packed(&gate), packed(&up), spec).unwrap().expect("the gated kernel applies");
+                    check(&format!("{what} against MLX"), &got, &swiglu(&mlx(&gate), &mlx(&up)));
+                    let chosen = Tiles::choose_for(m, n, k, bits, 1, true);
+                    for &wk in [chosen.wk].iter().chain(splits) {
+                        let tiles = Tiles { wk, ..chosen };
+                        let got = quant_kernel::swiglu_matmul_tiled(&x, packed(&gate), packed(&up), spec, tiles).unwrap();
+                        let one = |w: &(Array, Array, Array)| quant_kernel::matmul_tiled(&x, &w.0, &w.1, Some(&w.2), spec, tiles).unwrap();
+                        check_exact(&format!("{what}, wk {wk}"), &got, &swiglu(&one(&gate), &one(&up)));
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("{cases} gated products equal the separate ones");
+}
+
+/// The gathered gated form against the kernel's two gathered products and
+/// swiglu (exactly) and MLX's gather_qmm and swiglu (within rounding): rows
+/// broadcast to their experts, and the sorted form.
+#[test]
+fn gated_gather_matches_separate_products() {
+    if !on_cuda() {
+        return;
+    }
+    let (experts, n, k, top) = (16, 768, 2048, 8);
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            let spec = QuantSpec::affine(64, bits);
+            let gate = weights(&[experts], n, k, spec, dtype, 70 + bits as u64);
+            let up = weights(&[experts], n, k, spec, dtype, 80 + bits as u64);
+            for batch in [1, 8] {
+                let key = random::key(90 + batch as u64).unwrap();
+                let idx = random::randint(&Array::scalar(0i32), &Array::scalar(experts), &[batch, 1, top], Dtype::Uint32, &key).unwrap();
+                let x = normal(&[batch, 1, 1, 1, k], 100 + batch as u64, dtype);
+                let what = format!("{dtype:?} {bits}-bit, batch {batch}");
+                let mlx = |x: &Array, idx: &Array, w: &(Array, Array, Array), sorted: bool| {
+                    quantized::gather_qmm(x, &w.0, &w.1, Some(&w.2), None, Some(idx), true, 64, bits, sorted).unwrap()
+                };
+                let got = quant_kernel::swiglu_gather(&x, packed(&gate), packed(&up), &idx, spec).unwrap().expect("the gated kernel applies");
+                check(&format!("{what}, broadcast rows, against MLX"), &got, &swiglu(&mlx(&x, &idx, &gate, false), &mlx(&x, &idx, &up, false)));
+                let tiles = Tiles::choose_for(1, n, k, bits, batch * top, true);
+                let one = |x: &Array, idx: &Array, w: &(Array, Array, Array), per_row: i32| {
+                    quant_kernel::gather_tiled(x, &w.0, &w.1, Some(&w.2), idx, per_row, spec, tiles).unwrap()
+                };
+                let exact = quant_kernel::swiglu_gather_tiled(&x, packed(&gate), packed(&up), &idx, top, spec, tiles).unwrap();
+                check_exact(&format!("{what}, broadcast rows"), &exact, &swiglu(&one(&x, &idx, &gate, top), &one(&x, &idx, &up, top)));
+                // Sorted: a row per (row, expert), ordered by expert.
+                let flat = ops::flatten(&idx, 0, -1).unwrap();
+                let order = ops::argsort(&flat, 0).unwrap();
+                let sorted = ops::take(&flat, &order, 0).unwrap();
+                let rows = ops::floor_divide(&order, &ops::astype(&Array::scalar(top), order.dtype()).unwrap()).unwrap();
+                let xs = ops::take(&ops::reshape(&x, &[-1, 1, k]).unwrap(), &rows, 0).unwrap();
+                let got = quant_kernel::swiglu_gather(&xs, packed(&gate), packed(&up), &sorted, spec).unwrap().expect("the gated kernel applies");
+                check(&format!("{what}, sorted, against MLX"), &got, &swiglu(&mlx(&xs, &sorted, &gate, true), &mlx(&xs, &sorted, &up, true)));
+                check_exact(&format!("{what}, sorted"), &got, &swiglu(&one(&xs, &sorted, &gate, 1), &one(&xs, &sorted, &up, 1)));
+            }
+        }
+    }
+}
+
+/// What the gated form does not take goes back to the caller (None), on
+/// every machine: on one without CUDA, everything.
+#[test]
+fn unsupported_gated_calls_fall_back() {
+    let cuda = quant_kernel::in_use() && std::env::var("MLX_SERVE_QMM_FUSED").map_or(true, |v| v != "0");
+    let spec = QuantSpec::affine(64, 4);
+    let gate = weights(&[], 64, 256, spec, Dtype::Bfloat16, 1);
+    let up = weights(&[], 64, 256, spec, Dtype::Bfloat16, 2);
+    let x = normal(&[4, 256], 3, Dtype::Bfloat16);
+    let applies = |x: &Array, up: &(Array, Array, Array)| quant_kernel::swiglu_matmul(x, packed(&gate), packed(up), spec).unwrap().is_some();
+    assert_eq!(applies(&x, &up), cuda, "a supported call");
+    assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &up), "too many rows");
+    assert!(!applies(&x, &weights(&[], 32, 256, spec, Dtype::Bfloat16, 2)), "up of another shape");
+    let x32 = ops::astype(&x, Dtype::Float32).unwrap();
+    assert!(!applies(&x32, &up), "float32 activations");
+    let ge = weights(&[4], 64, 256, spec, Dtype::Bfloat16, 5);
+    let ue = weights(&[4], 64, 256, spec, Dtype::Bfloat16, 6);
+    let idx = Array::from_slice(&[0u32, 1, 2, 3, 0, 1], &[2, 3]).unwrap();
+    let gathered = |x: &Array| quant_kernel::swiglu_gather(x, packed(&ge), packed(&ue), &idx, spec).unwrap().is_some();
+    assert_eq!(gathered(&normal(&[2, 1, 1, 256], 6, Dtype::Bfloat16)), cuda, "broadcast rows");
+    assert!(!gathered(&normal(&[3, 1, 1, 256], 6, Dtype::Bfloat16)), "3 rows for 2 index rows");
+}
+
+/// The residual form (residual + x @ Wᵀ in one launch) equals the kernel's
+/// product with the same tiling followed by MLX's add exactly, and MLX's
+/// quantized_matmul and add within 16-bit rounding.
+#[test]
+fn residual_form_matches_product_then_add() {
+    if !on_cuda() {
+        return;
+    }
+    let mut cases = 0;
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            for gs in [32, 64, 128] {
+                let spec = QuantSpec::affine(gs, bits);
+                let (n, k) = (1000, 768);
+                let w = weights(&[], n, k, spec, dtype, 110 + bits as u64);
+                for m in [1, 17] {
+                    let x = normal(&[m, 1, k], 120 + m as u64, dtype);
+                    let residual = normal(&[m, 1, n], 130 + m as u64, dtype);
+                    let what = format!("{dtype:?} {bits}-bit group {gs}, {m} rows");
+                    let got = quant_kernel::matmul_add(&x, packed(&w), &residual, spec).unwrap().expect("the residual form applies");
+                    let mlx = quantized::quantized_matmul(&x, &w.0, &w.1, Some(&w.2), true, gs, bits).unwrap();
+                    check(&format!("{what} against MLX"), &got, &ops::add(&residual, &mlx).unwrap());
+                    let tiles = Tiles::choose(m, n, k, bits, 1);
+                    let product = quant_kernel::matmul_tiled(&x, &w.0, &w.1, Some(&w.2), spec, tiles).unwrap();
+                    check_exact(&what, &got, &ops::add(&residual, &product).unwrap());
+                    cases += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{cases} products with a residual equal product then add");
+}
+
+/// What the residual form does not take goes back to the caller (None).
+#[test]
+fn unsupported_residual_calls_fall_back() {
+    let cuda = quant_kernel::in_use() && std::env::var("MLX_SERVE_QMM_FUSED").map_or(true, |v| v != "0");
+    let spec = QuantSpec::affine(64, 4);
+    let w = weights(&[], 64, 256, spec, Dtype::Bfloat16, 1);
+    let x = normal(&[4, 1, 256], 3, Dtype::Bfloat16);
+    let applies = |x: &Array, r: &Array| quant_kernel::matmul_add(x, packed(&w), r, spec).unwrap().is_some();
+    assert_eq!(applies(&x, &normal(&[4, 1, 64], 4, Dtype::Bfloat16)), cuda, "a supported call");
+    assert!(!applies(&x, &normal(&[4, 1, 32], 4, Dtype::Bfloat16)), "a residual of another shape");
+    assert!(!applies(&x, &normal(&[1, 64], 4, Dtype::Bfloat16)), "a broadcast residual");
+    assert!(!applies(&x, &normal(&[4, 1, 64], 4, Dtype::Float16)), "a residual of another dtype");
+    assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &normal(&[MAX_ROWS + 1, 64], 4, Dtype::Bfloat16)), "too many rows");
 }

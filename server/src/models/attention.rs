@@ -131,6 +131,17 @@ impl Attention {
     /// `x`: [B, L, hidden] → [B, L, hidden]. `window` limits how far back a
     /// token attends (sliding-window layers).
     pub fn forward(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
+        self.o_proj.forward(&self.attend(x, cache, masks, window)?)
+    }
+
+    /// `residual + forward(x, ...)`: the layer's residual stream after its
+    /// attention, added by the output projection's kernel where it applies.
+    pub fn forward_add(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>, residual: &Array) -> Result<Array> {
+        self.o_proj.forward_add(&self.attend(x, cache, masks, window)?, residual)
+    }
+
+    /// The heads' attention outputs side by side, before the output projection.
+    fn attend(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));
@@ -166,7 +177,6 @@ impl Attention {
         let q = self.rope.forward(&q, &positions)?;
         let k = self.rope.forward(&k, &positions)?;
         let out = cache.attend(&q, &k, &v, &AttendArgs { scale: self.scale, window, sinks: self.sinks.as_ref(), keep: false }, masks)?;
-        let out = ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?;
-        self.o_proj.forward(&out)
+        Ok(ops::reshape(&ops::transpose_axes(&out, &[0, 2, 1, 3])?, &[b, l, -1])?)
     }
 }

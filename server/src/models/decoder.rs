@@ -96,6 +96,15 @@ impl FeedForward {
             FeedForward::Moe(m) => m.forward(x),
         }
     }
+
+    /// `residual + forward(x)`: a dense MLP's down projection adds it in its
+    /// kernel where that applies.
+    pub(super) fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(m) => m.forward_add(x, residual),
+            FeedForward::Moe(m) => Ok(ops::add(residual, &m.forward(x)?)?),
+        }
+    }
 }
 
 struct Block {
@@ -184,10 +193,10 @@ impl LanguageModel for Decoder {
         let h = self.stage.forward(self.embed.forward(tokens)?, cache, |i, h, cache, masks| {
             let (layer, window) = (&self.layers[i - start], self.windows[i - start]);
             self.placement.run(i, || {
-                let r = layer.attn.forward(&layer.input_norm.forward(&h)?, cache, masks, window)?;
-                let hh = ops::add(&h, &r)?;
-                let r = layer.mlp.forward(&layer.post_attn_norm.forward(&hh)?)?;
-                Ok(ops::add(&hh, &r)?)
+                // h + attention, then hh + MLP: each sum written by its
+                // projection's kernel where it applies (one kernel, not two).
+                let hh = layer.attn.forward_add(&layer.input_norm.forward(&h)?, cache, masks, window, &h)?;
+                layer.mlp.forward_add(&layer.post_attn_norm.forward(&hh)?, &hh)
             })
         })?;
         self.placement.run_head(self.stage.layers.end, || {

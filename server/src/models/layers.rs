@@ -78,6 +78,11 @@ impl QuantizedWeight {
         Ok(quantized::quantized_matmul_with(x, &self.weight, &self.scales, self.biases.as_ref(), true, self.params)?)
     }
 
+    /// The tensors as the decode kernel takes them.
+    pub fn packed(&self) -> quant_kernel::Packed<'_> {
+        quant_kernel::Packed { w: &self.weight, scales: &self.scales, biases: self.biases.as_ref() }
+    }
+
     /// x [..., 1, in] through the stacked experts `indices` picks → [..., 1, out]
     /// (MLX's gather_qmm), by the decode kernel where it applies.
     pub fn gather_t(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
@@ -213,6 +218,35 @@ impl Linear {
         same_weight && same_bias && self.reduce.is_none() && other.reduce.is_none()
     }
 
+    /// Where the layer is a plain quantized product (no bias, no partial sum
+    /// of tensor parallelism): its weight's first and second halves of output
+    /// rows, each as a weight of its own sharing this one's memory (evaluated
+    /// here, so the views cost no copy). A stacked or fused gate/up
+    /// projection's gate and up, for the gated decode kernel.
+    pub fn quantized_halves(&self) -> Result<Option<(QuantizedWeight, QuantizedWeight)>> {
+        let LinearWeight::Quantized(q) = &self.weight else { return Ok(None) };
+        let rows = q.weight.dim(0)?;
+        if self.bias.is_some() || self.reduce.is_some() || q.weight.ndim() != 2 || rows % 2 != 0 {
+            return Ok(None);
+        }
+        let half = |start: i32| -> Result<QuantizedWeight> {
+            let part = |a: &Array| -> Result<Array> { Ok(ops::slice_axis(a, 0, start, start + rows / 2)?) };
+            let h = QuantizedWeight { weight: part(&q.weight)?, scales: part(&q.scales)?, biases: q.biases.as_ref().map(part).transpose()?, params: q.params };
+            mlx_rs_safe::eval(&[&h.weight, &h.scales].into_iter().chain(h.biases.as_ref()).collect::<Vec<_>>())?;
+            Ok(h)
+        };
+        Ok(Some((half(0)?, half(rows / 2)?)))
+    }
+
+    /// The quantized weight of a plain quantized product (no bias, no
+    /// partial sum), for kernels that fuse it with its neighbours.
+    pub fn plain_quantized(&self) -> Option<&QuantizedWeight> {
+        match &self.weight {
+            LinearWeight::Quantized(q) if self.bias.is_none() && self.reduce.is_none() => Some(q),
+            _ => None,
+        }
+    }
+
     /// The tensors indexed by output row: the weight (packed when
     /// quantized), its scales and biases, the layer's bias.
     fn row_tensors(&self) -> [Option<Array>; 4] {
@@ -240,6 +274,18 @@ impl Linear {
                 Linear::load(w, prefix, in_dim, n_kv * head_dim, bias, quant)?.rows_range(head * head_dim, head_dim)
             }
         }
+    }
+
+    /// `residual + forward(x)`, as a layer's `h + proj(...)` computes it: in
+    /// one kernel where the decode kernel's residual form applies (a plain
+    /// quantized product on CUDA), else the product, then MLX's add.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        if let Some(q) = self.plain_quantized() {
+            if let Some(y) = quant_kernel::matmul_add(x, q.packed(), residual, q.params)? {
+                return Ok(y);
+            }
+        }
+        Ok(ops::add(residual, &self.forward(x)?)?)
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -380,6 +426,27 @@ mod tests {
             let expected = ops::concatenate(&separate.iter().collect::<Vec<_>>(), -1).unwrap();
             assert_eq!(values(&stacked.forward(&x).unwrap()), values(&expected));
         }
+    }
+
+    /// The gated kernel's gate and up weights: the halves of a stacked
+    /// projection are the two layers' own weights, unchanged.
+    #[test]
+    fn a_stacked_projections_halves_are_its_parts() {
+        let plain = |seed| Linear { bias: None, ..quantized(64, seed, 4) };
+        let (gate, up) = (plain(1), plain(2));
+        let stacked = Linear::stack_rows(&[&gate, &up]).unwrap().expect("these layers stack");
+        let (g, u) = stacked.quantized_halves().unwrap().expect("a plain quantized stack halves");
+        for (half, part) in [(g, &gate), (u, &up)] {
+            let want = part.plain_quantized().expect("a plain quantized layer");
+            assert_eq!(half.weight.to_vec::<u32>().unwrap(), want.weight.to_vec::<u32>().unwrap());
+            assert_eq!(values(&half.scales), values(&want.scales));
+            assert_eq!(values(half.biases.as_ref().unwrap()), values(want.biases.as_ref().unwrap()));
+            assert_eq!(half.params, want.params);
+        }
+        // A bias after the product: no halves (the kernel would skip it).
+        let biased = Linear::stack_rows(&[&quantized(64, 3, 4), &quantized(64, 4, 4)]).unwrap().expect("these layers stack");
+        assert!(biased.quantized_halves().unwrap().is_none());
+        assert!(biased.plain_quantized().is_none());
     }
 
     #[test]

@@ -4,8 +4,9 @@ use mlx_rs_safe::compile::Compiled;
 use mlx_rs_safe::{ops, Array};
 
 use super::compiled::call_compiled;
-use super::layers::Linear;
+use super::layers::{Linear, QuantizedWeight};
 use super::quant::QuantConfig;
+use super::quant_kernel;
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
@@ -13,6 +14,10 @@ pub struct Mlp {
     proj: GateUp,
     down_proj: Linear,
     activation: Activation,
+    /// The gate and up weights for the gated decode kernel (silu only):
+    /// views of a stacked or fused projection's halves, or the separate
+    /// layers' own weights.
+    gated: Option<(QuantizedWeight, QuantizedWeight)>,
 }
 
 /// Gate and up projections: separate, or one fused matmul split in halves
@@ -106,11 +111,8 @@ impl Mlp {
                 g.size()
             )));
         }
-        Ok(Mlp {
-            activation: Activation::Silu,
-            proj: GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), dim, 2 * hidden, false, quant)?),
-            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, false, quant)?,
-        })
+        let proj = GateUp::Fused(Linear::load(w, &format!("{prefix}.gate_up_proj"), dim, 2 * hidden, false, quant)?);
+        Mlp::new(proj, Linear::load(w, &format!("{prefix}.down_proj"), hidden, dim, false, quant)?, Activation::Silu)
     }
 
     pub fn load_with(
@@ -125,18 +127,41 @@ impl Mlp {
         // Under tensor parallelism, a run of the hidden columns each.
         let gate = Linear::load_split(w, &format!("{prefix}.gate_proj"), dim, hidden, bias, Split::Rows, quant)?;
         let up = Linear::load_split(w, &format!("{prefix}.up_proj"), dim, hidden, bias, Split::Rows, quant)?;
-        Ok(Mlp {
-            activation,
-            // One matmul for both where their weights stack: fewer kernels a step.
-            proj: match Linear::stack_rows(&[&gate, &up])? {
-                Some(gate_up) => GateUp::Fused(gate_up),
-                None => GateUp::Separate { gate, up },
-            },
-            down_proj: Linear::load_split(w, &format!("{prefix}.down_proj"), hidden, dim, bias, Split::Cols, quant)?,
-        })
+        // One matmul for both where their weights stack: fewer kernels a step.
+        let proj = match Linear::stack_rows(&[&gate, &up])? {
+            Some(gate_up) => GateUp::Fused(gate_up),
+            None => GateUp::Separate { gate, up },
+        };
+        Mlp::new(proj, Linear::load_split(w, &format!("{prefix}.down_proj"), hidden, dim, bias, Split::Cols, quant)?, activation)
+    }
+
+    fn new(proj: GateUp, down_proj: Linear, activation: Activation) -> Result<Mlp> {
+        let gated = match (&proj, activation) {
+            (GateUp::Fused(gu), Activation::Silu) => gu.quantized_halves()?,
+            (GateUp::Separate { gate, up }, Activation::Silu) => gate.plain_quantized().cloned().zip(up.plain_quantized().cloned()),
+            (_, Activation::GeluApprox) => None,
+        };
+        Ok(Mlp { proj, down_proj, activation, gated })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.down_proj.forward(&self.hidden(x)?)
+    }
+
+    /// `residual + forward(x)`: the layer's output, added by the down
+    /// projection's kernel where it applies.
+    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+        self.down_proj.forward_add(&self.hidden(x)?, residual)
+    }
+
+    /// The gated activation act(gate(x)) * up(x), the down projection's input.
+    fn hidden(&self, x: &Array) -> Result<Array> {
+        // Gate, up and swiglu in one kernel where it applies (CUDA, decode rows).
+        if let Some((gate, up)) = &self.gated {
+            if let Some(h) = quant_kernel::swiglu_matmul(x, gate.packed(), up.packed(), gate.params)? {
+                return Ok(h);
+            }
+        }
         let (gate, up) = match &self.proj {
             GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
             GateUp::Fused(gu) => {
@@ -147,10 +172,9 @@ impl Mlp {
                 }
             }
         };
-        let h = match self.activation {
-            Activation::Silu => swiglu(&gate, &up)?,
-            Activation::GeluApprox => geglu(&gate, &up)?,
-        };
-        self.down_proj.forward(&h)
+        match self.activation {
+            Activation::Silu => swiglu(&gate, &up),
+            Activation::GeluApprox => geglu(&gate, &up),
+        }
     }
 }

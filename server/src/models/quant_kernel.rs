@@ -12,8 +12,19 @@
 //! pairs) once its start-up check against MLX's dequantize-then-matmul
 //! passed; every other case returns None and the caller runs MLX's op.
 //! `MLX_SERVE_QMM_KERNEL=0` turns it off (to compare with MLX's kernels).
+//!
+//! The gated form ([`swiglu_matmul`], [`swiglu_gather`]) computes an MLP's
+//! or an expert's gate and up projections in one launch and applies
+//! silu(gate) * up to the two before writing: one kernel where there were
+//! three (gate, up, MLX's compiled swiglu; two with gate and up stacked), and
+//! a decode step on CUDA is bound by the host's cost per kernel. The residual
+//! form ([`matmul_add`]) adds the layer's residual stream to the product as
+//! it writes it (`h + o_proj(...)`, `h + down_proj(...)`): one kernel where
+//! there were two. `MLX_SERVE_QMM_FUSED=0` turns both forms off (the separate
+//! calls, to compare; [`set_fused`] switches them within a process).
 //! Metal keeps MLX's kernels, which are tuned for Apple GPUs.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelSource, TemplateArg};
@@ -58,8 +69,9 @@ fn min_rows() -> i64 {
 /// in flight to cover the memory latency.
 const TARGET_WARPS: i32 = 4096;
 
-/// How a call is cut up: RT tiles of 16 output features per warp, MT tiles
-/// of 8 rows of x, WK warps of a block splitting the reduction.
+/// How a call is cut up: RT tiles of 16 output features per warp (of each
+/// projection, gated), MT tiles of 8 rows of x, WK warps of a block
+/// splitting the reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tiles {
     pub rt: i32,
@@ -71,17 +83,23 @@ impl Tiles {
     /// The tiling for `rows` of x (per pair when gathered), `n` output
     /// features, `k` inputs, `pairs` gathered pairs (1 when dense).
     pub fn choose(rows: i32, n: i32, k: i32, bits: i32, pairs: i32) -> Tiles {
+        Tiles::choose_for(rows, n, k, bits, pairs, false)
+    }
+
+    /// [`Tiles::choose`] for the gated form (`gated`), whose warps hold two
+    /// projections' accumulators: one feature tile of each.
+    pub fn choose_for(rows: i32, n: i32, k: i32, bits: i32, pairs: i32, gated: bool) -> Tiles {
         let mt = match (rows + 7) / 8 {
             0 | 1 => 1,
             2 => 2,
             _ => 4,
         };
         // Two feature tiles per warp share each load of x when there are many rows.
-        let rt = if mt > 1 { 2 } else { 1 };
+        let rt = if mt > 1 && !gated { 2 } else { 1 };
         let blocks = (n + 16 * rt - 1) / (16 * rt) * pairs;
         let k_blocks = (k + 4 * (128 / bits) - 1) / (4 * (128 / bits));
         let mut wk = 1;
-        while wk < Tiles::max_wk(rt, mt) && wk * 2 <= k_blocks && blocks * wk < TARGET_WARPS {
+        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && blocks * wk < TARGET_WARPS {
             wk *= 2;
         }
         Tiles { rt, mt, wk }
@@ -89,23 +107,34 @@ impl Tiles {
 
     /// The most warps a block of this tiling may have: the split-K sums
     /// (WK - 1 warps' accumulators) must fit 48 KB of shared memory, and the
-    /// block's registers (~140 a thread at RT 2, MT 4) the SM's 64K.
-    fn max_wk(rt: i32, mt: i32) -> i32 {
-        if rt * mt >= 8 {
+    /// block's registers (~140 a thread at 2 x 4 tiles of accumulators) the
+    /// SM's 64K.
+    fn max_wk(rt: i32, mt: i32, gated: bool) -> i32 {
+        if rt * mt * (1 + gated as i32) >= 8 {
             8
         } else {
             16
         }
     }
 
-    fn check(self) -> Result<Tiles> {
+    fn check(self, gated: bool) -> Result<Tiles> {
         let ok = matches!(self.rt, 1 | 2)
+            && !(gated && self.rt > 1)
             && matches!(self.mt, 1 | 2 | 4)
             && matches!(self.wk, 1 | 2 | 4 | 8 | 16)
-            && self.wk <= Tiles::max_wk(self.rt, self.mt);
+            && self.wk <= Tiles::max_wk(self.rt, self.mt, gated);
         ok.then_some(self)
-            .ok_or_else(|| Error::Config(format!("no quantized-matmul kernel tiling {self:?}")))
+            .ok_or_else(|| Error::Config(format!("no quantized-matmul kernel tiling {self:?}{}", if gated { " (gated)" } else { "" })))
     }
+}
+
+/// One affine-quantized weight as the kernel reads it: packed values,
+/// scales, biases.
+#[derive(Clone, Copy)]
+pub struct Packed<'a> {
+    pub w: &'a Array,
+    pub scales: &'a Array,
+    pub biases: Option<&'a Array>,
 }
 
 /// Why the kernel cannot take these weights, or None when it can.
@@ -142,29 +171,123 @@ pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec
     }
     let n = w.dim(0)?;
     let tiles = Tiles::choose(rows as i32, n, k, spec.bits, 1);
-    Ok(Some(launch_dense(x, shape, n, w, scales, biases, spec, tiles)?))
+    Ok(Some(launch_dense(x, Packed { w, scales, biases }, Epilogue::Plain, spec, tiles)?))
+}
+
+/// residual + x @ Wᵀ (MLX's add of the two, the product rounded first) in
+/// one launch, for `residual` shaped as the product; None where [`matmul`]
+/// declines, or the fused forms are turned off (`MLX_SERVE_QMM_FUSED=0`) or
+/// the residual's shape or dtype differs.
+pub fn matmul_add(x: &Array, w: Packed, residual: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    let shape = x.shape();
+    let k = shape.last().copied().unwrap_or(0);
+    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
+    if shape.is_empty()
+        || rows < min_rows()
+        || rows > MAX_ROWS as i64
+        || w.w.ndim() != 2
+        || residual.dtype() != x.dtype()
+        || residual.shape() != [&shape[..shape.len() - 1], &[w.w.dim(0)?]].concat()
+        || unsupported(x, k, w.scales, w.biases, spec).is_some()
+        || !fused_in_use()
+    {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose(rows as i32, w.w.dim(0)?, k, spec.bits, 1);
+    Ok(Some(launch_dense(x, w, Epilogue::Residual(residual), spec, tiles)?))
+}
+
+/// [`matmul_add`] with a chosen tiling, the kernel only.
+pub fn matmul_add_tiled(x: &Array, w: Packed, residual: &Array, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    launch_dense(x, w, Epilogue::Residual(residual), spec, tiles.check(false)?)
 }
 
 /// [`matmul`] with a chosen tiling, the kernel only (no fallback): for the
 /// tests and the kernel benchmark.
 pub fn matmul_tiled(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
-    launch_dense(x, x.shape(), w.dim(0)?, w, scales, biases, spec, tiles.check()?)
+    launch_dense(x, Packed { w, scales, biases }, Epilogue::Plain, spec, tiles.check(false)?)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn launch_dense(
-    x: &Array,
-    mut shape: Vec<i32>,
-    n: i32,
-    w: &Array,
-    scales: &Array,
-    biases: Option<&Array>,
-    spec: QuantSpec,
-    tiles: Tiles,
-) -> Result<Array> {
-    let biases = biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+/// silu(x @ gateᵀ) * (x @ upᵀ) for two weights of one shape quantized by
+/// `spec` (an MLP's gate and up projections), in one launch: equal to the
+/// kernel's two products followed by MLX's swiglu. None where the kernel
+/// does not apply, as [`matmul`]; also where gating is turned off
+/// (`MLX_SERVE_QMM_FUSED=0`) or the two weights differ in shape.
+pub fn swiglu_matmul(x: &Array, gate: Packed, up: Packed, spec: QuantSpec) -> Result<Option<Array>> {
+    let shape = x.shape();
+    let k = shape.last().copied().unwrap_or(0);
+    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
+    if shape.is_empty()
+        || rows < min_rows()
+        || rows > MAX_ROWS as i64
+        || gate.w.ndim() != 2
+        || !same_shapes(gate, up)
+        || unsupported(x, k, gate.scales, gate.biases, spec).is_some()
+        || unsupported(x, k, up.scales, up.biases, spec).is_some()
+        || !fused_in_use()
+    {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose_for(rows as i32, gate.w.dim(0)?, k, spec.bits, 1, true);
+    Ok(Some(launch_dense(x, gate, Epilogue::Gated(up), spec, tiles)?))
+}
+
+/// [`swiglu_matmul`] with a chosen tiling, the kernel only.
+pub fn swiglu_matmul_tiled(x: &Array, gate: Packed, up: Packed, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    if !same_shapes(gate, up) {
+        return Err(Error::Config("gate and up weights of different shapes".into()));
+    }
+    launch_dense(x, gate, Epilogue::Gated(up), spec, tiles.check(true)?)
+}
+
+/// Whether two weights have the same shapes (packed, scales, biases).
+fn same_shapes(a: Packed, b: Packed) -> bool {
+    a.w.shape() == b.w.shape()
+        && a.scales.shape() == b.scales.shape()
+        && a.biases.map(|x| x.shape()) == b.biases.map(|x| x.shape())
+        && a.w.dtype() == b.w.dtype()
+}
+
+/// What a launch does with the product besides writing it.
+#[derive(Clone, Copy)]
+enum Epilogue<'a> {
+    Plain,
+    /// silu(product) * (x @ upᵀ).
+    Gated(Packed<'a>),
+    /// residual + product.
+    Residual(&'a Array),
+}
+
+impl Epilogue<'_> {
+    /// Its kernels' place in [`KERNELS`] (after the gathered flag).
+    fn index(self) -> usize {
+        match self {
+            Epilogue::Plain => 0,
+            Epilogue::Gated(_) => 1,
+            Epilogue::Residual(_) => 2,
+        }
+    }
+}
+
+fn launch_dense(x: &Array, w: Packed, epilogue: Epilogue, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    let n = w.w.dim(0)?;
+    let mut shape = x.shape();
     *shape.last_mut().ok_or(Error::Internal("x has no axis"))? = n;
-    launch(&[x, w, scales, biases], shape, n, 1, spec, tiles, None)
+    let mut inputs = vec![x];
+    push_weight(&mut inputs, w)?;
+    match epilogue {
+        Epilogue::Plain => {}
+        Epilogue::Gated(up) => push_weight(&mut inputs, up)?,
+        Epilogue::Residual(r) => inputs.push(r),
+    }
+    launch(&inputs, shape, n, 1, spec, tiles, None, epilogue)
+}
+
+/// The kernel's inputs for one weight: packed values, scales, biases.
+fn push_weight<'a>(inputs: &mut Vec<&'a Array>, p: Packed<'a>) -> Result<()> {
+    let biases = p.biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+    inputs.extend([p.w, p.scales, biases]);
+    Ok(())
 }
 
 /// MLX's gather_qmm(x, W, rhs_indices = indices, transpose) for W stacked
@@ -173,23 +296,42 @@ fn launch_dense(
 /// the result is [..indices' shape, 1, N]. None where the kernel does not
 /// apply.
 pub fn gather(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    let w = Packed { w, scales, biases };
+    let Some(per_row) = gather_rows(x, w, indices, spec) else { return Ok(None) };
+    if !in_use() {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose(1, w.w.dim(1)?, x.dim(-1)?, spec.bits, indices.size() as i32);
+    Ok(Some(launch_gather(x, w, Epilogue::Plain, indices, per_row, spec, tiles)?))
+}
+
+/// [`gather`]'s gated form: silu(gate) * up of each row's experts, as
+/// [`swiglu_matmul`] is [`matmul`]'s, for stacked gate and up weights of one
+/// shape. None where the kernel or gating does not apply.
+pub fn swiglu_gather(x: &Array, gate: Packed, up: Packed, indices: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    let Some(per_row) = gather_rows(x, gate, indices, spec) else { return Ok(None) };
+    if !same_shapes(gate, up) || unsupported(x, x.dim(-1)?, up.scales, up.biases, spec).is_some() || !fused_in_use() {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose_for(1, gate.w.dim(1)?, x.dim(-1)?, spec.bits, indices.size() as i32, true);
+    Ok(Some(launch_gather(x, gate, Epilogue::Gated(up), indices, per_row, spec, tiles)?))
+}
+
+/// The rows of x each of its rows feeds (1, or the indices' last axis) when
+/// the gathered kernel takes this call's shapes and weights, else None.
+fn gather_rows(x: &Array, w: Packed, indices: &Array, spec: QuantSpec) -> Option<i32> {
     let (xs, is) = (x.shape(), indices.shape());
     let pairs = indices.size() as i32;
-    if xs.len() < 2 || xs[xs.len() - 2] != 1 || w.ndim() != 3 || pairs == 0 || pairs > MAX_PAIRS {
-        return Ok(None);
+    if xs.len() < 2 || xs[xs.len() - 2] != 1 || w.w.ndim() != 3 || pairs == 0 || pairs > MAX_PAIRS {
+        return None;
     }
     let lead = &xs[..xs.len() - 2];
     let per_row = match is.split_last() {
         _ if lead == is.as_slice() => 1,
         Some((&last, rest)) if lead.len() == is.len() && &lead[..rest.len()] == rest && lead[rest.len()] == 1 => last,
-        _ => return Ok(None),
+        _ => return None,
     };
-    let k = xs[xs.len() - 1];
-    if unsupported(x, k, scales, biases, spec).is_some() || !in_use() {
-        return Ok(None);
-    }
-    let tiles = Tiles::choose(1, w.dim(1)?, k, spec.bits, pairs);
-    Ok(Some(gather_tiled(x, w, scales, biases, indices, per_row, spec, tiles)?))
+    unsupported(x, xs[xs.len() - 1], w.scales, w.biases, spec).is_none().then_some(per_row)
 }
 
 /// [`gather`] with the rows per x row (`per_row`: 1, or the indices' last
@@ -205,8 +347,19 @@ pub fn gather_tiled(
     spec: QuantSpec,
     tiles: Tiles,
 ) -> Result<Array> {
-    let n = w.dim(1)?;
-    let biases = biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+    launch_gather(x, Packed { w, scales, biases }, Epilogue::Plain, indices, per_row, spec, tiles.check(false)?)
+}
+
+/// [`swiglu_gather`] with `per_row` and the tiling given, the kernel only.
+pub fn swiglu_gather_tiled(x: &Array, gate: Packed, up: Packed, indices: &Array, per_row: i32, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    if !same_shapes(gate, up) {
+        return Err(Error::Config("gate and up weights of different shapes".into()));
+    }
+    launch_gather(x, gate, Epilogue::Gated(up), indices, per_row, spec, tiles.check(true)?)
+}
+
+fn launch_gather(x: &Array, w: Packed, epilogue: Epilogue, indices: &Array, per_row: i32, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    let n = w.w.dim(1)?;
     let cast;
     let idx = if indices.dtype() == Dtype::Uint32 {
         indices
@@ -215,20 +368,21 @@ pub fn gather_tiled(
         &cast
     };
     let shape = [indices.shape(), vec![1, n]].concat();
-    launch(
-        &[x, w, scales, biases, idx],
-        shape,
-        n,
-        indices.size() as i32,
-        spec,
-        tiles.check()?,
-        Some(per_row),
-    )
+    let mut inputs = vec![x];
+    push_weight(&mut inputs, w)?;
+    match epilogue {
+        Epilogue::Plain => {}
+        Epilogue::Gated(up) => push_weight(&mut inputs, up)?,
+        Epilogue::Residual(_) => return Err(Error::Internal("the gathered kernel adds no residual")),
+    }
+    inputs.push(idx);
+    launch(&inputs, shape, n, indices.size() as i32, spec, tiles, Some(per_row), epilogue)
 }
 
 /// One launch: a block per RT×16 output features (per pair when gathered),
 /// the output `shape` row-major.
-fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpec, tiles: Tiles, per_row: Option<i32>) -> Result<Array> {
+#[allow(clippy::too_many_arguments)]
+fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpec, tiles: Tiles, per_row: Option<i32>, epilogue: Epilogue) -> Result<Array> {
     let dtype = inputs[0].dtype();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
     let ints = [
@@ -250,8 +404,7 @@ fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpe
         template,
         ..Default::default()
     };
-    let gathered = per_row.is_some();
-    let out = KERNELS.with(|k| match &k[gathered as usize] {
+    let out = KERNELS.with(|k| match &k[per_row.is_some() as usize][epilogue.index()] {
         Some(kernel) => Ok(kernel.apply(inputs, &call)?),
         None => Err(Error::Internal("the quantized-matmul kernel did not compile")),
     })?;
@@ -261,24 +414,44 @@ fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpe
 }
 
 thread_local! {
-    /// The dense and the gathered kernel (None off CUDA).
-    static KERNELS: [Option<CustomKernel>; 2] = [make_kernel(false), make_kernel(true)];
+    /// The dense kernels, then the gathered ones, each plain, gated and with
+    /// a residual ([`Epilogue`]; none gathered with a residual), None off CUDA.
+    static KERNELS: [[Option<CustomKernel>; 3]; 2] = [
+        [make_kernel(false, 0), make_kernel(false, 1), make_kernel(false, 2)],
+        [make_kernel(true, 0), make_kernel(true, 1), None],
+    ];
 }
 
-fn make_kernel(gathered: bool) -> Option<CustomKernel> {
+/// The kernel of this form (`epilogue`: an [`Epilogue::index`]).
+fn make_kernel(gathered: bool, epilogue: usize) -> Option<CustomKernel> {
     if gpu_backend() != Some("cuda") {
         return None;
     }
-    let header = format!("#define QMM_GATHER {}\n{HEADER}", gathered as i32);
-    let inputs: &[&str] = if gathered {
-        &["x", "w", "scales", "biases", "idx"]
-    } else {
-        &["x", "w", "scales", "biases"]
+    let (gated, residual) = (epilogue == 1, epilogue == 2);
+    let header = format!(
+        "#define QMM_GATHER {}\n#define QMM_GLU {}\n#define QMM_RESIDUAL {}\n{HEADER}",
+        gathered as i32, gated as i32, residual as i32
+    );
+    let mut inputs = vec!["x", "w", "scales", "biases"];
+    if gated {
+        inputs.extend(["w_up", "scales_up", "biases_up"]);
+    }
+    if residual {
+        inputs.push("res");
+    }
+    if gathered {
+        inputs.push("idx");
+    }
+    let name = match (gathered, epilogue) {
+        (false, 0) => "quant_matmul",
+        (true, 0) => "quant_matmul_gather",
+        (false, 1) => "quant_matmul_glu",
+        (true, 1) => "quant_matmul_glu_gather",
+        _ => "quant_matmul_residual",
     };
-    let name = if gathered { "quant_matmul_gather" } else { "quant_matmul" };
     let src = KernelSource {
         header: &header,
-        ..KernelSource::new(name, inputs, &["y"], SOURCE)
+        ..KernelSource::new(name, &inputs, &["y"], SOURCE)
     };
     CustomKernel::cuda(&src).map_err(|e| log::warn!("quantized-matmul kernel: {e}")).ok()
 }
@@ -287,6 +460,33 @@ fn make_kernel(gathered: bool) -> Option<CustomKernel> {
 /// current, not turned off, and its start-up check passed (once a process).
 pub fn in_use() -> bool {
     mlx_rs_safe::kernels::current_gpu_backend().is_some() && usable()
+}
+
+/// Whether the gated and residual forms serve calls: 0 off, 1 on, 2 not yet
+/// read from the environment.
+static FUSED: AtomicU8 = AtomicU8::new(2);
+
+/// Turns the gated and residual forms on or off for this process (a
+/// benchmark comparing them in one process; the environment sets the start).
+pub fn set_fused(on: bool) {
+    FUSED.store(on as u8, Ordering::Relaxed);
+}
+
+/// Whether the gated and residual forms serve calls: the kernel is in use
+/// and they are not turned off (`MLX_SERVE_QMM_FUSED=0`).
+fn fused_in_use() -> bool {
+    if !in_use() {
+        return false;
+    }
+    match FUSED.load(Ordering::Relaxed) {
+        2 => {
+            let off = crate::kernel_check::turned_off("MLX_SERVE_QMM_FUSED", "separate products, MLX's swiglu and MLX's residual adds");
+            // A bench's set_fused in the meantime wins.
+            let _ = FUSED.compare_exchange(2, !off as u8, Ordering::Relaxed, Ordering::Relaxed);
+            FUSED.load(Ordering::Relaxed) == 1
+        }
+        v => v == 1,
+    }
 }
 
 fn usable() -> bool {
@@ -337,11 +537,43 @@ pub fn self_check() -> Result<Option<String>> {
             spec,
             Tiles::choose(1, n, k, bits, 3),
         )?;
+        // The gated forms: gate from `w`, up from a second stack.
+        let (wu, su, bu) = quantized::quantize(&ops::astype(&normal(&[2, n, k], 3)?, Dtype::Bfloat16)?, spec.group_size, bits)?;
+        let (gate, up) = (Packed { w: &w, scales: &scales, biases: Some(&biases) }, Packed { w: &wu, scales: &su, biases: Some(&bu) });
+        let gated = swiglu_gather_tiled(&ops::reshape(&x, &[3, 1, 1, k])?, gate, up, &idx, 1, spec, Tiles::choose_for(1, n, k, bits, 3, true))?;
+        let (u0, us0, ub0) = (first(&wu)?, first(&su)?, first(&bu)?);
+        let gated_dense = swiglu_matmul_tiled(
+            &x,
+            Packed { w: &w0, scales: &s0, biases: Some(&b0) },
+            Packed { w: &u0, scales: &us0, biases: Some(&ub0) },
+            spec,
+            Tiles::choose_for(3, n, k, bits, 1, true),
+        )?;
+        let gated_want = |x: &Array, e: i32| -> Result<Array> {
+            let pick = |a: &Array| ops::take(a, &Array::scalar(e), 0);
+            let product = |w: &Array, s: &Array, b: &Array| -> Result<Array> {
+                Ok(ops::astype(&reference(x, &pick(w)?, &pick(s)?, Some(&pick(b)?), spec)?, Dtype::Bfloat16)?)
+            };
+            super::mlp::swiglu(&product(&w, &scales, &biases)?, &product(&wu, &su, &bu)?)
+        };
+        if let Some(why) = disagreement(&gated_dense, &gated_want(&x, 0)?)? {
+            return Ok(Some(format!("{bits}-bit gated: {why}")));
+        }
+        let residual = ops::astype(&normal(&[3, 1, n], 4)?, Dtype::Bfloat16)?;
+        let added = matmul_add_tiled(&x, Packed { w: &w0, scales: &s0, biases: Some(&b0) }, &residual, spec, Tiles::choose(3, n, k, bits, 1))?;
+        let want_added = ops::add(&residual, &ops::astype(&want, Dtype::Bfloat16)?)?;
+        if let Some(why) = disagreement(&added, &want_added)? {
+            return Ok(Some(format!("{bits}-bit with a residual: {why}")));
+        }
         for (row, e) in [(0, 1), (1, 0), (2, 1)] {
             let pick = |a: &Array, i: i32| ops::take(a, &Array::scalar(i), 0);
             let want = reference(&pick(&x, row)?, &pick(&w, e)?, &pick(&scales, e)?, Some(&pick(&biases, e)?), spec)?;
             if let Some(why) = disagreement(&ops::reshape(&pick(&got, row)?, &[1, n])?, &want)? {
                 return Ok(Some(format!("{bits}-bit gathered: {why}")));
+            }
+            let want = gated_want(&pick(&x, row)?, e)?;
+            if let Some(why) = disagreement(&ops::reshape(&pick(&gated, row)?, &[1, n])?, &want)? {
+                return Ok(Some(format!("{bits}-bit gated and gathered: {why}")));
             }
         }
     }

@@ -9,6 +9,7 @@ use super::compiled::call_compiled;
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
 use super::quant::{QuantConfig, QuantSpec};
+use super::quant_kernel;
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
@@ -88,6 +89,14 @@ impl SwitchLinear {
             false => None,
         };
         Ok(SwitchLinear { weight, bias })
+    }
+
+    /// The stacked weight where it is quantized and no bias follows.
+    fn plain_quantized(&self) -> Option<&QuantizedWeight> {
+        match (&self.weight, &self.bias) {
+            (SwitchWeight::Quantized(q), None) => Some(q),
+            _ => None,
+        }
     }
 
     /// x [..., 1, in] through expert `indices` → [..., 1, out].
@@ -191,12 +200,29 @@ impl SwitchGlu {
         } else {
             (x, indices.clone(), None)
         };
-        let up = self.up_proj.forward(&x, &idx, do_sort)?;
-        let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let mut y = self.down_proj.forward(&self.activation.apply(&gate, &up)?, &idx, do_sort)?;
+        let h = match self.gated(&x, &idx)? {
+            Some(h) => h,
+            None => {
+                let up = self.up_proj.forward(&x, &idx, do_sort)?;
+                let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+                self.activation.apply(&gate, &up)?
+            }
+        };
+        let mut y = self.down_proj.forward(&h, &idx, do_sort)?;
         if let Some(inv) = inv {
             y = ops::unflatten(&ops::take(&y, &inv, 0)?, 0, &indices.shape())?;
         }
         Ok(ops::squeeze(&y, &[-2])?)
+    }
+
+    /// silu(gate) * up of the chosen experts in one kernel (CUDA, decode
+    /// batches), where both projections are plain quantized stacks; else None.
+    fn gated(&self, x: &Array, idx: &Array) -> Result<Option<Array>> {
+        match (self.activation, self.gate_proj.plain_quantized(), self.up_proj.plain_quantized()) {
+            (GluActivation::Silu, Some(gate), Some(up)) if gate.params == up.params => {
+                quant_kernel::swiglu_gather(x, gate.packed(), up.packed(), idx, gate.params)
+            }
+            _ => Ok(None),
+        }
     }
 }
