@@ -20,6 +20,11 @@
 // y = res + (x @ Wᵀ), the product rounded to T and added by MLX's own Add,
 // as the layer's `h + o_proj(...)` computes it.
 //
+// Normed (QMM_NORM 1, dense, plain or gated): x is a layer's residual stream
+// and the product takes rms_norm(x, nw, eps) in its place (eps's float bits
+// as EPS_BITS), each block computing the rows' normalizers first and each
+// loaded value normalized as MLX's rms_norm writes it (qmm_rms_apply).
+//
 // A warp owns RT tiles of 16 output features; the WK warps of a block split
 // the k-blocks between them and sum in shared memory at the end. In a k-block
 // (4 * SEG columns) the lane with quad index t reads one 16-byte run of each
@@ -79,6 +84,26 @@ T* yp = y;
   xp += (pair / DIV) * K;
   yp += pair * N;
 }
+#endif
+
+#if QMM_NORM
+// Each row's 1 / rms: a warp per row, its lanes summing 8 values a load.
+__shared__ float inv_rms[32];
+for (int m = warp; m < M; m += WK) {
+  float sum = 0.0f;
+  for (int k = lane * 8; k < K; k += 256) {
+    const uint4 v = *reinterpret_cast<const uint4*>(xp + (size_t)m * K + k);
+    sum += qmm_sum_squares<T>(v);
+  }
+  #pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  if (lane == 0) {
+    inv_rms[m] = rsqrt(sum / K + __int_as_float(EPS_BITS));
+  }
+}
+__syncthreads();
 #endif
 
 // Rows of this lane's A fragments (clamped for loads; stores check N).
@@ -143,6 +168,9 @@ for (int kb = warp; kb < nkb; kb += WK) {
       uint4 v = make_uint4(0, 0, 0, 0);
       if (live && m < M) {
         v = reinterpret_cast<const uint4*>(xp + (size_t)m * K + k0)[i];
+#if QMM_NORM
+        v = qmm_rms_apply<T>(v, reinterpret_cast<const uint4*>(nw + k0)[i], inv_rms[m]);
+#endif
       }
       xv[mt][4 * i] = v.x;
       xv[mt][4 * i + 1] = v.y;

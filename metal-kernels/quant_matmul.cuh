@@ -89,3 +89,31 @@ __device__ inline T qmm_swiglu(T gate, T up) {
   return Multiply{}(silu, up);
 }
 #endif
+
+#if QMM_NORM
+// The sum of the squares of 8 values of T, in float.
+template <typename T>
+__device__ inline float qmm_sum_squares(uint4 v) {
+  const T* x = reinterpret_cast<const T*>(&v);
+  float sum = 0.0f;
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float f = static_cast<float>(x[j]);
+    sum += f * f;
+  }
+  return sum;
+}
+
+// 8 values of x normalized as MLX's rms_norm writes them: w * T(x * inv_rms),
+// the product rounded to T and multiplied by the weight in T.
+template <typename T>
+__device__ inline uint4 qmm_rms_apply(uint4 v, uint4 wv, float inv_rms) {
+  T* x = reinterpret_cast<T*>(&v);
+  const T* w = reinterpret_cast<const T*>(&wv);
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    x[j] = w[j] * static_cast<T>(static_cast<float>(x[j]) * inv_rms);
+  }
+  return v;
+}
+#endif

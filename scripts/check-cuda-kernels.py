@@ -124,18 +124,22 @@ def main():
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
     qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
-    # form: 0 plain, 1 gated (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only).
-    for t, bits, gs, rt, mt, wk, gather, form in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1], [0, 1, 2]):
-        if gather and mt > 1 or form == 1 and rt > 1 or form == 2 and gather:
+    # form: 0 plain, 1 gated (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only),
+    # 3 and 4: plain and gated, normed (QMM_NORM, dense only).
+    for t, bits, gs, rt, mt, wk, gather, form in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1], [0, 1, 2, 3, 4]):
+        glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
+        if gather and (mt > 1 or residual or norm) or glu and rt > 1:
             continue
-        glu, residual = int(form == 1), int(form == 2)
         weight = [("w", "u32"), ("scales", t[1:]), ("biases", t[1:])]
         up = [("w_up", "u32"), ("scales_up", t[1:]), ("biases_up", t[1:])] if glu else []
-        inputs = [("x", t[1:])] + weight + up + ([("res", t[1:])] if residual else []) + ([("idx", "u32")] if gather else [])
+        inputs = [("x", t[1:])] + ([("nw", t[1:])] if norm else []) + weight + up + ([("res", t[1:])] if residual else []) + ([("idx", "u32")] if gather else [])
         template = {"T": t, "BITS": bits, "GS": gs, "RT": rt, "MT": mt, "WK": wk}
         if gather:
             template["DIV"] = 8
-        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n" + qmm_header))
+        if norm:
+            template["EPS_BITS"] = 925353388  # 1e-5
+        defines = f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n#define QMM_NORM {norm}\n"
+        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, defines + qmm_header))
     only = [n for n in os.environ.get("CHECK_ONLY", "").split(",") if n]
     cases = [c for c in cases if not only or c[0] in only]
     for name, inputs, outputs, template, *own in cases:

@@ -2,8 +2,8 @@
 //! against MLX's quantized_matmul and gather_qmm: every bit width, group size
 //! and dtype it takes, 1 to 32 rows, feature counts that are and are not
 //! multiples of its tiles, dense and gathered (both broadcast forms and the
-//! sorted one), and its gated (gate, up and swiglu) and residual forms. On a
-//! machine without CUDA the kernel must decline every call,
+//! sorted one), and its gated (gate, up and swiglu), residual and normed
+//! forms. On a machine without CUDA the kernel must decline every call,
 //! so the callers run MLX's op; that part runs everywhere.
 
 use mlx_rs_safe::kernels::gpu_backend;
@@ -251,12 +251,12 @@ fn gated_dense_matches_separate_products() {
                     let x = normal(&[m, 1, k], 60 + m as u64, dtype);
                     let what = format!("{dtype:?} {bits}-bit group {gs}, {m} rows");
                     let mlx = |w: &(Array, Array, Array)| quantized::quantized_matmul(&x, &w.0, &w.1, Some(&w.2), true, gs, bits).unwrap();
-                    let got = quant_kernel::swiglu_matmul(&x, packed(&gate), packed(&up), spec).unwrap().expect("the gated kernel applies");
+                    let got = quant_kernel::swiglu_matmul(&x, None, packed(&gate), packed(&up), spec).unwrap().expect("the gated kernel applies");
                     check(&format!("{what} against MLX"), &got, &swiglu(&mlx(&gate), &mlx(&up)));
                     let chosen = Tiles::choose_for(m, n, k, bits, 1, true);
                     for &wk in [chosen.wk].iter().chain(splits) {
                         let tiles = Tiles { wk, ..chosen };
-                        let got = quant_kernel::swiglu_matmul_tiled(&x, packed(&gate), packed(&up), spec, tiles).unwrap();
+                        let got = quant_kernel::swiglu_matmul_tiled(&x, None, packed(&gate), packed(&up), spec, tiles).unwrap();
                         let one = |w: &(Array, Array, Array)| quant_kernel::matmul_tiled(&x, &w.0, &w.1, Some(&w.2), spec, tiles).unwrap();
                         check_exact(&format!("{what}, wk {wk}"), &got, &swiglu(&one(&gate), &one(&up)));
                         cases += 1;
@@ -321,7 +321,7 @@ fn unsupported_gated_calls_fall_back() {
     let gate = weights(&[], 64, 256, spec, Dtype::Bfloat16, 1);
     let up = weights(&[], 64, 256, spec, Dtype::Bfloat16, 2);
     let x = normal(&[4, 256], 3, Dtype::Bfloat16);
-    let applies = |x: &Array, up: &(Array, Array, Array)| quant_kernel::swiglu_matmul(x, packed(&gate), packed(up), spec).unwrap().is_some();
+    let applies = |x: &Array, up: &(Array, Array, Array)| quant_kernel::swiglu_matmul(x, None, packed(&gate), packed(up), spec).unwrap().is_some();
     assert_eq!(applies(&x, &up), cuda, "a supported call");
     assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &up), "too many rows");
     assert!(!applies(&x, &weights(&[], 32, 256, spec, Dtype::Bfloat16, 2)), "up of another shape");
@@ -381,4 +381,68 @@ fn unsupported_residual_calls_fall_back() {
     assert!(!applies(&x, &normal(&[1, 64], 4, Dtype::Bfloat16)), "a broadcast residual");
     assert!(!applies(&x, &normal(&[4, 1, 64], 4, Dtype::Float16)), "a residual of another dtype");
     assert!(!applies(&normal(&[MAX_ROWS + 1, 256], 3, Dtype::Bfloat16), &normal(&[MAX_ROWS + 1, 64], 4, Dtype::Bfloat16)), "too many rows");
+}
+
+/// x with values whose squares sum exactly in float in any order (halves
+/// from -2 to 1.5): the kernel's row sums equal MLX's rms_norm's, so its
+/// normed form must equal rms_norm then the product bit for bit.
+fn exact_sum_rows(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let key = random::key(seed).unwrap();
+    let ints = random::randint(&Array::scalar(-4i32), &Array::scalar(4i32), shape, Dtype::Int32, &key).unwrap();
+    ops::astype(&ops::divide(&ops::astype(&ints, Dtype::Float32).unwrap(), &Array::scalar(2.0f32)).unwrap(), dtype).unwrap()
+}
+
+/// The normed forms (rms_norm(x) taken by the product itself, plain and
+/// gated) against MLX's rms_norm followed by MLX's products within 16-bit
+/// rounding, and, on rows whose squares sum exactly, against MLX's rms_norm
+/// followed by the kernel's own products with the same split bit for bit.
+#[test]
+fn normed_forms_match_rms_norm_then_product() {
+    if !on_cuda() {
+        return;
+    }
+    let (n, k, eps) = (1000, 768, 1e-5f32);
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            let spec = QuantSpec::affine(64, bits);
+            let w = weights(&[], n, k, spec, dtype, 140 + bits as u64);
+            let up = weights(&[], n, k, spec, dtype, 150 + bits as u64);
+            let nw = normal(&[k], 160, dtype);
+            let norm = quant_kernel::Norm { weight: &nw, eps };
+            for m in [1, 17] {
+                let what = format!("{dtype:?} {bits}-bit, {m} rows");
+                let rms = |x: &Array| mlx_rs_safe::fast::rms_norm(x, Some(&nw), eps).unwrap();
+                let mlx = |x: &Array, w: &(Array, Array, Array)| quantized::quantized_matmul(x, &w.0, &w.1, Some(&w.2), true, 64, bits).unwrap();
+                let x = normal(&[m, 1, k], 170 + m as u64, dtype);
+                let got = quant_kernel::matmul_normed(&x, norm, packed(&w), spec).unwrap().expect("the normed form applies");
+                check(&format!("{what}, normed, against MLX"), &got, &mlx(&rms(&x), &w));
+                let got = quant_kernel::swiglu_matmul(&x, Some(norm), packed(&w), packed(&up), spec).unwrap().expect("the gated form applies");
+                check(&format!("{what}, normed and gated, against MLX"), &got, &swiglu(&mlx(&rms(&x), &w), &mlx(&rms(&x), &up)));
+                let x = exact_sum_rows(&[m, 1, k], 180 + m as u64, dtype);
+                let tiles = Tiles::choose(m, n, k, bits, 1);
+                let got = quant_kernel::matmul_normed_tiled(&x, norm, packed(&w), spec, tiles).unwrap();
+                check_exact(&format!("{what}, normed"), &got, &quant_kernel::matmul_tiled(&rms(&x), &w.0, &w.1, Some(&w.2), spec, tiles).unwrap());
+                let tiles = Tiles::choose_for(m, n, k, bits, 1, true);
+                let got = quant_kernel::swiglu_matmul_tiled(&x, Some(norm), packed(&w), packed(&up), spec, tiles).unwrap();
+                let want = quant_kernel::swiglu_matmul_tiled(&rms(&x), None, packed(&w), packed(&up), spec, tiles).unwrap();
+                check_exact(&format!("{what}, normed and gated"), &got, &want);
+            }
+        }
+    }
+}
+
+/// What the normed forms do not take goes back to the caller (None).
+#[test]
+fn unsupported_normed_calls_fall_back() {
+    let cuda = quant_kernel::in_use() && std::env::var("MLX_SERVE_QMM_FUSED").map_or(true, |v| v != "0");
+    let spec = QuantSpec::affine(64, 4);
+    let w = weights(&[], 64, 256, spec, Dtype::Bfloat16, 1);
+    let x = normal(&[4, 1, 256], 3, Dtype::Bfloat16);
+    let applies = |nw: &Array| quant_kernel::matmul_normed(&x, quant_kernel::Norm { weight: nw, eps: 1e-5 }, packed(&w), spec).unwrap().is_some();
+    assert_eq!(applies(&normal(&[256], 4, Dtype::Bfloat16)), cuda, "a supported call");
+    assert!(!applies(&normal(&[128], 4, Dtype::Bfloat16)), "a norm of another width");
+    assert!(!applies(&normal(&[256], 4, Dtype::Float32)), "a norm of another dtype");
+    let gated = |nw: &Array| quant_kernel::swiglu_matmul(&x, Some(quant_kernel::Norm { weight: nw, eps: 1e-5 }), packed(&w), packed(&w), spec).unwrap().is_some();
+    assert_eq!(gated(&normal(&[256], 4, Dtype::Bfloat16)), cuda, "a supported gated call");
+    assert!(!gated(&normal(&[255], 4, Dtype::Bfloat16)), "a gated call with a norm of another width");
 }

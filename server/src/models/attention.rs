@@ -131,17 +131,20 @@ impl Attention {
     /// `x`: [B, L, hidden] → [B, L, hidden]. `window` limits how far back a
     /// token attends (sliding-window layers).
     pub fn forward(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
-        self.o_proj.forward(&self.attend(x, cache, masks, window)?)
+        self.o_proj.forward(&self.attend(x, None, cache, masks, window)?)
     }
 
-    /// `residual + forward(x, ...)`: the layer's residual stream after its
-    /// attention, added by the output projection's kernel where it applies.
-    pub fn forward_add(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>, residual: &Array) -> Result<Array> {
-        self.o_proj.forward_add(&self.attend(x, cache, masks, window)?, residual)
+    /// `h + forward(norm.forward(h), ...)`: the residual stream `h` after
+    /// the layer's attention, the norm before it applied by the q/k/v
+    /// product's kernel and the sum added by the output projection's, where
+    /// they apply.
+    pub fn forward_normed_add(&self, h: &Array, norm: &RmsNorm, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
+        self.o_proj.forward_add(&self.attend(h, Some(norm), cache, masks, window)?, h)
     }
 
-    /// The heads' attention outputs side by side, before the output projection.
-    fn attend(&self, x: &Array, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
+    /// The heads' attention outputs side by side, before the output
+    /// projection; with `norm`, of norm.forward(x).
+    fn attend(&self, x: &Array, norm: Option<&RmsNorm>, cache: &mut LayerCache, masks: &StepMemo, window: Option<i32>) -> Result<Array> {
         let shape = x.shape();
         let (b, l) = (shape[0], shape[1]);
         let full_norm = matches!(self.spec.qk_norm, QkNorm::Full(_));
@@ -158,11 +161,19 @@ impl Attention {
             Ok(ops::transpose_axes(&a, &[0, 2, 1, 3])?)
         };
         let (q, k, v) = match &self.proj {
-            Projections::Separate { q, k, v } => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Projections::Separate { q, k, v } => {
+                let normed = norm.map(|n| n.forward(x)).transpose()?;
+                let x = normed.as_ref().unwrap_or(x);
+                (q.forward(x)?, k.forward(x)?, v.forward(x)?)
+            }
             Projections::Fused(qkv) => {
                 let q_pos = self.spec.n_heads * self.spec.head_dim;
                 let k_end = q_pos + self.spec.n_kv_heads * self.spec.head_dim;
-                let mut parts = ops::split_sections(&qkv.forward(x)?, &[q_pos, k_end], -1)?.into_iter();
+                let qkv = match norm {
+                    Some(n) => qkv.forward_normed(x, n)?,
+                    None => qkv.forward(x)?,
+                };
+                let mut parts = ops::split_sections(&qkv, &[q_pos, k_end], -1)?.into_iter();
                 match (parts.next(), parts.next(), parts.next()) {
                     (Some(q), Some(k), Some(v)) => (q, k, v),
                     _ => return Err(Error::Internal("the fused qkv projection did not split in three")),

@@ -97,12 +97,12 @@ impl FeedForward {
         }
     }
 
-    /// `residual + forward(x)`: a dense MLP's down projection adds it in its
-    /// kernel where that applies.
-    pub(super) fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
+    /// `h + forward(norm.forward(h))`: a dense MLP's products apply the norm
+    /// and add the sum in their kernels where they apply.
+    pub(super) fn forward_normed_add(&self, h: &Array, norm: &RmsNorm) -> Result<Array> {
         match self {
-            FeedForward::Dense(m) => m.forward_add(x, residual),
-            FeedForward::Moe(m) => Ok(ops::add(residual, &m.forward(x)?)?),
+            FeedForward::Dense(m) => m.forward_normed_add(h, norm),
+            FeedForward::Moe(m) => Ok(ops::add(h, &m.forward(&norm.forward(h)?)?)?),
         }
     }
 }
@@ -193,10 +193,12 @@ impl LanguageModel for Decoder {
         let h = self.stage.forward(self.embed.forward(tokens)?, cache, |i, h, cache, masks| {
             let (layer, window) = (&self.layers[i - start], self.windows[i - start]);
             self.placement.run(i, || {
-                // h + attention, then hh + MLP: each sum written by its
-                // projection's kernel where it applies (one kernel, not two).
-                let hh = layer.attn.forward_add(&layer.input_norm.forward(&h)?, cache, masks, window, &h)?;
-                layer.mlp.forward_add(&layer.post_attn_norm.forward(&hh)?, &hh)
+                // h + attention(norm(h)), then hh + MLP(norm(hh)): where the
+                // decode kernel applies, each norm is taken by the product
+                // after it and each sum written by the product before it
+                // (with the MLP's gate/up/swiglu, five kernels fewer a layer).
+                let hh = layer.attn.forward_normed_add(&h, &layer.input_norm, cache, masks, window)?;
+                layer.mlp.forward_normed_add(&hh, &layer.post_attn_norm)
             })
         })?;
         self.placement.run_head(self.stage.layers.end, || {

@@ -288,6 +288,18 @@ impl Linear {
         Ok(ops::add(residual, &self.forward(x)?)?)
     }
 
+    /// `forward(norm.forward(x))`: in one kernel where the decode kernel's
+    /// normed form applies (a plain quantized product on CUDA), x being the
+    /// residual stream the norm reads.
+    pub fn forward_normed(&self, x: &Array, norm: &RmsNorm) -> Result<Array> {
+        if let Some(q) = self.plain_quantized() {
+            if let Some(y) = quant_kernel::matmul_normed(x, norm.kernel_norm(), q.packed(), q.params)? {
+                return Ok(y);
+            }
+        }
+        self.forward(&norm.forward(x)?)
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let bias = if self.reduce.is_some() { None } else { self.bias.as_ref() };
         let y = match &self.weight {
@@ -384,6 +396,11 @@ impl RmsNorm {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+
+    /// The norm as the decode kernel applies it before a product.
+    pub fn kernel_norm(&self) -> quant_kernel::Norm<'_> {
+        quant_kernel::Norm { weight: &self.weight, eps: self.eps }
     }
 }
 

@@ -4,7 +4,7 @@ use mlx_rs_safe::compile::Compiled;
 use mlx_rs_safe::{ops, Array};
 
 use super::compiled::call_compiled;
-use super::layers::{Linear, QuantizedWeight};
+use super::layers::{Linear, QuantizedWeight, RmsNorm};
 use super::quant::QuantConfig;
 use super::quant_kernel;
 use super::weights::{Split, Weights};
@@ -145,23 +145,27 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        self.down_proj.forward(&self.hidden(x)?)
+        self.down_proj.forward(&self.hidden(x, None)?)
     }
 
-    /// `residual + forward(x)`: the layer's output, added by the down
-    /// projection's kernel where it applies.
-    pub fn forward_add(&self, x: &Array, residual: &Array) -> Result<Array> {
-        self.down_proj.forward_add(&self.hidden(x)?, residual)
+    /// `h + forward(norm.forward(h))`: a layer's output from its residual
+    /// stream `h` and the norm before its MLP, the norm applied and the sum
+    /// added by the products' kernels where they apply.
+    pub fn forward_normed_add(&self, h: &Array, norm: &RmsNorm) -> Result<Array> {
+        self.down_proj.forward_add(&self.hidden(h, Some(norm))?, h)
     }
 
-    /// The gated activation act(gate(x)) * up(x), the down projection's input.
-    fn hidden(&self, x: &Array) -> Result<Array> {
-        // Gate, up and swiglu in one kernel where it applies (CUDA, decode rows).
+    /// The gated activation act(gate(x)) * up(x), the down projection's
+    /// input; with `norm`, of norm.forward(x).
+    fn hidden(&self, x: &Array, norm: Option<&RmsNorm>) -> Result<Array> {
+        // Norm, gate, up and swiglu in one kernel where it applies (CUDA, decode rows).
         if let Some((gate, up)) = &self.gated {
-            if let Some(h) = quant_kernel::swiglu_matmul(x, gate.packed(), up.packed(), gate.params)? {
+            if let Some(h) = quant_kernel::swiglu_matmul(x, norm.map(RmsNorm::kernel_norm), gate.packed(), up.packed(), gate.params)? {
                 return Ok(h);
             }
         }
+        let normed = norm.map(|n| n.forward(x)).transpose()?;
+        let x = normed.as_ref().unwrap_or(x);
         let (gate, up) = match &self.proj {
             GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
             GateUp::Fused(gu) => {

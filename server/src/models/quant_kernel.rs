@@ -128,6 +128,21 @@ impl Tiles {
     }
 }
 
+/// An RMS norm the kernel applies to x before its product: mlx's
+/// `rms_norm(x, weight, eps)`.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    pub weight: &'a Array,
+    pub eps: f32,
+}
+
+impl Norm<'_> {
+    /// Whether it normalizes x's rows: a weight per column, in x's dtype.
+    fn fits(self, x: &Array) -> bool {
+        self.weight.dtype() == x.dtype() && self.weight.shape() == [x.dim(-1).unwrap_or(-1)]
+    }
+}
+
 /// One affine-quantized weight as the kernel reads it: packed values,
 /// scales, biases.
 #[derive(Clone, Copy)]
@@ -153,25 +168,51 @@ fn unsupported(x: &Array, k: i32, scales: &Array, biases: Option<&Array>, spec: 
     }
 }
 
+/// The rows of x when the dense kernel takes x and W (x of [`MIN_ROWS`] to
+/// [`MAX_ROWS`] rows, weights it reads), else None.
+fn dense_rows(x: &Array, w: Packed, spec: QuantSpec) -> Option<i32> {
+    let shape = x.shape();
+    let k = shape.last().copied().unwrap_or(0);
+    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
+    let fits = !shape.is_empty() && (min_rows()..=MAX_ROWS as i64).contains(&rows) && w.w.ndim() == 2;
+    (fits && unsupported(x, k, w.scales, w.biases, spec).is_none()).then_some(rows as i32)
+}
+
 /// x [..., K] @ Wᵀ for W [N, K] quantized by `spec`, or None where the kernel
 /// does not apply (the caller runs MLX's quantized_matmul): x of
 /// [`MIN_ROWS`] to [`MAX_ROWS`] rows.
 pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Option<Array>> {
-    let shape = x.shape();
-    let k = shape.last().copied().unwrap_or(0);
-    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
-    if shape.is_empty()
-        || rows < min_rows()
-        || rows > MAX_ROWS as i64
-        || w.ndim() != 2
-        || unsupported(x, k, scales, biases, spec).is_some()
-        || !in_use()
-    {
+    let w = Packed { w, scales, biases };
+    let Some(rows) = dense_rows(x, w, spec) else { return Ok(None) };
+    if !in_use() {
         return Ok(None);
     }
-    let n = w.dim(0)?;
-    let tiles = Tiles::choose(rows as i32, n, k, spec.bits, 1);
-    Ok(Some(launch_dense(x, Packed { w, scales, biases }, Epilogue::Plain, spec, tiles)?))
+    let tiles = Tiles::choose(rows, w.w.dim(0)?, x.dim(-1)?, spec.bits, 1);
+    Ok(Some(launch_dense(x, None, w, Epilogue::Plain, spec, tiles)?))
+}
+
+/// [`matmul`] with a chosen tiling, the kernel only (no fallback): for the
+/// tests and the kernel benchmark.
+pub fn matmul_tiled(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    launch_dense(x, None, Packed { w, scales, biases }, Epilogue::Plain, spec, tiles.check(false)?)
+}
+
+/// rms_norm(x, norm) @ Wᵀ in one launch: x is a layer's residual stream and
+/// `norm` the RMS norm before the product. None where [`matmul`] declines,
+/// or the fused forms are turned off (`MLX_SERVE_QMM_FUSED=0`) or the norm's
+/// weight does not fit x.
+pub fn matmul_normed(x: &Array, norm: Norm, w: Packed, spec: QuantSpec) -> Result<Option<Array>> {
+    let Some(rows) = dense_rows(x, w, spec) else { return Ok(None) };
+    if !norm.fits(x) || !fused_in_use() {
+        return Ok(None);
+    }
+    let tiles = Tiles::choose(rows, w.w.dim(0)?, x.dim(-1)?, spec.bits, 1);
+    Ok(Some(launch_dense(x, Some(norm), w, Epilogue::Plain, spec, tiles)?))
+}
+
+/// [`matmul_normed`] with a chosen tiling, the kernel only.
+pub fn matmul_normed_tiled(x: &Array, norm: Norm, w: Packed, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+    launch_dense(x, Some(norm), w, Epilogue::Plain, spec, tiles.check(false)?)
 }
 
 /// residual + x @ Wᵀ (MLX's add of the two, the product rounded first) in
@@ -179,65 +220,44 @@ pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec
 /// declines, or the fused forms are turned off (`MLX_SERVE_QMM_FUSED=0`) or
 /// the residual's shape or dtype differs.
 pub fn matmul_add(x: &Array, w: Packed, residual: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    let Some(rows) = dense_rows(x, w, spec) else { return Ok(None) };
     let shape = x.shape();
-    let k = shape.last().copied().unwrap_or(0);
-    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
-    if shape.is_empty()
-        || rows < min_rows()
-        || rows > MAX_ROWS as i64
-        || w.w.ndim() != 2
-        || residual.dtype() != x.dtype()
-        || residual.shape() != [&shape[..shape.len() - 1], &[w.w.dim(0)?]].concat()
-        || unsupported(x, k, w.scales, w.biases, spec).is_some()
-        || !fused_in_use()
-    {
+    let fits = residual.dtype() == x.dtype() && residual.shape() == [&shape[..shape.len() - 1], &[w.w.dim(0)?]].concat();
+    if !fits || !fused_in_use() {
         return Ok(None);
     }
-    let tiles = Tiles::choose(rows as i32, w.w.dim(0)?, k, spec.bits, 1);
-    Ok(Some(launch_dense(x, w, Epilogue::Residual(residual), spec, tiles)?))
+    let tiles = Tiles::choose(rows, w.w.dim(0)?, x.dim(-1)?, spec.bits, 1);
+    Ok(Some(launch_dense(x, None, w, Epilogue::Residual(residual), spec, tiles)?))
 }
 
 /// [`matmul_add`] with a chosen tiling, the kernel only.
 pub fn matmul_add_tiled(x: &Array, w: Packed, residual: &Array, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
-    launch_dense(x, w, Epilogue::Residual(residual), spec, tiles.check(false)?)
-}
-
-/// [`matmul`] with a chosen tiling, the kernel only (no fallback): for the
-/// tests and the kernel benchmark.
-pub fn matmul_tiled(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
-    launch_dense(x, Packed { w, scales, biases }, Epilogue::Plain, spec, tiles.check(false)?)
+    launch_dense(x, None, w, Epilogue::Residual(residual), spec, tiles.check(false)?)
 }
 
 /// silu(x @ gateᵀ) * (x @ upᵀ) for two weights of one shape quantized by
 /// `spec` (an MLP's gate and up projections), in one launch: equal to the
-/// kernel's two products followed by MLX's swiglu. None where the kernel
-/// does not apply, as [`matmul`]; also where gating is turned off
-/// (`MLX_SERVE_QMM_FUSED=0`) or the two weights differ in shape.
-pub fn swiglu_matmul(x: &Array, gate: Packed, up: Packed, spec: QuantSpec) -> Result<Option<Array>> {
-    let shape = x.shape();
-    let k = shape.last().copied().unwrap_or(0);
-    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
-    if shape.is_empty()
-        || rows < min_rows()
-        || rows > MAX_ROWS as i64
-        || gate.w.ndim() != 2
-        || !same_shapes(gate, up)
-        || unsupported(x, k, gate.scales, gate.biases, spec).is_some()
-        || unsupported(x, k, up.scales, up.biases, spec).is_some()
-        || !fused_in_use()
-    {
+/// kernel's two products followed by MLX's swiglu. With `norm`, x is the
+/// residual stream and both products take rms_norm(x, norm) (as
+/// [`matmul_normed`]). None where the kernel does not apply, as [`matmul`];
+/// also where the fused forms are turned off (`MLX_SERVE_QMM_FUSED=0`), the
+/// two weights differ in shape or the norm does not fit.
+pub fn swiglu_matmul(x: &Array, norm: Option<Norm>, gate: Packed, up: Packed, spec: QuantSpec) -> Result<Option<Array>> {
+    let Some(rows) = dense_rows(x, gate, spec) else { return Ok(None) };
+    let fits = same_shapes(gate, up) && unsupported(x, x.dim(-1)?, up.scales, up.biases, spec).is_none() && norm.is_none_or(|n| n.fits(x));
+    if !fits || !fused_in_use() {
         return Ok(None);
     }
-    let tiles = Tiles::choose_for(rows as i32, gate.w.dim(0)?, k, spec.bits, 1, true);
-    Ok(Some(launch_dense(x, gate, Epilogue::Gated(up), spec, tiles)?))
+    let tiles = Tiles::choose_for(rows, gate.w.dim(0)?, x.dim(-1)?, spec.bits, 1, true);
+    Ok(Some(launch_dense(x, norm, gate, Epilogue::Gated(up), spec, tiles)?))
 }
 
 /// [`swiglu_matmul`] with a chosen tiling, the kernel only.
-pub fn swiglu_matmul_tiled(x: &Array, gate: Packed, up: Packed, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+pub fn swiglu_matmul_tiled(x: &Array, norm: Option<Norm>, gate: Packed, up: Packed, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
     if !same_shapes(gate, up) {
         return Err(Error::Config("gate and up weights of different shapes".into()));
     }
-    launch_dense(x, gate, Epilogue::Gated(up), spec, tiles.check(true)?)
+    launch_dense(x, norm, gate, Epilogue::Gated(up), spec, tiles.check(true)?)
 }
 
 /// Whether two weights have the same shapes (packed, scales, biases).
@@ -269,18 +289,21 @@ impl Epilogue<'_> {
     }
 }
 
-fn launch_dense(x: &Array, w: Packed, epilogue: Epilogue, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
+fn launch_dense(x: &Array, norm: Option<Norm>, w: Packed, epilogue: Epilogue, spec: QuantSpec, tiles: Tiles) -> Result<Array> {
     let n = w.w.dim(0)?;
     let mut shape = x.shape();
     *shape.last_mut().ok_or(Error::Internal("x has no axis"))? = n;
     let mut inputs = vec![x];
+    if let Some(norm) = norm {
+        inputs.push(norm.weight);
+    }
     push_weight(&mut inputs, w)?;
     match epilogue {
         Epilogue::Plain => {}
         Epilogue::Gated(up) => push_weight(&mut inputs, up)?,
         Epilogue::Residual(r) => inputs.push(r),
     }
-    launch(&inputs, shape, n, 1, spec, tiles, None, epilogue)
+    launch(&inputs, shape, n, 1, spec, tiles, None, epilogue, norm.map(|n| n.eps))
 }
 
 /// The kernel's inputs for one weight: packed values, scales, biases.
@@ -376,13 +399,23 @@ fn launch_gather(x: &Array, w: Packed, epilogue: Epilogue, indices: &Array, per_
         Epilogue::Residual(_) => return Err(Error::Internal("the gathered kernel adds no residual")),
     }
     inputs.push(idx);
-    launch(&inputs, shape, n, indices.size() as i32, spec, tiles, Some(per_row), epilogue)
+    launch(&inputs, shape, n, indices.size() as i32, spec, tiles, Some(per_row), epilogue, None)
 }
 
 /// One launch: a block per RT×16 output features (per pair when gathered),
 /// the output `shape` row-major.
 #[allow(clippy::too_many_arguments)]
-fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpec, tiles: Tiles, per_row: Option<i32>, epilogue: Epilogue) -> Result<Array> {
+fn launch(
+    inputs: &[&Array],
+    shape: Vec<i32>,
+    n: i32,
+    pairs: i32,
+    spec: QuantSpec,
+    tiles: Tiles,
+    per_row: Option<i32>,
+    epilogue: Epilogue,
+    norm_eps: Option<f32>,
+) -> Result<Array> {
     let dtype = inputs[0].dtype();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(dtype))];
     let ints = [
@@ -396,6 +429,10 @@ fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpe
     if let Some(div) = per_row {
         template.push(("DIV".to_string(), TemplateArg::Int(div)));
     }
+    if let Some(eps) = norm_eps {
+        // A float as its bits: template constants are integers.
+        template.push(("EPS_BITS".to_string(), TemplateArg::Int(eps.to_bits() as i32)));
+    }
     let blocks = (n + 16 * tiles.rt - 1) / (16 * tiles.rt);
     let call = KernelCall {
         outputs: vec![(shape, dtype)],
@@ -404,7 +441,7 @@ fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpe
         template,
         ..Default::default()
     };
-    let out = KERNELS.with(|k| match &k[per_row.is_some() as usize][epilogue.index()] {
+    let out = KERNELS.with(|k| match &k[per_row.is_some() as usize][epilogue.index()][norm_eps.is_some() as usize] {
         Some(kernel) => Ok(kernel.apply(inputs, &call)?),
         None => Err(Error::Internal("the quantized-matmul kernel did not compile")),
     })?;
@@ -415,24 +452,35 @@ fn launch(inputs: &[&Array], shape: Vec<i32>, n: i32, pairs: i32, spec: QuantSpe
 
 thread_local! {
     /// The dense kernels, then the gathered ones, each plain, gated and with
-    /// a residual ([`Epilogue`]; none gathered with a residual), None off CUDA.
-    static KERNELS: [[Option<CustomKernel>; 3]; 2] = [
-        [make_kernel(false, 0), make_kernel(false, 1), make_kernel(false, 2)],
-        [make_kernel(true, 0), make_kernel(true, 1), None],
+    /// a residual ([`Epilogue`]), each as is and normed: None off CUDA and
+    /// for the forms that do not exist (gathered with a residual or normed,
+    /// normed with a residual).
+    static KERNELS: [[[Option<CustomKernel>; 2]; 3]; 2] = [
+        [
+            [make_kernel(false, 0, false), make_kernel(false, 0, true)],
+            [make_kernel(false, 1, false), make_kernel(false, 1, true)],
+            [make_kernel(false, 2, false), None],
+        ],
+        [[make_kernel(true, 0, false), None], [make_kernel(true, 1, false), None], [None, None]],
     ];
 }
 
-/// The kernel of this form (`epilogue`: an [`Epilogue::index`]).
-fn make_kernel(gathered: bool, epilogue: usize) -> Option<CustomKernel> {
+/// The kernel of this form (`epilogue`: an [`Epilogue::index`]; `normed`:
+/// x normalized first).
+fn make_kernel(gathered: bool, epilogue: usize, normed: bool) -> Option<CustomKernel> {
     if gpu_backend() != Some("cuda") {
         return None;
     }
     let (gated, residual) = (epilogue == 1, epilogue == 2);
     let header = format!(
-        "#define QMM_GATHER {}\n#define QMM_GLU {}\n#define QMM_RESIDUAL {}\n{HEADER}",
-        gathered as i32, gated as i32, residual as i32
+        "#define QMM_GATHER {}\n#define QMM_GLU {}\n#define QMM_RESIDUAL {}\n#define QMM_NORM {}\n{HEADER}",
+        gathered as i32, gated as i32, residual as i32, normed as i32
     );
-    let mut inputs = vec!["x", "w", "scales", "biases"];
+    let mut inputs = vec!["x"];
+    if normed {
+        inputs.push("nw");
+    }
+    inputs.extend(["w", "scales", "biases"]);
     if gated {
         inputs.extend(["w_up", "scales_up", "biases_up"]);
     }
@@ -442,11 +490,13 @@ fn make_kernel(gathered: bool, epilogue: usize) -> Option<CustomKernel> {
     if gathered {
         inputs.push("idx");
     }
-    let name = match (gathered, epilogue) {
-        (false, 0) => "quant_matmul",
-        (true, 0) => "quant_matmul_gather",
-        (false, 1) => "quant_matmul_glu",
-        (true, 1) => "quant_matmul_glu_gather",
+    let name = match (gathered, epilogue, normed) {
+        (false, 0, false) => "quant_matmul",
+        (false, 0, true) => "quant_matmul_normed",
+        (true, 0, _) => "quant_matmul_gather",
+        (false, 1, false) => "quant_matmul_glu",
+        (false, 1, true) => "quant_matmul_glu_normed",
+        (true, 1, _) => "quant_matmul_glu_gather",
         _ => "quant_matmul_residual",
     };
     let src = KernelSource {
@@ -544,6 +594,7 @@ pub fn self_check() -> Result<Option<String>> {
         let (u0, us0, ub0) = (first(&wu)?, first(&su)?, first(&bu)?);
         let gated_dense = swiglu_matmul_tiled(
             &x,
+            None,
             Packed { w: &w0, scales: &s0, biases: Some(&b0) },
             Packed { w: &u0, scales: &us0, biases: Some(&ub0) },
             spec,
@@ -558,6 +609,25 @@ pub fn self_check() -> Result<Option<String>> {
         };
         if let Some(why) = disagreement(&gated_dense, &gated_want(&x, 0)?)? {
             return Ok(Some(format!("{bits}-bit gated: {why}")));
+        }
+        // The normed forms: rms_norm(x) first, alone and gated.
+        let nw = ops::astype(&normal(&[k], 5)?, Dtype::Bfloat16)?;
+        let norm = Norm { weight: &nw, eps: 1e-5 };
+        let normed_x = mlx_rs_safe::fast::rms_norm(&x, Some(&nw), 1e-5)?;
+        let normed = matmul_normed_tiled(&x, norm, Packed { w: &w0, scales: &s0, biases: Some(&b0) }, spec, Tiles::choose(3, n, k, bits, 1))?;
+        if let Some(why) = disagreement(&normed, &reference(&normed_x, &w0, &s0, Some(&b0), spec)?)? {
+            return Ok(Some(format!("{bits}-bit normed: {why}")));
+        }
+        let normed_gated = swiglu_matmul_tiled(
+            &x,
+            Some(norm),
+            Packed { w: &w0, scales: &s0, biases: Some(&b0) },
+            Packed { w: &u0, scales: &us0, biases: Some(&ub0) },
+            spec,
+            Tiles::choose_for(3, n, k, bits, 1, true),
+        )?;
+        if let Some(why) = disagreement(&normed_gated, &gated_want(&normed_x, 0)?)? {
+            return Ok(Some(format!("{bits}-bit normed and gated: {why}")));
         }
         let residual = ops::astype(&normal(&[3, 1, n], 4)?, Dtype::Bfloat16)?;
         let added = matmul_add_tiled(&x, Packed { w: &w0, scales: &s0, biases: Some(&b0) }, &residual, spec, Tiles::choose(3, n, k, bits, 1))?;
