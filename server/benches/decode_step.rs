@@ -196,6 +196,8 @@ struct Pass<'a> {
     prompt: i32,
     steps: usize,
     turbo: Option<&'a KvCompression>,
+    /// The quantized-matmul kernel's fused forms on or off (None: as set).
+    fused: Option<bool>,
     ragged: bool,
     alternate: bool,
     engine_loop: bool,
@@ -204,7 +206,10 @@ struct Pass<'a> {
 /// Timings of a pass over `rows` sequences, printed when `report` (with
 /// `label` after the row count) and then its pipelined tok/s returned.
 fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &str) -> Res<Option<f64>> {
-    let Pass { prompt, steps, turbo, ragged, alternate, engine_loop } = *pass;
+    let Pass { prompt, steps, turbo, fused, ragged, alternate, engine_loop } = *pass;
+    if let Some(on) = fused {
+        models::quant_kernel::set_fused(on);
+    }
     let row_prompt = |r: i32| if ragged { (prompt - 8 * r).max(1) } else { prompt };
     let kinds = model.kv_layout().kinds;
     // Each row prefilled on its own, then joined, as the engine batches.
@@ -350,24 +355,18 @@ fn main() -> Res<()> {
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let base = Pass { prompt, steps, turbo: None, ragged, alternate, engine_loop };
+    let base = Pass { prompt, steps, turbo: None, fused: None, ragged, alternate, engine_loop };
     let label = |name: &str| if configs.len() > 1 { format!(" {name}") } else { String::new() };
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
         for (_, turbo, fused) in &configs {
-            if let Some(on) = fused {
-                models::quant_kernel::set_fused(*on);
-            }
-            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), prompt: warm_prompt, ..base }, false, "")?;
+            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), fused: *fused, prompt: warm_prompt, ..base }, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for _ in 0..passes {
             for (i, (name, turbo, fused)) in configs.iter().enumerate() {
-                if let Some(on) = fused {
-                    models::quant_kernel::set_fused(*on);
-                }
-                tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), ..base }, true, &label(name))?);
+                tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), fused: *fused, ..base }, true, &label(name))?);
             }
         }
         if configs.len() > 1 && passes > 0 {

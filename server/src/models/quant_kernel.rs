@@ -293,24 +293,28 @@ fn launch_dense(x: &Array, norm: Option<Norm>, w: Packed, epilogue: Epilogue, sp
     let n = w.w.dim(0)?;
     let mut shape = x.shape();
     *shape.last_mut().ok_or(Error::Internal("x has no axis"))? = n;
-    let mut inputs = vec![x];
-    if let Some(norm) = norm {
-        inputs.push(norm.weight);
-    }
-    push_weight(&mut inputs, w)?;
-    match epilogue {
-        Epilogue::Plain => {}
-        Epilogue::Gated(up) => push_weight(&mut inputs, up)?,
-        Epilogue::Residual(r) => inputs.push(r),
-    }
+    let inputs = kernel_inputs(x, norm, w, epilogue)?;
     launch(&inputs, shape, n, 1, spec, tiles, None, epilogue, norm.map(|n| n.eps))
 }
 
-/// The kernel's inputs for one weight: packed values, scales, biases.
-fn push_weight<'a>(inputs: &mut Vec<&'a Array>, p: Packed<'a>) -> Result<()> {
-    let biases = p.biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
-    inputs.extend([p.w, p.scales, biases]);
-    Ok(())
+/// The kernel's inputs in its order, but for a gathered call's `idx`: x,
+/// the norm's weight, the weight's packed values, scales and biases, then
+/// the up weight's (gated) or the residual.
+fn kernel_inputs<'a>(x: &'a Array, norm: Option<Norm<'a>>, w: Packed<'a>, epilogue: Epilogue<'a>) -> Result<Vec<&'a Array>> {
+    let mut inputs = vec![x];
+    inputs.extend(norm.map(|n| n.weight));
+    let mut push_weight = |p: Packed<'a>| -> Result<()> {
+        let biases = p.biases.ok_or(Error::Internal("the quantized-matmul kernel needs biases"))?;
+        inputs.extend([p.w, p.scales, biases]);
+        Ok(())
+    };
+    push_weight(w)?;
+    match epilogue {
+        Epilogue::Plain => {}
+        Epilogue::Gated(up) => push_weight(up)?,
+        Epilogue::Residual(r) => inputs.push(r),
+    }
+    Ok(inputs)
 }
 
 /// MLX's gather_qmm(x, W, rhs_indices = indices, transpose) for W stacked
@@ -391,13 +395,10 @@ fn launch_gather(x: &Array, w: Packed, epilogue: Epilogue, indices: &Array, per_
         &cast
     };
     let shape = [indices.shape(), vec![1, n]].concat();
-    let mut inputs = vec![x];
-    push_weight(&mut inputs, w)?;
-    match epilogue {
-        Epilogue::Plain => {}
-        Epilogue::Gated(up) => push_weight(&mut inputs, up)?,
-        Epilogue::Residual(_) => return Err(Error::Internal("the gathered kernel adds no residual")),
+    if let Epilogue::Residual(_) = epilogue {
+        return Err(Error::Internal("the gathered kernel adds no residual"));
     }
+    let mut inputs = kernel_inputs(x, None, w, epilogue)?;
     inputs.push(idx);
     launch(&inputs, shape, n, indices.size() as i32, spec, tiles, Some(per_row), epilogue, None)
 }
