@@ -1,7 +1,10 @@
 //! Attention over what a store holds: MLX's fused scaled-dot-product attention
-//! for plain keys and values, and mlx-lm's quantized attention for
-//! affine-quantized ones (dequantized first where the device has no quantized
-//! matmuls for attention: CUDA).
+//! for plain keys and values (composed ops for a prefill chunk over a short
+//! history on CUDA), and mlx-lm's quantized attention for affine-quantized ones
+//! (dequantized first where the device has no quantized matmuls for attention:
+//! CUDA).
+
+use std::sync::OnceLock;
 
 use mlx_rs_safe::fast::{self, SdpaMask};
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
@@ -10,9 +13,44 @@ use super::mask::{causal_mask, AttentionMask};
 use super::store::AttendArgs;
 use crate::error::Result;
 
+/// Keys up to which a prefill chunk attends through composed ops on CUDA
+/// unless `MLX_SERVE_UNFUSED_PREFILL_KEYS` says otherwise (0: never).
+const UNFUSED_PREFILL_KEYS: i32 = 8192;
+
+/// How many keys a prefill chunk may attend to through composed ops rather
+/// than MLX's fused kernel on CUDA. There the fused kernel for several
+/// queries is cuDNN's, and MLX builds a cuDNN plan for every new shape and
+/// stride of queries and keys (40-80 ms each on an H200) and keeps it by exact
+/// shape. A served prompt is nearly always a new shape: each prompt length,
+/// and each chunk of a prompt whose cache has another capacity. Composed ops
+/// need no plan and cost 5-20% more per chunk than a plan already built (up
+/// to 8K keys, bench/results/prefill/h200-s36); their scores array grows with
+/// the keys, so longer histories keep the fused kernel.
+pub fn unfused_prefill_keys() -> i32 {
+    static KEYS: OnceLock<i32> = OnceLock::new();
+    *KEYS.get_or_init(|| match std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS") {
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: {UNFUSED_PREFILL_KEYS} applies");
+            UNFUSED_PREFILL_KEYS
+        }),
+        Err(_) => UNFUSED_PREFILL_KEYS,
+    })
+}
+
+/// Whether `q` ([B, heads, L, D]) attends to `keys` through composed ops
+/// (see [`unfused_prefill_keys`]): several queries, a history within the
+/// limit, on CUDA.
+fn prefill_unfused_here(q: &Array, keys: &Array) -> Result<bool> {
+    let limit = unfused_prefill_keys();
+    Ok(limit > 0 && q.dim(2)? > 1 && keys.dim(2)? <= limit && mlx_rs_safe::kernels::current_gpu_backend() == Some("cuda"))
+}
+
 /// softmax(Q Kᵀ · scale, masked) V with grouped KV heads, and `sinks` (one
 /// logit per query head) in each softmax's denominator where given.
 pub fn dense(q: &Array, keys: &Array, values: &Array, scale: f32, mask: &AttentionMask, sinks: Option<&Array>) -> Result<Array> {
+    if prefill_unfused_here(q, keys)? {
+        return unfused(q, keys, values, scale, mask, sinks);
+    }
     let mask = match mask {
         AttentionMask::None => SdpaMask::None,
         AttentionMask::Causal => SdpaMask::Causal,
@@ -133,7 +171,17 @@ pub fn quantized(
     if repeats > 1 {
         q = ops::reshape(&q, &[b, n_kv, repeats, l, d])?;
     }
-    let mut scores = quantized::quantized_matmul(&q, &k[0], &k[1], Some(&k[2]), true, group_size, bits)?;
+    let scores = quantized::quantized_matmul(&q, &k[0], &k[1], Some(&k[2]), true, group_size, bits)?;
+    let weights = masked_softmax(scores, mask, sinks, n_kv, repeats)?;
+    let out = quantized::quantized_matmul(&weights, &v[0], &v[1], Some(&v[2]), false, group_size, bits)?;
+    Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, d])? } else { out })
+}
+
+/// The attention weights from `scores` ([B, heads, L, S], or [B, n_kv,
+/// repeats, L, S] with grouped heads): masked positions set to the dtype's
+/// lowest value, then a precise softmax (with the sinks where given), as
+/// MLX's own unfused attention does.
+fn masked_softmax(mut scores: Array, mask: &AttentionMask, sinks: Option<&Array>, n_kv: i32, repeats: i32) -> Result<Array> {
     let keep = match mask {
         AttentionMask::None => None,
         AttentionMask::Causal => {
@@ -149,12 +197,31 @@ pub fn quantized(
     if let Some(keep) = keep {
         scores = ops::where_(&keep, &scores, &ops::scalar_as(finfo_min(scores.dtype()), scores.dtype())?)?;
     }
-    let scores = match sinks {
+    Ok(match sinks {
         None => ops::softmax(&scores, &[-1], true)?,
         Some(sinks) => softmax_with_sinks(&scores, sinks, n_kv, repeats)?,
-    };
-    let out = quantized::quantized_matmul(&scores, &v[0], &v[1], Some(&v[2]), false, group_size, bits)?;
-    Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, d])? } else { out })
+    })
+}
+
+/// [`dense`]'s attention through composed ops (MLX's unfused attention:
+/// scaled queries, grouped heads folded into a repeat axis, scores, masked
+/// precise softmax, weighted sum), which need no per-shape plan.
+pub fn unfused(q: &Array, keys: &Array, values: &Array, scale: f32, mask: &AttentionMask, sinks: Option<&Array>) -> Result<Array> {
+    let qs = q.shape();
+    let (b, n_q, l, d) = (qs[0], qs[1], qs[2], qs[3]);
+    let n_kv = keys.dim(1)?;
+    let repeats = n_q / n_kv;
+    let mut q = ops::multiply(q, &ops::scalar_as(scale, q.dtype())?)?;
+    let (mut k, mut v) = (keys.clone(), values.clone());
+    if repeats > 1 {
+        q = ops::reshape(&q, &[b, n_kv, repeats, l, d])?;
+        k = ops::expand_dims(&k, &[2])?;
+        v = ops::expand_dims(&v, &[2])?;
+    }
+    let scores = ops::matmul(&q, &ops::swapaxes(&k, -1, -2)?)?;
+    let weights = masked_softmax(scores, mask, sinks, n_kv, repeats)?;
+    let out = ops::matmul(&weights, &v)?;
+    Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, values.dim(-1)?])? } else { out })
 }
 
 #[cfg(test)]
@@ -170,6 +237,38 @@ mod tests {
     fn max_diff(a: &Array, b: &Array) -> f32 {
         let d = ops::max_all(&ops::abs(&ops::subtract(a, b).unwrap()).unwrap(), false).unwrap();
         d.item::<f32>().unwrap()
+    }
+
+    // The composed attention a CUDA prefill chunk takes over a short history
+    // equals MLX's fused attention: grouped heads or not, causal, a padding
+    // mask, sinks, more keys than queries.
+    #[test]
+    fn unfused_attention_equals_the_fused_kernel() {
+        let (d, b) = (32, 2);
+        let padding = ops::greater_equal(&ops::arange(0.0, 12.0, 1.0, Dtype::Int32).unwrap(), &Array::from_slice(&[0i32, 3], &[2, 1, 1, 1]).unwrap()).unwrap();
+        let cases = [
+            (4, 2, 7, 12, AttentionMask::Causal, false),
+            (4, 4, 5, 5, AttentionMask::Causal, true),
+            (8, 2, 6, 12, AttentionMask::Array(padding), false),
+            (4, 1, 3, 9, AttentionMask::None, true),
+        ];
+        for (q_heads, kv_heads, len, keys_len, mask, with_sinks) in cases {
+            let q = normal(&[b, q_heads, len, d], 1);
+            let k = normal(&[b, kv_heads, keys_len, d], 2);
+            let v = normal(&[b, kv_heads, keys_len, d], 3);
+            let sinks = with_sinks.then(|| ops::multiply(&normal(&[q_heads], 4), &Array::scalar(3.0f32)).unwrap());
+            let scale = (d as f32).powf(-0.5);
+            let mlx = match &mask {
+                AttentionMask::None => SdpaMask::None,
+                AttentionMask::Causal => SdpaMask::Causal,
+                AttentionMask::Array(m) => SdpaMask::Array(m),
+            };
+            let fused = fast::scaled_dot_product_attention(&q, &k, &v, scale, mlx, sinks.as_ref()).unwrap();
+            let ours = unfused(&q, &k, &v, scale, &mask, sinks.as_ref()).unwrap();
+            assert_eq!(ours.shape(), fused.shape());
+            let diff = max_diff(&ours, &fused);
+            assert!(diff < 1e-5, "{q_heads}/{kv_heads} heads, {len} queries over {keys_len} keys, {mask:?}: differs by {diff}");
+        }
     }
 
     // Sinks in the quantized path (which mlx-lm refuses) attend as MLX's fused

@@ -91,6 +91,7 @@ impl Machine {
             quantized_matmuls: self.backend != Backend::Cuda,
             // kv::turbo::blocked::applies_here: the CPU, unfused.
             blocked_history: self.backend == Backend::Cpu,
+            unfused_keys: if self.backend == Backend::Cuda { crate::kv::unfused_prefill_keys().max(0) } else { 0 },
         }
     }
 }
@@ -106,11 +107,15 @@ pub struct PrefillAttention {
     /// TurboQuant's attention reads the compressed history a block at a
     /// time (bounded working memory) rather than decoded whole.
     pub blocked_history: bool,
+    /// Where `fused`, a chunk over a history of up to this many keys still
+    /// attends through composed ops (CUDA: `kv::sdpa::unfused_prefill_keys`),
+    /// holding their scores.
+    pub unfused_keys: i32,
 }
 
 impl PrefillAttention {
     /// The CPU's (layers past --gpu-layers).
-    pub const CPU: PrefillAttention = PrefillAttention { fused: false, quantized_matmuls: true, blocked_history: true };
+    pub const CPU: PrefillAttention = PrefillAttention { fused: false, quantized_matmuls: true, blocked_history: true, unfused_keys: 0 };
 }
 
 /// Host memory this process may still take, and where the figure came from.

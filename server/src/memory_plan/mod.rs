@@ -260,7 +260,9 @@ fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bit
     };
     let scores = if !attention.fused || by_matmuls { scores_per_token } else { 0.0 };
     let history = if decoded { decoded_per_token(element) } else { 0.0 };
-    Working { per_token: scores + history, fixed: 0.0 }
+    // A fused device's chunks over short histories hold the scores of those keys.
+    let short_history_scores = if scores == 0.0 { scores_per_token * attention.unfused_keys as f64 } else { 0.0 };
+    Working { per_token: scores + history, fixed: short_history_scores }
 }
 
 /// The KV formats the plan tries, least compressed first. The 8-bit affine
