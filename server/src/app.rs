@@ -205,6 +205,9 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.max_concurrency == 0 {
         return Err(Error::Config("--max-concurrency must be at least 1".into()));
     }
+    if args.prompt_concurrency == 0 {
+        return Err(Error::Config("--prompt-concurrency must be at least 1".into()));
+    }
     let (model, model_id) = crate::cli::model_or_default(args.model.as_deref())?;
     let dir = hub::resolve(&model, &hub::HubOptions::from_env())?;
     let template = args.chat_template.as_deref().map(chat_template_text).transpose()?;
@@ -232,6 +235,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
     let (prefill_size, max_concurrency, max_queue) = (args.load.prefill_size(args.prefill_size), args.max_concurrency, args.max_queue);
+    let prompt_concurrency = args.prompt_concurrency;
     // The loader plans the memory from the opened files, loads as planned,
     // and hands back what the server reads of the model: its KV layout, its
     // config and the plan.
@@ -257,6 +261,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         let config = EngineConfig {
             prefill_size,
             max_concurrency,
+            prompt_concurrency,
             max_queue,
             prompt_cache_bytes: plan.prompt_cache_bytes as usize,
             kv_compression: plan.kv_compression,

@@ -146,6 +146,11 @@ pub struct ServeArgs {
     /// Sequences generating at once (one decode batch).
     #[arg(long, env = "MLX_SERVE_MAX_CONCURRENCY", default_value_t = 16, alias = "decode-concurrency")]
     pub max_concurrency: usize,
+    /// Prompts prefilled together in one model call, at most (mlx_lm.server's
+    /// flag): whole prompts admitted together, left-padded to the longest, up
+    /// to --prefill-size tokens a call. 1 prefills each prompt on its own.
+    #[arg(long, env = "MLX_SERVE_PROMPT_CONCURRENCY", default_value_t = 8)]
+    pub prompt_concurrency: usize,
     /// Requests waiting for a slot; beyond this the server answers 503.
     #[arg(long, env = "MLX_SERVE_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: usize,
@@ -267,9 +272,6 @@ pub struct MlxLmFlags {
     /// mlx_lm.server's flag; no effect (a model without a template chats in mlx_lm.server's plain transcript).
     #[arg(long, hide = true)]
     pub use_default_chat_template: bool,
-    /// mlx_lm.server's flag; no effect (this server prefills up to --prefill-size prompt tokens a turn, however many prompts).
-    #[arg(long, hide = true)]
-    pub prompt_concurrency: Option<usize>,
     /// mlx_lm.server's flag; no effect (the prompt cache is bounded by --prompt-cache-bytes).
     #[arg(long, hide = true)]
     pub prompt_cache_size: Option<usize>,
@@ -301,7 +303,6 @@ impl MlxLmFlags {
         let ignored = [
             (self.trust_remote_code, "--trust-remote-code"),
             (self.use_default_chat_template, "--use-default-chat-template"),
-            (self.prompt_concurrency.is_some(), "--prompt-concurrency"),
             (self.prompt_cache_size.is_some(), "--prompt-cache-size (see --prompt-cache-bytes)"),
             (self.num_draft_tokens.is_some(), "--num-draft-tokens"),
         ];

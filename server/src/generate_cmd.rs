@@ -144,6 +144,7 @@ pub fn run(args: &GenerateArgs) -> Result<GenerateReport> {
     let config = EngineConfig {
         prefill_size: args.load.prefill_size(args.prefill_size),
         max_concurrency: 1,
+        prompt_concurrency: 1,
         max_queue: 1,
         prompt_cache_bytes: 0,
         kv_compression,

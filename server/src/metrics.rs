@@ -77,6 +77,8 @@ pub struct Metrics {
     cancelled: Counter,
     decode_steps: Counter,
     decode_rows: Counter,
+    prefill_calls: Counter,
+    prefill_prompts: Counter,
     grammar_masks: Counter,
     grammar_mask_seconds: Counter<f64, AtomicU64>,
     grammar_mask_rows: Family<MaskSourceLabels, Counter>,
@@ -118,6 +120,8 @@ impl Metrics {
             cancelled: Counter::default(),
             decode_steps: Counter::default(),
             decode_rows: Counter::default(),
+            prefill_calls: Counter::default(),
+            prefill_prompts: Counter::default(),
             grammar_masks: Counter::default(),
             grammar_mask_seconds: Counter::default(),
             grammar_mask_rows: Family::default(),
@@ -254,6 +258,16 @@ impl Metrics {
             self.decode_rows.clone(),
         );
         r.register(
+            "prefill_calls",
+            "Model calls that prefilled prompt tokens (one chunk of one prompt, or several whole prompts together)",
+            self.prefill_calls.clone(),
+        );
+        r.register(
+            "prefill_prompts",
+            "Prompts (or chunks of one) those calls prefilled, summed (prompts / calls = mean prompts a call)",
+            self.prefill_prompts.clone(),
+        );
+        r.register(
             "grammar_masks",
             "Decode steps whose logits were masked by a request's grammar (structured output, forced tool calls)",
             self.grammar_masks.clone(),
@@ -356,6 +370,12 @@ impl Metrics {
     pub fn record_decode_step(&self, rows: u64) {
         self.decode_steps.inc();
         self.decode_rows.inc_by(rows);
+    }
+
+    /// One model call that prefilled `prompts` prompts (or a chunk of one).
+    pub fn record_prefill_call(&self, prompts: u64) {
+        self.prefill_calls.inc();
+        self.prefill_prompts.inc_by(prompts);
     }
 
     /// One decode step masked by grammars, whose masks took `seconds` on the host and

@@ -363,6 +363,12 @@ fn a_kv_group_size_the_head_dim_cannot_take_is_refused_at_start() {
     assert!(e.contains("--kv-group-size 32") && e.contains("head dimension 16"), "{e}");
 }
 
+#[test]
+fn zero_prompts_a_prefill_call_is_refused_at_start() {
+    let e = start_failure(&model(), &["--prompt-concurrency", "0"]);
+    assert!(e.contains("--prompt-concurrency must be at least 1"), "{e}");
+}
+
 /// A small deterministic generator (xorshift64*), so a failing body can be reproduced.
 struct Rng(u64);
 

@@ -12,6 +12,9 @@ pub struct Policy {
     /// Tokens of KV the running sequences may reserve together (the memory
     /// plan's KV pool; `usize::MAX`: no bound).
     pub kv_tokens: usize,
+    /// Whole prompts prefilled together in one model call, at most (1: each
+    /// alone, also where the model's caches cannot be left-padded).
+    pub prompts_together: usize,
 }
 
 impl Policy {
@@ -53,6 +56,30 @@ impl Policy {
         }
         plan
     }
+
+    /// Which of the whole prompts about to be prefilled from nothing (their
+    /// token counts in `lengths`) share a model call: groups of two or more
+    /// (indices into `lengths`), longest first, each at most
+    /// `prompts_together` prompts whose left-padded call (prompts × the
+    /// longest) stays within `prefill_size` tokens, the memory a chunk is
+    /// planned for. Prompts in no group are prefilled alone.
+    pub fn prefill_groups(&self, lengths: &[usize]) -> Vec<Vec<usize>> {
+        let mut order: Vec<usize> = (0..lengths.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut group: Vec<usize> = Vec::new();
+        for i in order {
+            // Sorted longest first: the group's first prompt is its longest.
+            let longest = group.first().map_or(lengths[i], |&g| lengths[g]);
+            if group.len() >= self.prompts_together || (group.len() + 1) * longest > self.prefill_size {
+                groups.push(std::mem::take(&mut group));
+            }
+            group.push(i);
+        }
+        groups.push(group);
+        groups.retain(|g| g.len() > 1);
+        groups
+    }
 }
 
 #[cfg(test)]
@@ -60,7 +87,7 @@ mod tests {
     use super::Policy;
 
     fn policy() -> Policy {
-        Policy { max_concurrency: 4, prefill_size: 512, kv_tokens: 1000 }
+        Policy { max_concurrency: 4, prefill_size: 512, kv_tokens: 1000, prompts_together: 4 }
     }
 
     #[test]
@@ -103,8 +130,23 @@ mod tests {
     }
 
     #[test]
+    fn whole_prompts_share_calls_within_a_chunks_tokens_longest_first() {
+        let p = policy();
+        // 4 x 127 = 508 tokens fit a 512-token chunk; the fifth goes alone.
+        assert_eq!(p.prefill_groups(&[127, 127, 127, 127, 127]), vec![vec![0, 1, 2, 3]]);
+        // Padded to the longest: 300 + 10 is 600 tokens once padded, so the
+        // short prompts pair up instead.
+        assert_eq!(p.prefill_groups(&[10, 300, 20]), vec![vec![2, 0]]);
+        // At most `prompts_together` a call.
+        assert_eq!(p.prefill_groups(&[5; 9]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(Policy { prompts_together: 1, ..p }.prefill_groups(&[5, 5, 5]), Vec::<Vec<usize>>::new());
+        assert_eq!(p.prefill_groups(&[]), Vec::<Vec<usize>>::new());
+        assert_eq!(p.prefill_groups(&[600, 5]), Vec::<Vec<usize>>::new());
+    }
+
+    #[test]
     fn a_zero_chunk_size_still_makes_progress() {
-        let p = Policy { max_concurrency: 1, prefill_size: 0, kv_tokens: usize::MAX };
+        let p = Policy { max_concurrency: 1, prefill_size: 0, kv_tokens: usize::MAX, prompts_together: 1 };
         assert_eq!(p.prefill(&[5, 5]), vec![1]);
     }
 }

@@ -27,6 +27,21 @@ impl ModelCache {
         Ok(ModelCache { layers: kinds.iter().map(LayerCache::new).collect::<Result<_>>()?, masks: StepMemo::default(), pending: Vec::new() })
     }
 
+    /// Sequences without tokens for prompts prefilled together in one call,
+    /// left-padded to the longest: row b's prompt comes after `left_pad[b]`
+    /// positions of padding, which attention never reads. None when a layer's
+    /// kind cannot hold padding ahead of a row (see [`KvKind::padded_store`]).
+    pub fn padded_prompts(kinds: &[KvKind], left_pad: &[i32]) -> Option<ModelCache> {
+        let layers = kinds.iter().map(|k| LayerCache::padded(k, left_pad)).collect::<Option<_>>()?;
+        Some(ModelCache { layers, masks: StepMemo::default(), pending: Vec::new() })
+    }
+
+    /// Each sequence in a cache of its own, without padding (after a
+    /// prefill of several prompts in one call): copies of its rows.
+    pub fn split_rows(&self) -> Result<Vec<ModelCache>> {
+        (0..self.rows()).map(|b| ModelCache::restore(&self.snapshot(b)?)).collect()
+    }
+
     /// One sequence holding a snapshot's tokens, ready to extend.
     pub fn restore(snapshot: &KvSnapshot) -> Result<ModelCache> {
         let layers = snapshot

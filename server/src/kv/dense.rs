@@ -23,6 +23,11 @@ impl DenseStore {
         DenseStore { rows: PaddedRows::empty(rows), last: None }
     }
 
+    /// Rows whose first writes are padding (see [`PaddedRows::padded_ahead`]).
+    pub fn padded_ahead(left_pad: Vec<i32>) -> DenseStore {
+        DenseStore { rows: PaddedRows::padded_ahead(left_pad), last: None }
+    }
+
     pub fn from_rows(rows: &[KvRow]) -> Result<DenseStore> {
         let columns: Vec<Vec<Array>> = rows.iter().map(|r| r.columns.clone()).collect();
         Ok(DenseStore { rows: PaddedRows::from_rows(&columns)?, last: None })

@@ -23,6 +23,13 @@ impl LayerCache {
         Ok(LayerCache { parts: vec![kind.empty_store(1)?], place: vec![(0, 0)] })
     }
 
+    /// Sequences without tokens whose prompts arrive left-padded by
+    /// `left_pad` (see [`KvKind::padded_store`]); None where `kind` cannot.
+    pub fn padded(kind: &KvKind, left_pad: &[i32]) -> Option<LayerCache> {
+        let part = kind.padded_store(left_pad)?;
+        Some(LayerCache { parts: vec![part], place: (0..left_pad.len()).map(|b| (0, b)).collect() })
+    }
+
     /// Whether the layer keeps every position (full attention, compressed or
     /// not), as against a sliding window or a recurrent state.
     pub fn keeps_every_position(&self) -> bool {

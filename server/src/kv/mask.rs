@@ -51,6 +51,12 @@ pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array> {
 /// `causal_mask(n, offset, window)` where row b's keys before `first_key[b]`
 /// are padding: [B, 1, n, offset + n] (mlx-lm's `left_padding` argument).
 /// Without padding or window this is [`AttentionMask::for_len`].
+///
+/// Where the padding reaches into the new tokens (prompts of several lengths
+/// prefilled in one call), a padding query would keep no key at all; it keeps
+/// its own, so no softmax runs over nothing (a fused kernel's -inf row gives
+/// NaN, which the padding's keys and values would carry into later layers).
+/// Real queries never keep a padding key either way.
 pub fn padded_causal_mask(n: i32, offset: i32, window: Option<i32>, first_key: &[i32]) -> Result<AttentionMask> {
     if first_key.iter().all(|&p| p <= 0) {
         return Ok(match window {
@@ -61,7 +67,12 @@ pub fn padded_causal_mask(n: i32, offset: i32, window: Option<i32>, first_key: &
     let causal = causal_mask(n, offset, window)?;
     let keys = range(0, offset + n)?;
     let first = Array::from_slice(first_key, &[first_key.len() as i32, 1, 1, 1])?;
-    Ok(AttentionMask::Array(ops::logical_and(&causal, &ops::greater_equal(&keys, &first)?)?))
+    let keep = ops::logical_and(&causal, &ops::greater_equal(&keys, &first)?)?;
+    if first_key.iter().all(|&p| p <= offset) {
+        return Ok(AttentionMask::Array(keep));
+    }
+    let own = ops::equal(&ops::expand_dims(&range(offset, offset + n)?, &[1])?, &ops::expand_dims(&keys, &[0])?)?;
+    Ok(AttentionMask::Array(ops::logical_or(&keep, &own)?))
 }
 
 /// One token per row attending to keys whose positions are `key_pos` (any

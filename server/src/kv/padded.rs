@@ -39,6 +39,14 @@ impl PaddedRows {
         PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0, counts: Default::default() }
     }
 
+    /// Sequences without tokens whose first writes are `left_pad[b]`
+    /// positions of padding each (prompts of several lengths, left-padded to
+    /// the longest and prefilled in one call): a row's tokens then start at
+    /// position 0 of its own.
+    pub fn padded_ahead(left_pad: Vec<i32>) -> PaddedRows {
+        PaddedRows { columns: Vec::new(), idx: 0, left_pad, reserved: 0, counts: Default::default() }
+    }
+
     pub fn rows(&self) -> usize {
         self.left_pad.len()
     }

@@ -169,6 +169,18 @@ impl KvKind {
             KvKind::Turbo(_) => return Err(Error::Internal("a TurboQuant cache starts from a compressed prompt")),
         })
     }
+
+    /// A store of this kind for sequences without tokens whose prompts arrive
+    /// left-padded to the longest, `left_pad[b]` positions for row b (several
+    /// prompts prefilled in one call); None for the kinds that cannot take
+    /// padding ahead of a row's tokens (a sliding window, a recurrent state,
+    /// a compressed store, which starts from a prefilled one).
+    pub fn padded_store(&self, left_pad: &[i32]) -> Option<Box<dyn KvStore>> {
+        match self {
+            KvKind::Dense => Some(Box::new(DenseStore::padded_ahead(left_pad.to_vec()))),
+            KvKind::Affine { .. } | KvKind::Rotating { .. } | KvKind::Turbo(_) | KvKind::Recurrent { .. } => None,
+        }
+    }
 }
 
 impl KvRow {

@@ -61,6 +61,7 @@ pub fn engine_with_prompt_cache(
     let config = EngineConfig {
         prefill_size: spec["prefill_size"].as_u64().unwrap_or(512) as usize,
         max_concurrency: 8,
+        prompt_concurrency: 8,
         max_queue: 16,
         prompt_cache_bytes,
         kv_compression,
@@ -193,4 +194,20 @@ pub fn check_parity_of(
     let steps = metrics::counter_value(&text, "mlx_serve_decode_steps_total").unwrap();
     assert!(rows / steps > 2.0, "{name}: mean batch size {} — the sequences did not share the batch", rows / steps);
     eprintln!("{name}: 4 batched sequences identical to mlx-lm, mean batch size {:.2}", rows / steps);
+
+    // The other prompts arriving together: the whole ones that fit a chunk
+    // are prefilled in one call, left-padded, where the model's caches allow.
+    let (mut together, metrics) = engine(reference_dir, model_dir, spec, load);
+    let prompts: Vec<(&[u32], usize)> = r.batch.iter().map(|(p, t)| (p.as_slice(), t.len())).collect();
+    let outs = drive(&mut together, &prompts, &vec![0; prompts.len()], None);
+    for (i, (out, (_, want))) in outs.iter().zip(&r.batch).enumerate() {
+        assert_eq!(&out.tokens, want, "{name}: prompt {i}, prefilled beside the others, differs from mlx-lm's tokens for it alone");
+    }
+    let text = metrics.render();
+    let calls = metrics::counter_value(&text, "mlx_serve_prefill_calls_total").unwrap();
+    let prompts_prefilled = metrics::counter_value(&text, "mlx_serve_prefill_prompts_total").unwrap();
+    if together.prefills_prompts_together() {
+        assert!(prompts_prefilled > calls, "{name}: no prompts shared a prefill call ({prompts_prefilled} in {calls} calls)");
+    }
+    eprintln!("{name}: {} prompts arriving together identical to mlx-lm, {prompts_prefilled} prompts or chunks in {calls} prefill calls", prompts.len());
 }
