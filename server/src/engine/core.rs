@@ -389,7 +389,7 @@ impl Engine {
             self.metrics.record_cancelled();
         }
         let remaining: Vec<usize> = self.prefill.iter().map(Prefill::remaining).collect();
-        let plan = self.policy.prefill(&remaining);
+        let plan = self.policy.prefill(&remaining, self.batch.is_some());
         let mut slots: Vec<Option<Prefill>> = std::mem::take(&mut self.prefill).into_iter().map(Some).collect();
         let sizes: Vec<usize> = slots
             .iter()

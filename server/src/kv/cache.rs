@@ -37,9 +37,17 @@ impl ModelCache {
     }
 
     /// Each sequence in a cache of its own, without padding (after a
-    /// prefill of several prompts in one call): copies of its rows.
+    /// prefill of several prompts in one call): views of its rows where the
+    /// kind allows (see [`LayerCache::row_cache`]), so the split holds no
+    /// second copy of the prompts' KV (a row is copied when it joins the
+    /// decode batch, as any prefilled sequence is).
     pub fn split_rows(&self) -> Result<Vec<ModelCache>> {
-        (0..self.rows()).map(|b| ModelCache::restore(&self.snapshot(b)?)).collect()
+        (0..self.rows())
+            .map(|b| {
+                let layers = self.layers.iter().map(|l| l.row_cache(b)).collect::<Result<_>>()?;
+                Ok(ModelCache { layers, masks: StepMemo::default(), pending: Vec::new() })
+            })
+            .collect()
     }
 
     /// One sequence holding a snapshot's tokens, ready to extend.

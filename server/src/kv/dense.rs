@@ -23,6 +23,11 @@ impl DenseStore {
         DenseStore { rows: PaddedRows::empty(rows), last: None }
     }
 
+    /// One sequence over views of another cache's row (see [`PaddedRows::over_row`]).
+    pub fn over_row(columns: Vec<Array>) -> DenseStore {
+        DenseStore { rows: PaddedRows::over_row(columns), last: None }
+    }
+
     /// Rows whose first writes are padding (see [`PaddedRows::padded_ahead`]).
     pub fn padded_ahead(left_pad: Vec<i32>) -> DenseStore {
         DenseStore { rows: PaddedRows::padded_ahead(left_pad), last: None }

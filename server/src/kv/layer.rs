@@ -30,6 +30,16 @@ impl LayerCache {
         Some(LayerCache { parts: vec![part], place: (0..left_pad.len()).map(|b| (0, b)).collect() })
     }
 
+    /// Row `b` as a layer cache of its own: for the dense kind a view of this
+    /// one's buffers (no copy; they live while the row does), else a copy.
+    pub fn row_cache(&self, b: usize) -> Result<LayerCache> {
+        let row = self.row(b)?;
+        match row.kind {
+            KvKind::Dense => Ok(LayerCache { parts: vec![Box::new(super::dense::DenseStore::over_row(row.columns))], place: vec![(0, 0)] }),
+            _ => LayerCache::from_rows(std::slice::from_ref(&row)),
+        }
+    }
+
     /// Whether the layer keeps every position (full attention, compressed or
     /// not), as against a sliding window or a recurrent state.
     pub fn keeps_every_position(&self) -> bool {

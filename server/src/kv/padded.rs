@@ -26,6 +26,10 @@ pub struct PaddedRows {
     reserved: i32,
     /// The decode kernels' split counters for these rows (see [`Self::split_counts`]).
     counts: kernels::SplitCounts,
+    /// Grow to exactly the positions written, no room beyond: rows written by
+    /// one call and then copied out (prompts prefilled together), whose
+    /// buffers would otherwise hold a step of 256 positions a row for nothing.
+    exact: bool,
 }
 
 /// `a[..., :n, :]` of a [B, H, S, X] array.
@@ -36,15 +40,24 @@ fn head(a: &Array, n: i32) -> Result<Array> {
 impl PaddedRows {
     /// `rows` sequences with no tokens yet.
     pub fn empty(rows: usize) -> PaddedRows {
-        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0, counts: Default::default() }
+        PaddedRows { columns: Vec::new(), idx: 0, left_pad: vec![0; rows], reserved: 0, counts: Default::default(), exact: false }
     }
 
     /// Sequences without tokens whose first writes are `left_pad[b]`
     /// positions of padding each (prompts of several lengths, left-padded to
     /// the longest and prefilled in one call): a row's tokens then start at
-    /// position 0 of its own.
+    /// position 0 of its own. Their buffers are as long as that call's
+    /// tokens (the rows are copied out afterwards).
     pub fn padded_ahead(left_pad: Vec<i32>) -> PaddedRows {
-        PaddedRows { columns: Vec::new(), idx: 0, left_pad, reserved: 0, counts: Default::default() }
+        PaddedRows { columns: Vec::new(), idx: 0, left_pad, reserved: 0, counts: Default::default(), exact: true }
+    }
+
+    /// One sequence over `columns` ([1, H, len, X] each: views of another
+    /// cache's rows), without copying them: the first write past them grows
+    /// into buffers of its own.
+    pub fn over_row(columns: Vec<Array>) -> PaddedRows {
+        let idx = columns.first().map_or(0, |c| c.shape()[2]);
+        PaddedRows { columns, idx, left_pad: vec![0], reserved: 0, counts: Default::default(), exact: false }
     }
 
     pub fn rows(&self) -> usize {
@@ -80,7 +93,7 @@ impl PaddedRows {
     /// The same layout over other columns (a compressed form of these), whose
     /// rows start `skip` positions later (those are kept elsewhere).
     pub fn with_buffers(&self, columns: Vec<Array>, skip: i32) -> PaddedRows {
-        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect(), reserved: 0, counts: Default::default() }
+        PaddedRows { columns, idx: self.idx, left_pad: self.left_pad.iter().map(|p| p + skip).collect(), reserved: 0, counts: Default::default(), exact: false }
     }
 
     /// The mask for `n` new tokens attending to what is stored plus themselves.
@@ -133,7 +146,7 @@ impl PaddedRows {
         let prev = self.idx;
         let capacity = self.columns.first().map(|c| c.shape()[2]).unwrap_or(0);
         if self.columns.is_empty() || prev + l > capacity {
-            let steps = |n: i32| (STEP + n - 1) / STEP * STEP;
+            let steps = |n: i32| if self.exact { n } else { (STEP + n - 1) / STEP * STEP };
             let grow = steps(l).max(steps(self.reserved - prev));
             let mut grown = Vec::with_capacity(new.len());
             for (i, n) in new.iter().enumerate() {
@@ -196,7 +209,7 @@ impl PaddedRows {
             }
             columns.push(buf);
         }
-        Ok(PaddedRows { columns, idx: longest, left_pad, reserved: 0, counts: Default::default() })
+        Ok(PaddedRows { columns, idx: longest, left_pad, reserved: 0, counts: Default::default(), exact: false })
     }
 
     /// Drops `n` positions from the end of every row (at most the shortest
@@ -273,6 +286,30 @@ mod tests {
         // Past the reservation it grows a step at a time again.
         reserved.append(&[ops::zeros(&[1, 1, 200, 2], Dtype::Float32).unwrap()]).unwrap();
         assert_eq!((reserved.offsets(), reserved.buffers()[0].shape()[2]), (vec![1100], 1156));
+    }
+
+    #[test]
+    fn prompts_padded_ahead_hold_exactly_their_call_and_come_back_as_views() {
+        // Two prompts of 4 and 2 tokens in one call, the second after 2 positions of padding.
+        let mut p = PaddedRows::padded_ahead(vec![0, 2]);
+        assert_eq!(p.offsets(), vec![0, -2]);
+        // Causal; the second row's tokens never see its padding, whose queries keep only their own key.
+        let AttentionMask::Array(m) = p.mask(4, None).unwrap() else { panic!("padding needs a mask") };
+        let keep = ops::astype(&m, Dtype::Int32).unwrap().to_vec::<i32>().unwrap();
+        assert_eq!(keep[..16], [1, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1]);
+        assert_eq!(keep[16..], [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1]);
+        let call: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        p.append(&[Array::from_slice(&call, &[2, 1, 4, 2]).unwrap()]).unwrap();
+        assert_eq!((p.offsets(), p.buffers()[0].shape()[2]), (vec![4, 2], 4), "no room past the call");
+        let second = p.row(1).unwrap();
+        assert_eq!(values(&second[0]), vec![12.0, 13.0, 14.0, 15.0]);
+        // Its own cache over the view grows when it is written past it.
+        let mut own = PaddedRows::over_row(second);
+        assert_eq!(own.offsets(), vec![2]);
+        own.append(&[Array::from_slice(&[7.0f32, 7.0], &[1, 1, 1, 2]).unwrap()]).unwrap();
+        assert_eq!(own.offsets(), vec![3]);
+        assert_eq!(values(&own.row(0).unwrap()[0]), vec![12.0, 13.0, 14.0, 15.0, 7.0, 7.0]);
+        assert_eq!(values(&p.row(1).unwrap()[0]), vec![12.0, 13.0, 14.0, 15.0], "the call's buffers are untouched");
     }
 
     #[test]
