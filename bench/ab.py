@@ -9,7 +9,7 @@ per-stream decode tok/s and TTFT, and the mean rows per decode step read from
 sequences each model call decoded). Each build runs every cell `--repeats` times, alternating
 builds, and the median is reported, so a drift of the machine hits both builds alike.
 
-usage: python bench/ab.py --model DIR --build NAME=BIN [--build NAME=BIN ...] --out FILE.json
+usage: python bench/ab.py --model DIR --build NAME=BIN [--build NAME=BIN ...] --out FILE.json [--new-lengths]
            [--configs default,kv8] [--contexts 512,2048] [--concurrency 1,8] [--gen-tokens 64]
 Prints a Markdown table; FILE.json holds every wave.
 """
@@ -77,6 +77,9 @@ def main():
     ap.add_argument("--concurrency", type=ints, default=[1, 8])
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--new-lengths", action="store_true",
+                    help="stream i's prompt is i+1 tokens shorter than the warm-up's: lengths the server has "
+                         "not seen (a GPU builds kernels and attention plans per shape), as served prompts are")
     a = ap.parse_args()
     builds = dict(b.split("=", 1) for b in a.build)
     configs = a.configs.split(",")
@@ -100,7 +103,8 @@ def main():
                 # The same prompts for every build; distinct per stream (no prompt-cache hits).
                 # The warm-up wave has the same shapes (GPU kernels compile per shape) and
                 # other words, so it leaves nothing in the prompt cache the wave could reuse.
-                prompts = [chat(make_text(tok, context, f"{config}-{context}-{c}-{i}")) for i in range(c)]
+                length = (lambda i: context - 1 - i) if a.new_lengths else (lambda i: context)
+                prompts = [chat(make_text(tok, length(i), f"{config}-{context}-{c}-{i}")) for i in range(c)]
                 warm = [chat(make_text(tok, context, f"warm-{context}-{c}-{i}")) for i in range(c)]
                 runs = {name: [] for name in builds}
                 for rep in range(a.repeats):
