@@ -389,7 +389,8 @@ impl Engine {
             self.metrics.record_cancelled();
         }
         let remaining: Vec<usize> = self.prefill.iter().map(Prefill::remaining).collect();
-        let plan = self.policy.prefill(&remaining, self.batch.is_some());
+        let burst = self.batch.is_none() && self.prefill.iter().all(|p| p.done == 0);
+        let plan = self.policy.prefill(&remaining, burst);
         let mut slots: Vec<Option<Prefill>> = std::mem::take(&mut self.prefill).into_iter().map(Some).collect();
         let sizes: Vec<usize> = slots
             .iter()
@@ -533,8 +534,6 @@ impl Engine {
         let kinds = self.model.kv_layout().kinds;
         let mut cache = ModelCache::padded_prompts(&kinds, &pads).ok_or(crate::error::Error::Internal("prompts shared a call on caches that cannot be padded"))?;
         self.model.forward(&tokens, &mut cache)?;
-        // With the call's own work (a pipeline stage's hand-off), before the rows are copied out.
-        async_eval(&cache.state().iter().collect::<Vec<_>>())?;
         for ((p, row), &n) in together.iter_mut().zip(cache.split_rows()?).zip(lengths) {
             p.cache = row;
             let converted = p.cache.compress(self.config.kv_compression.as_ref(), Phase::Prefill)?;

@@ -43,16 +43,19 @@ impl Policy {
     /// in the same chunks as mlx-lm's (the chunking changes float rounding). A
     /// prompt with nothing left (one token) takes nothing from the budget.
     ///
-    /// With nothing `decoding`, a longer turn stalls no one: the budget is
-    /// `prompts_together` chunks, so a burst of prompts arriving at an idle
-    /// server is prefilled in one turn (in shared calls) and its sequences
-    /// start decoding together, rather than half of them a prefill, a join
-    /// and a decode step later. A prompt not finished this turn still ends
-    /// it, so long prompts are prefilled one after another, oldest first, as
-    /// before (advanced side by side, each would start decoding last).
-    pub fn prefill(&self, remaining: &[usize], decoding: bool) -> Vec<usize> {
+    /// A `burst` (nothing decodes, and no admitted prompt has anything
+    /// prefilled yet) takes a longer turn, which stalls no one: the budget is
+    /// `prompts_together` chunks, so prompts arriving together at an idle
+    /// server are prefilled in one turn (in shared calls) and start decoding
+    /// together, rather than half of them a prefill, a join and a decode step
+    /// later. Each call attends only over its own prompts then, so the calls
+    /// queued at once hold little beside their activations. A prompt not
+    /// finished this turn still ends it, so long prompts are prefilled one
+    /// after another, oldest first, as before (advanced side by side, each
+    /// would start decoding last).
+    pub fn prefill(&self, remaining: &[usize], burst: bool) -> Vec<usize> {
         let chunk = self.prefill_size.max(1);
-        let mut budget = if decoding { chunk } else { chunk.saturating_mul(self.prompts_together.max(1)) };
+        let mut budget = if burst { chunk.saturating_mul(self.prompts_together.max(1)) } else { chunk };
         let mut plan = Vec::new();
         for &left in remaining {
             if budget == 0 {
@@ -61,7 +64,7 @@ impl Policy {
             let n = left.min(chunk);
             plan.push(n);
             budget = budget.saturating_sub(n);
-            if !decoding && n < left {
+            if burst && n < left {
                 break;
             }
         }
@@ -124,33 +127,33 @@ mod tests {
 
     #[test]
     fn short_prompts_share_one_turn_up_to_the_budget() {
-        assert_eq!(policy().prefill(&[100, 200, 150, 300], true), vec![100, 200, 150, 300]);
-        assert_eq!(policy().prefill(&[100, 200, 150, 300, 9], true), vec![100, 200, 150, 300]);
+        assert_eq!(policy().prefill(&[100, 200, 150, 300], false), vec![100, 200, 150, 300]);
+        assert_eq!(policy().prefill(&[100, 200, 150, 300, 9], false), vec![100, 200, 150, 300]);
     }
 
     #[test]
-    fn with_nothing_decoding_a_turn_takes_a_chunk_for_each_prompt_a_call_may_share() {
+    fn a_burst_at_an_idle_server_takes_a_chunk_for_each_prompt_a_call_may_share() {
         let p = policy();
-        // Eight prompts of 143 tokens: two turns while others decode, one at an idle server.
-        assert_eq!(p.prefill(&[143; 8], true), vec![143; 4]);
-        assert_eq!(p.prefill(&[143; 8], false), vec![143; 8]);
+        // Eight prompts of 143 tokens: two turns while others decode, one as a burst at an idle server.
+        assert_eq!(p.prefill(&[143; 8], false), vec![143; 4]);
+        assert_eq!(p.prefill(&[143; 8], true), vec![143; 8]);
         // Still one chunk a prompt, and a prompt going on past the turn ends it.
-        assert_eq!(p.prefill(&[143, 5000, 10], false), vec![143, 512]);
-        assert_eq!(p.prefill(&[5000, 5000], false), vec![512]);
+        assert_eq!(p.prefill(&[143, 5000, 10], true), vec![143, 512]);
+        assert_eq!(p.prefill(&[5000, 5000], true), vec![512]);
         // Prompts each alone keep the one-chunk turn.
-        assert_eq!(Policy { prompts_together: 1, ..p }.prefill(&[143; 8], false), vec![143; 4]);
+        assert_eq!(Policy { prompts_together: 1, ..p }.prefill(&[143; 8], true), vec![143; 4]);
     }
 
     #[test]
     fn a_long_prompt_advances_one_chunk_per_turn() {
-        assert_eq!(policy().prefill(&[2000, 10], true), vec![512]);
-        assert_eq!(policy().prefill(&[300, 2000, 10], true), vec![300, 512]);
+        assert_eq!(policy().prefill(&[2000, 10], false), vec![512]);
+        assert_eq!(policy().prefill(&[300, 2000, 10], false), vec![300, 512]);
     }
 
     #[test]
     fn one_token_prompts_cost_nothing_and_never_block() {
-        assert_eq!(policy().prefill(&[0, 0, 600], true), vec![0, 0, 512]);
-        assert_eq!(policy().prefill(&[], true), Vec::<usize>::new());
+        assert_eq!(policy().prefill(&[0, 0, 600], false), vec![0, 0, 512]);
+        assert_eq!(policy().prefill(&[], false), Vec::<usize>::new());
     }
 
     #[test]
@@ -171,6 +174,6 @@ mod tests {
     #[test]
     fn a_zero_chunk_size_still_makes_progress() {
         let p = Policy { max_concurrency: 1, prefill_size: 0, kv_tokens: usize::MAX, prompts_together: 1 };
-        assert_eq!(p.prefill(&[5, 5], true), vec![1]);
+        assert_eq!(p.prefill(&[5, 5], false), vec![1]);
     }
 }

@@ -40,12 +40,15 @@ impl ModelCache {
     /// prefill of several prompts in one call): views of its rows where the
     /// kind allows (see [`LayerCache::row_cache`]), so the split holds no
     /// second copy of the prompts' KV (a row is copied when it joins the
-    /// decode batch, as any prefilled sequence is).
+    /// decode batch, as any prefilled sequence is). The call's pending work
+    /// (see [`Self::keep_pending`]) goes with the first row, so whoever
+    /// waits for the rows' state waits for it too.
     pub fn split_rows(&self) -> Result<Vec<ModelCache>> {
         (0..self.rows())
             .map(|b| {
                 let layers = self.layers.iter().map(|l| l.row_cache(b)).collect::<Result<_>>()?;
-                Ok(ModelCache { layers, masks: StepMemo::default(), pending: Vec::new() })
+                let pending = if b == 0 { self.pending.clone() } else { Vec::new() };
+                Ok(ModelCache { layers, masks: StepMemo::default(), pending })
             })
             .collect()
     }

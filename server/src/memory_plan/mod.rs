@@ -230,8 +230,10 @@ impl Working {
 /// first `prefill_threshold` tokens held at 16 bits attend as the 16-bit
 /// cache does, and past them one block's float32 scores and decoded keys and
 /// values are held. Layers that hold a bounded window or a
-/// recurrent state add nothing that grows.
-fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize, sequences: usize) -> Working {
+/// recurrent state add nothing that grows. A fused device that attends
+/// chunks over short histories through composed ops (`unfused_keys`: CUDA)
+/// holds those chunks' scores over at most that many keys of `context`.
+fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize, sequences: usize, context: u64) -> Working {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
         return Working::default();
     }
@@ -260,8 +262,10 @@ fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bit
     };
     let scores = if !attention.fused || by_matmuls { scores_per_token } else { 0.0 };
     let history = if decoded { decoded_per_token(element) } else { 0.0 };
-    // A fused device's chunks over short histories hold the scores of those keys.
-    let short_history_scores = if scores == 0.0 { scores_per_token * attention.unfused_keys as f64 } else { 0.0 };
+    // A fused device's chunks of several tokens over short histories (up to
+    // `unfused_keys`, within the context) hold the scores of those keys.
+    let short_keys = attention.unfused_keys.max(0).min(context.min(i32::MAX as u64) as i32);
+    let short_history_scores = if scores == 0.0 && chunk > 1 { scores_per_token * short_keys as f64 } else { 0.0 };
     Working { per_token: scores + history, fixed: short_history_scores }
 }
 
@@ -410,8 +414,8 @@ pub fn plan(machine: &Machine, shape: &ModelShape, model_context: Option<usize>,
     // Attention's working memory per token of context, with the device's
     // attention and (layers past --gpu-layers) the CPU's.
     let attention = machine.prefill_attention(layout.head_dim, element_bits);
-    let working = |c: Option<&KvCompression>| attention_working(attention, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1));
-    let working_on_host = |c: Option<&KvCompression>| attention_working(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1));
+    let working = |c: Option<&KvCompression>| attention_working(attention, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1), target);
+    let working_on_host = |c: Option<&KvCompression>| attention_working(PrefillAttention::CPU, layout, element_bits, c, wants.prefill_size, wants.max_sequences.max(1), target);
     let pool_tokens = |bpt: f64, transient: f64, c: Option<&KvCompression>| -> u64 {
         let on_device = match on_gpu {
             0 => f64::INFINITY,

@@ -138,6 +138,9 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     assert!(gpu.fuses_prefill_attention(128, 16) && !gpu.fuses_prefill_attention(256, 16) && !gpu.fuses_prefill_attention(128, 32));
     assert!(metal(GIB).fuses_prefill_attention(64, 32) && !metal(GIB).fuses_prefill_attention(256, 16) && !cpu(GIB).fuses_prefill_attention(128, 16));
     assert!(!gpu.prefill_attention(128, 16).quantized_matmuls && metal(GIB).prefill_attention(128, 16).quantized_matmuls && cpu(GIB).prefill_attention(128, 16) == PrefillAttention::CPU);
+    // On CUDA the composed chunks' scores span at most the context.
+    let short_cuda = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(4096))).unwrap();
+    assert_eq!(short_cuda.attention_working_bytes, (scores * 4096.0).ceil() as u64, "{}", short_cuda.describe());
     // A shorter context bounds it: the pool gives up only that context's working memory.
     let short = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
     let free = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
@@ -149,12 +152,13 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
 #[test]
 fn layers_past_gpu_layers_plan_the_cpus_unfused_attention_in_host_memory() {
     // 16-bit attention of head dim 128 is fused on CUDA: nothing grows on the device
-    // (a chunk's scores over the first 8192 keys, attended through composed ops, are fixed).
+    // (a chunk's scores over the first 8192 keys, attended through composed ops, are fixed;
+    // one-token chunks have none).
     // The CPU's layers attend unfused: their scores come out of host memory.
     let wants = |prefill_size| Wants { gpu_layers: Some(16), context: Some(32_768), prefill_size, ..Wants::default() };
     let (one, chunked) = (plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(1)).unwrap(), plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(512)).unwrap());
     let short_history = |chunk: f64| (1.25 * 32.0 * chunk * 2.0 * 8192.0) as u64;
-    assert_eq!((one.attention_working_bytes, chunked.attention_working_bytes), (short_history(1.0), short_history(512.0)));
+    assert_eq!((one.attention_working_bytes, chunked.attention_working_bytes), (0, short_history(512.0)));
     assert_eq!((one.attention_working_bytes_per_token, chunked.attention_working_bytes_per_token), (0.0, 0.0));
     // Host memory binds here (half of each token's KV, 64 KiB): a 512-token chunk's scores
     // over the 32K context (1.25 x 32 heads x 2 bytes a position) take their tokens' room.
