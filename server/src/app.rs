@@ -205,7 +205,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     if args.max_concurrency == 0 {
         return Err(Error::Config("--max-concurrency must be at least 1".into()));
     }
-    if args.prompt_concurrency == 0 {
+    if args.prompt_concurrency == Some(0) {
         return Err(Error::Config("--prompt-concurrency must be at least 1".into()));
     }
     let (model, model_id) = crate::cli::model_or_default(args.model.as_deref())?;
@@ -235,7 +235,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     log::info!("loading {model_id} from {}", dir.display());
     let load_dir = dir.clone();
     let (prefill_size, max_concurrency, max_queue) = (args.load.prefill_size(args.prefill_size), args.max_concurrency, args.max_queue);
-    let prompt_concurrency = args.prompt_concurrency;
+    let prompt_concurrency = args.prompt_concurrency.unwrap_or(if machine.backend == memory_plan::Backend::Cpu { 1 } else { 8 });
     // The loader plans the memory from the opened files, loads as planned,
     // and hands back what the server reads of the model: its KV layout, its
     // config and the plan.

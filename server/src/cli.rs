@@ -149,8 +149,10 @@ pub struct ServeArgs {
     /// Prompts prefilled together in one model call, at most (mlx_lm.server's
     /// flag): whole prompts admitted together, left-padded to the longest, up
     /// to --prefill-size tokens a call. 1 prefills each prompt on its own.
-    #[arg(long, env = "MLX_SERVE_PROMPT_CONCURRENCY", default_value_t = 8)]
-    pub prompt_concurrency: usize,
+    /// Default: 8 on a GPU, 1 on the CPU (where a shared call computes its
+    /// padding like any token and saves only the per-call overhead).
+    #[arg(long, env = "MLX_SERVE_PROMPT_CONCURRENCY")]
+    pub prompt_concurrency: Option<usize>,
     /// Requests waiting for a slot; beyond this the server answers 503.
     #[arg(long, env = "MLX_SERVE_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: usize,
