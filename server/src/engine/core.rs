@@ -391,21 +391,17 @@ impl Engine {
         let remaining: Vec<usize> = self.prefill.iter().map(Prefill::remaining).collect();
         let burst = self.batch.is_none() && self.prefill.iter().all(|p| p.done == 0);
         let plan = self.policy.prefill(&remaining, burst);
-        let mut slots: Vec<Option<Prefill>> = std::mem::take(&mut self.prefill).into_iter().map(Some).collect();
-        let sizes: Vec<usize> = slots
+        let sizes: Vec<usize> = self
+            .prefill
             .iter()
-            .flatten()
             .enumerate()
             .map(|(i, p)| plan.get(i).map_or(0, |&n| p.to_checkpoint().map_or(n, |c| n.min(c))))
             .collect();
         // Whole prompts starting from nothing may share a model call.
-        let whole: Vec<usize> = slots
-            .iter()
-            .flatten()
-            .enumerate()
-            .filter(|&(i, p)| sizes[i] > 0 && p.done == 0 && sizes[i] == p.remaining())
-            .map(|(i, _)| i)
+        let whole: Vec<usize> = (0..sizes.len())
+            .filter(|&i| sizes[i] > 0 && self.prefill[i].done == 0 && sizes[i] == self.prefill[i].remaining())
             .collect();
+        let mut slots: Vec<Option<Prefill>> = std::mem::take(&mut self.prefill).into_iter().map(Some).collect();
         let groups = self.policy.prefill_groups(&whole.iter().map(|&i| sizes[i]).collect::<Vec<_>>());
         let mut shared = vec![false; slots.len()];
         for group in groups {
