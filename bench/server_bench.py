@@ -84,6 +84,8 @@ def cache_case(url, tok, a, tag) -> dict:
 
 
 ENGINE_PARTS = ("admit", "decode", "tokens", "join", "prefill")
+# The decode steps' host time by what the host did (mlx_serve_decode_host_seconds_total).
+HOST_PARTS = ("build", "launch", "wait")
 
 
 def engine_counters(server):
@@ -98,6 +100,9 @@ def engine_counters(server):
         for part in ENGINE_PARTS:
             if name == f'mlx_serve_engine_seconds_total{{phase="{part}"}}':
                 out[part] = float(value)
+        for part in HOST_PARTS:
+            if name == f'mlx_serve_decode_host_seconds_total{{phase="{part}"}}':
+                out[f"host_{part}"] = float(value)
         if name in ("mlx_serve_decode_steps_total", "mlx_serve_decode_rows_total"):
             out[name.removeprefix("mlx_serve_").removesuffix("_total")] = float(value)
     return out
@@ -138,6 +143,7 @@ def summarize(sessions, name, a) -> dict:
             levels[c]["engine"] = {"wall_s": wall, **{f"{p}_s": total.get(p, 0.0) for p in ENGINE_PARTS},
                                    "decode_steps": total.get("decode_steps", 0.0),
                                    "decode_rows": total.get("decode_rows", 0.0),
+                                   **{f"host_{p}_s": total.get(f"host_{p}", 0.0) for p in HOST_PARTS},
                                    "step_tps": total.get("decode_rows", 0.0) / total["decode"] if total.get("decode") else float("nan")}
     cases = [c for s in mine for c in s["cache"]]
     cache = {k: 1e3 * med([c[k]["ttft_s"] for c in cases]) for k in ("cold", "hit")}
@@ -197,14 +203,19 @@ def engine_report(ours, a) -> list:
     if not levels:
         return []
     lines = ["\n**mlx-serve's engine thread during the waves** (share of the waves' wall time; "
-             "decode-step tok/s = rows decoded / decode-step seconds)\n",
-             "| streams | wall (s) | " + " | ".join(ENGINE_PARTS) + " | idle | rows / step | decode-step tok/s |",
-             "| ---: | ---: |" + " ---: |" * (len(ENGINE_PARTS) + 3)]
+             "decode-step tok/s = rows decoded / decode-step seconds; a step's host ms: building its "
+             "graphs / launching them / waiting for its tokens, means over the steps — a wait near "
+             "zero means the host bounds the step)\n",
+             "| streams | wall (s) | " + " | ".join(ENGINE_PARTS) + " | idle | rows / step | decode-step tok/s "
+             "| step: build / launch / wait ms |",
+             "| ---: | ---: |" + " ---: |" * (len(ENGINE_PARTS) + 4)]
     for c, e in levels:
         parts = [e[f"{p}_s"] / e["wall_s"] for p in ENGINE_PARTS]
-        rows_per_step = e["decode_rows"] / e["decode_steps"] if e["decode_steps"] else float("nan")
+        steps = e["decode_steps"]
+        rows_per_step = e["decode_rows"] / steps if steps else float("nan")
+        host = " / ".join(f"{1e3 * e.get(f'host_{p}_s', float('nan')) / steps:.2f}" if steps else "-" for p in HOST_PARTS)
         lines.append(f"| {c} | {e['wall_s']:.2f} | " + " | ".join(f"{x:.1%}" for x in parts)
-                     + f" | {max(0.0, 1 - sum(parts)):.1%} | {rows_per_step:.2f} | {e['step_tps']:.1f} |")
+                     + f" | {max(0.0, 1 - sum(parts)):.1%} | {rows_per_step:.2f} | {e['step_tps']:.1f} | {host} |")
     return lines
 
 

@@ -25,7 +25,8 @@ use crate::engine::EngineSnapshot;
 /// The `Content-Type` of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Labels of `mlx_serve_kv_compressions_total` and `mlx_serve_engine_seconds_total`.
+/// Labels of `mlx_serve_kv_compressions_total`, `mlx_serve_engine_seconds_total`
+/// and `mlx_serve_decode_host_seconds_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: &'static str,
@@ -83,6 +84,7 @@ pub struct Metrics {
     grammar_mask_seconds: Counter<f64, AtomicU64>,
     grammar_mask_rows: Family<MaskSourceLabels, Counter>,
     engine_seconds: Family<PhaseLabels, Counter<f64, AtomicU64>>,
+    decode_host_seconds: Family<PhaseLabels, Counter<f64, AtomicU64>>,
     group_turns: Counter,
     group_turn_bytes: Counter,
 }
@@ -126,6 +128,7 @@ impl Metrics {
             grammar_mask_seconds: Counter::default(),
             grammar_mask_rows: Family::default(),
             engine_seconds: Family::default(),
+            decode_host_seconds: Family::default(),
             group_turns: Counter::default(),
             group_turn_bytes: Counter::default(),
         };
@@ -289,6 +292,12 @@ impl Metrics {
             Unit::Seconds,
             self.engine_seconds.clone(),
         );
+        r.register_with_unit(
+            "decode_host",
+            "Decode steps' host time by what the engine thread did: building the steps' graphs (model call and sampling), launching them (MLX encoding and submitting their kernels), waiting for their tokens. With steps pipelined, the wait is the device's time beyond the host's: near zero where the host bounds the step",
+            Unit::Seconds,
+            self.decode_host_seconds.clone(),
+        );
         self
     }
 
@@ -385,6 +394,13 @@ impl Metrics {
         self.grammar_mask_seconds.inc_by(seconds);
         self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "uploaded" }).inc_by(uploaded);
         self.grammar_mask_rows.get_or_create(&MaskSourceLabels { source: "reused" }).inc_by(reused);
+    }
+
+    /// A decode step's host time: building, launching, waiting for its tokens.
+    pub fn record_decode_host(&self, build: f64, launch: f64, wait: f64) {
+        for (phase, seconds) in [("build", build), ("launch", launch), ("wait", wait)] {
+            self.decode_host_seconds.get_or_create(&PhaseLabels { phase }).inc_by(seconds);
+        }
     }
 
     /// The engine thread spent `seconds` in `part` of a turn ("admit", "decode",

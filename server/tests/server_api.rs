@@ -348,6 +348,12 @@ fn metrics_count_requests_tokens_and_latencies() {
         assert!(t > 0.0, "no engine time recorded for {part}: {seconds:?}");
     }
     assert!(seconds.iter().sum::<f64>() <= started.elapsed().as_secs_f64(), "engine parts {seconds:?} add up to more than the wall clock");
+    // The decode steps' host time split by what the host did: each part ran (a
+    // graph built, launched, its tokens waited for), and within the decode part.
+    let host: Vec<f64> =
+        ["build", "launch", "wait"].iter().map(|p| counter_value(&m, &format!(r#"mlx_serve_decode_host_seconds_total{{phase="{p}"}}"#)).unwrap_or(0.0)).collect();
+    assert!(host.iter().all(|&t| t > 0.0), "decode host time by part: {host:?}");
+    assert!(host.iter().sum::<f64>() <= seconds[1], "decode host parts {host:?} add up to more than the decode part ({})", seconds[1]);
     // A gauge, published after the engine's turn: the response may come first.
     let deadline = Instant::now() + Duration::from_secs(10);
     while counter_value(&s.metrics(), "mlx_serve_running_sequences") != Some(0.0) {

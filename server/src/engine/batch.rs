@@ -31,15 +31,41 @@ pub struct DecodeBatch {
     /// [B, 1] ids to feed at the next step: each row's newest token.
     input: Array,
     pending: Option<Pending>,
+    /// The host time of the step under way.
+    host: StepHostTime,
     /// Rows compressed by decode steps (crossing --quantized-kv-start), not yet counted in the metrics.
     pub compressed: usize,
 }
 
 /// What a step ended: the rows that finished, with their KV for the prompt
-/// cache, and its grammar masks' work (None: no row constrained).
+/// cache, its grammar masks' work (None: no row constrained), and where its
+/// host time went.
 pub struct StepOutcome {
     pub ended: Vec<(Sequence, KvSnapshot)>,
     pub masks: Option<MaskWork>,
+    pub host: StepHostTime,
+}
+
+/// A decode step's host time by what the host did: building the graphs
+/// (model call and sampling), launching them (`async_eval`: MLX encodes and
+/// submits every kernel), and waiting for the tokens. With steps pipelined,
+/// the wait is the device's time left once the host has queued the next
+/// step: near zero when the host is the bound, the step's device time beyond
+/// the host's when the device is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StepHostTime {
+    pub build: f64,
+    pub launch: f64,
+    pub wait: f64,
+}
+
+impl StepHostTime {
+    /// Adds the time since `since` to `part`; returns now.
+    fn lap(&mut self, part: fn(&mut StepHostTime) -> &mut f64, since: Instant) -> Instant {
+        let now = Instant::now();
+        *part(self) += now.duration_since(since).as_secs_f64();
+        now
+    }
 }
 
 /// A constrained step's masks: host seconds, and how their rows reached the device.
@@ -107,7 +133,7 @@ fn ids_column(ids: &[u32]) -> Result<Array> {
 impl DecodeBatch {
     /// A batch of the first sequence to decode.
     pub fn new(first: Joining) -> Result<DecodeBatch> {
-        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, compressed: 0 })
+        Ok(DecodeBatch { input: ids_column(&[first.next])?, seqs: vec![first.seq], cache: first.cache, pending: None, host: StepHostTime::default(), compressed: 0 })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -148,11 +174,14 @@ impl DecodeBatch {
     /// Queues the model call of one decode step for every row, and the cache's
     /// compression policy after it.
     fn queue_forward(&mut self, model: &dyn LanguageModel, compression: Option<&KvCompression>) -> Result<()> {
+        let start = Instant::now();
         let logits = model.forward(&self.input, &mut self.cache)?;
         self.compressed += self.cache.compress(compression, Phase::Decode)?;
         let v = logits.dim(-1)?;
         let logits = ops::reshape(&logits, &[self.seqs.len() as i32, v])?;
+        let built = self.host.lap(|h| &mut h.build, start);
         async_eval(&[&logits])?;
+        self.host.lap(|h| &mut h.launch, built);
         self.pending = Some(Pending { logits });
         Ok(())
     }
@@ -194,6 +223,7 @@ impl DecodeBatch {
     /// log-probabilities of the rows that report them, and the masks' work
     /// (None: no row constrained).
     fn queue_sampling(&mut self, logits: Array, kept: &mut MaskRows) -> Result<(Array, Option<ReportedRows>, Option<MaskWork>)> {
+        let start = Instant::now();
         let (logits, masks) = self.mask_logits(logits, kept)?;
         let v = logits.dim(-1)?;
         let (tokens, logprobs) = if self.seqs.iter().all(|s| s.sampler.is_plain_greedy()) {
@@ -217,10 +247,12 @@ impl DecodeBatch {
         // meanwhile, which the read would otherwise wait for.
         let tokens = ops::astype(&tokens, Dtype::Uint32)?;
         let reported = ReportedRows::queue(&self.seqs, &logprobs)?;
+        let built = self.host.lap(|h| &mut h.build, start);
         match &reported {
             Some(r) => async_eval(&[&tokens, &r.values])?,
             None => async_eval(&[&tokens])?,
         }
+        self.host.lap(|h| &mut h.launch, built);
         Ok((tokens, reported, masks))
     }
 
@@ -244,11 +276,14 @@ impl DecodeBatch {
         if pipeline {
             self.queue_forward(model, compression)?;
         }
+        let waiting = Instant::now();
         let ids = tokens.to_vec::<u32>()?;
         if ids.len() != self.seqs.len() {
             return Err(Error::Internal("a decode step sampled a token count other than its rows"));
         }
         let reported = reported.map(ReportedRows::read).transpose()?;
+        self.host.lap(|h| &mut h.wait, waiting);
+        let host = std::mem::take(&mut self.host);
         let mut ended = Vec::new();
         for (b, seq) in self.seqs.iter_mut().enumerate() {
             let row = reported.as_ref().and_then(|r| r.row(b));
@@ -256,7 +291,7 @@ impl DecodeBatch {
                 ended.push(b);
             }
         }
-        Ok(StepOutcome { ended: self.remove(&ended)?, masks })
+        Ok(StepOutcome { ended: self.remove(&ended)?, masks, host })
     }
 
     /// Takes the rows in `ended` out of the batch, with their KV.

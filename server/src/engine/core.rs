@@ -598,6 +598,7 @@ impl Engine {
         metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
         match result {
             Ok(outcome) => {
+                metrics.record_decode_host(outcome.host.build, outcome.host.launch, outcome.host.wait);
                 if let Some(m) = outcome.masks {
                     metrics.record_grammar_masks(m.seconds, m.rows.uploaded as u64, m.rows.reused as u64);
                 }
