@@ -164,6 +164,14 @@ def check_lengths(sessions) -> list:
     return bad
 
 
+def blank(summary):
+    """`summary`'s shape with every number NaN: the reference's column when it did not run
+    (--no-ref)."""
+    if isinstance(summary, dict):
+        return {k: blank(v) for k, v in summary.items()}
+    return float("nan")
+
+
 def row(label, ours, ref, fmt, higher_is_better):
     adv = (ours / ref if higher_is_better else ref / ours) if ours and ref else float("nan")
     return f"| {label} | {ours:{fmt}} | {ref:{fmt}} | {adv:.2f}× |"
@@ -246,6 +254,8 @@ def main():
     ap.add_argument("--prefix-tokens", type=int, default=1000)
     ap.add_argument("--cache-reps", type=int, default=2)
     ap.add_argument("--ref-first", action="store_true", help="round 0 starts with mlx_lm.server")
+    ap.add_argument("--no-ref", action="store_true",
+                    help="mlx-serve alone (its own figures across levels, e.g. 8 streams against 1; nothing compared with mlx-lm)")
     ap.add_argument("--label", default="", help="e.g. the commit of the mlx-serve binary")
     ap.add_argument("--ours-args", default="", help="extra flags for mlx-serve")
     ap.add_argument("--ref-args", default="", help="extra flags for mlx_lm.server")
@@ -268,6 +278,8 @@ def main():
         return Server(name, "ref", serving.ref_argv(a.python, model, a.ref_args.split()), dict(os.environ), work)
 
     sessions, order = [], ["mlx-serve", "mlx_lm.server"][::-1 if a.ref_first else 1]
+    if a.no_ref:
+        order = ["mlx-serve"]
     for rnd in range(a.rounds):
         for name in (order if rnd % 2 == 0 else order[::-1]):
             t0 = time.perf_counter()
@@ -276,7 +288,8 @@ def main():
             Path(a.out).write_text(json.dumps({"env": env, "args": vars(a), "partial": True,
                                                "sessions": sessions}, indent=1))
 
-    ours, ref = summarize(sessions, "mlx-serve", a), summarize(sessions, "mlx_lm.server", a)
+    ours = summarize(sessions, "mlx-serve", a)
+    ref = blank(ours) if a.no_ref else summarize(sessions, "mlx_lm.server", a)
     bad = check_lengths(sessions)
     text = report(ours, ref, a)
     print(text)
