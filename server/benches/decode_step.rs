@@ -217,7 +217,7 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &
     let mut last = vec![first];
     for r in 1..rows {
         let (row_cache, picked) = prefill_row(model, &kinds, r, row_prompt(r))?;
-        cache.extend(row_cache)?;
+        cache.extend([row_cache])?;
         last.push(picked);
     }
     let mut tokens = ops::concatenate(&last.iter().collect::<Vec<_>>(), 0)?;

@@ -87,16 +87,18 @@ fn batch_of_formats(model: &dyn LanguageModel, prompt: &[u32], formats: &[Format
         memory::clear_cache()?;
     }
     let snapshot = dense.snapshot(0)?;
-    let mut batch: Option<ModelCache> = None;
-    for f in formats {
-        let mut row = ModelCache::restore(&snapshot)?;
-        row.compress(f.policy.as_ref(), Phase::Decode)?;
-        match batch.as_mut() {
-            Some(b) => b.extend(row)?,
-            None => batch = Some(row),
-        }
-    }
-    batch.ok_or_else(|| Error::Config("no KV formats to compare".into()))
+    let mut rows = formats
+        .iter()
+        .map(|f| {
+            let mut row = ModelCache::restore(&snapshot)?;
+            row.compress(f.policy.as_ref(), Phase::Decode)?;
+            Ok(row)
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter();
+    let mut batch = rows.next().ok_or_else(|| Error::Config("no KV formats to compare".into()))?;
+    batch.extend(rows)?;
+    Ok(batch)
 }
 
 /// log_softmax of the last position's logits, float32: [rows, vocab].

@@ -164,9 +164,7 @@ impl DecodeBatch {
         if self.pending.is_some() {
             return Err(Error::Internal("sequences joined a batch with a step in flight"));
         }
-        for cache in caches {
-            self.cache.extend(cache)?;
-        }
+        self.cache.extend(caches)?;
         self.input = ops::concatenate(&[&self.input, &ids_column(&next)?], 0)?;
         Ok(())
     }

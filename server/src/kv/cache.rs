@@ -91,13 +91,24 @@ impl ModelCache {
         (&mut self.layers, &self.masks)
     }
 
-    /// Appends `other`'s sequences after these.
-    pub fn extend(&mut self, other: ModelCache) -> Result<()> {
-        if other.layers.len() != self.layers.len() {
-            return Err(Error::Internal("caches of different layer counts"));
+    /// Appends the sequences of `others` after these, in order: every layer's
+    /// rows copied once into the joined layout, whatever the number joining
+    /// (one at a time, each join would copy the rows before it again and
+    /// wait for the device once a layer per join).
+    pub fn extend(&mut self, others: impl IntoIterator<Item = ModelCache>) -> Result<()> {
+        let mut joining: Vec<std::vec::IntoIter<LayerCache>> = Vec::new();
+        for other in others {
+            if other.layers.len() != self.layers.len() {
+                return Err(Error::Internal("caches of different layer counts"));
+            }
+            joining.push(other.layers.into_iter());
         }
-        for (l, o) in self.layers.iter_mut().zip(other.layers) {
-            l.extend(o)?;
+        if joining.is_empty() {
+            return Ok(());
+        }
+        for l in self.layers.iter_mut() {
+            let layer_of_each = joining.iter_mut().map(|o| o.next().ok_or(Error::Internal("caches of different layer counts"))).collect::<Result<Vec<_>>>()?;
+            l.extend(layer_of_each)?;
             Self::settle(l)?;
         }
         Ok(())

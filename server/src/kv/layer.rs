@@ -158,15 +158,25 @@ impl LayerCache {
         (0..self.rows()).map(|b| self.row(b)).collect()
     }
 
-    /// Adds `other`'s rows after these (one copy of the layer's KV, as mlx-lm's
-    /// `extend`; none when this layer holds no rows yet).
-    pub fn extend(&mut self, other: LayerCache) -> Result<()> {
+    /// Adds the rows of `others` after these, in order (one copy of the
+    /// layer's KV, as mlx-lm's `extend`; none when this layer holds no rows
+    /// yet and one other joins).
+    pub fn extend(&mut self, others: impl IntoIterator<Item = LayerCache>) -> Result<()> {
+        let mut others = others.into_iter();
         if self.rows() == 0 {
-            *self = other;
+            match others.next() {
+                Some(first) => *self = first,
+                None => return Ok(()),
+            }
+        }
+        let mut rest = others.peekable();
+        if rest.peek().is_none() {
             return Ok(());
         }
         let mut rows = self.all_rows()?;
-        rows.extend(other.all_rows()?);
+        for other in rest {
+            rows.extend(other.all_rows()?);
+        }
         *self = LayerCache::from_rows(&rows)?;
         Ok(())
     }

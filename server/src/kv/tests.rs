@@ -127,10 +127,10 @@ fn rows_joining_and_leaving_a_batch_attend_as_they_do_alone() {
             vec![Member { row: &a, next: pa, want: alone(&kind, &a, pa, 40) }];
         let mut batch = prefilled(&kind, &a, pa);
         decode(&mut batch, &mut members, 4, &kind);
-        batch.extend(prefilled(&kind, &b, pb)).unwrap();
+        batch.extend([prefilled(&kind, &b, pb)]).unwrap();
         members.push(Member { row: &b, next: pb, want: alone(&kind, &b, pb, 40) });
         decode(&mut batch, &mut members, 3, &kind);
-        batch.extend(prefilled(&kind, &c, pc)).unwrap();
+        batch.extend([prefilled(&kind, &c, pc)]).unwrap();
         members.push(Member { row: &c, next: pc, want: alone(&kind, &c, pc, 40) });
         decode(&mut batch, &mut members, 6, &kind);
         // The middle row leaves; the others go on past the rotating window.
@@ -144,11 +144,37 @@ fn rows_joining_and_leaving_a_batch_attend_as_they_do_alone() {
 }
 
 #[test]
+fn rows_joining_a_batch_together_attend_as_they_do_alone() {
+    for kind in kinds() {
+        let (a, b, c) = (row(30, 60), row(30, 70), row(30, 80));
+        let (pa, pb, pc) = (7, 3, 12);
+        let mut members = vec![Member { row: &a, next: pa, want: alone(&kind, &a, pa, 30) }];
+        let mut batch = prefilled(&kind, &a, pa);
+        decode(&mut batch, &mut members, 2, &kind);
+        // Two rows of other lengths join in one call, after the row decoding.
+        batch.extend([prefilled(&kind, &b, pb), prefilled(&kind, &c, pc)]).unwrap();
+        members.push(Member { row: &b, next: pb, want: alone(&kind, &b, pb, 30) });
+        members.push(Member { row: &c, next: pc, want: alone(&kind, &c, pc, 30) });
+        decode(&mut batch, &mut members, 10, &kind);
+        // Into an empty batch: the first takes its place, the rest join it.
+        let mut empty = LayerCache::new(&KvKind::Dense).unwrap();
+        empty.filter(&[]).unwrap();
+        assert_eq!(empty.rows(), 0);
+        empty.extend([prefilled(&kind, &c, pc), prefilled(&kind, &a, pa)]).unwrap();
+        let mut members = vec![
+            Member { row: &c, next: pc, want: alone(&kind, &c, pc, 30) },
+            Member { row: &a, next: pa, want: alone(&kind, &a, pa, 30) },
+        ];
+        decode(&mut empty, &mut members, 5, &kind);
+    }
+}
+
+#[test]
 fn a_restored_row_continues_as_the_original() {
     for kind in kinds() {
         let (a, b) = (row(30, 40), row(30, 50));
         let mut batch = prefilled(&kind, &a, 6);
-        batch.extend(prefilled(&kind, &b, 9)).unwrap();
+        batch.extend([prefilled(&kind, &b, 9)]).unwrap();
         let mut pos = [6, 9];
         for _ in 0..12 {
             step(&mut batch, &[&a, &b], &pos);
@@ -171,7 +197,7 @@ fn trimmed_positions_are_forgotten_and_can_be_written_again() {
     for kind in kinds() {
         let (a, b) = (row(12, 60), row(12, 70));
         let mut batch = prefilled(&kind, &a, 4);
-        batch.extend(prefilled(&kind, &b, 6)).unwrap();
+        batch.extend([prefilled(&kind, &b, 6)]).unwrap();
         let first = step(&mut batch, &[&a, &b], &[4, 6]);
         step(&mut batch, &[&a, &b], &[5, 7]);
         assert_eq!(batch.trim(2).unwrap(), 2);
@@ -245,7 +271,7 @@ fn rows_crossing_the_quantization_start_at_different_steps_match_each_row_alone(
         Member { row: &b, next: 8, want: alone_with_policy(&b, 8) },
     ];
     let mut batch = prefilled(&KvKind::Dense, &a, 4);
-    batch.extend(prefilled(&KvKind::Dense, &b, 8)).unwrap();
+    batch.extend([prefilled(&KvKind::Dense, &b, 8)]).unwrap();
     for _ in 0..14 {
         decode(&mut batch, &mut members, 1, &KvKind::Dense);
         batch.compress(target).unwrap();
@@ -309,14 +335,14 @@ fn joining_and_leaving_a_batch_copies_one_layer_at_a_time() {
     };
     let settled = |c: &ModelCache| mlx_rs_safe::eval(&c.state().iter().collect::<Vec<_>>()).unwrap();
     let mut batch = sequence(1);
-    batch.extend(sequence(4)).unwrap();
+    batch.extend([sequence(4)]).unwrap();
     let joining = sequence(7);
     settled(&batch);
     settled(&joining);
     let grew_by = |before: usize| mlx_rs_safe::memory::peak_memory().unwrap().saturating_sub(before);
     let before = mlx_rs_safe::memory::active_memory().unwrap();
     mlx_rs_safe::memory::reset_peak_memory().unwrap();
-    batch.extend(joining).unwrap();
+    batch.extend([joining]).unwrap();
     settled(&batch);
     // The rebuilt batch holds three rows; at most one layer's worth of it is
     // held beside the old rows (with room for its capacity rounding), not
@@ -350,7 +376,7 @@ fn turbo_rows_reading_their_history_block_by_block_attend_as_with_it_read_whole(
             TEST_BLOCK.with(|t| t.set(block));
             let mut batch = prefilled(&kind, &a, 20);
             let mut out = vec![feed(&mut batch, &a, 20, 26)];
-            batch.extend(prefilled(&kind, &b, 33)).unwrap();
+            batch.extend([prefilled(&kind, &b, 33)]).unwrap();
             for i in 0..10 {
                 out.extend(step(&mut batch, &[&a, &b], &[26 + i, 33 + i]));
             }
