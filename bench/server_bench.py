@@ -83,7 +83,7 @@ def cache_case(url, tok, a, tag) -> dict:
     return {"cold": cold["requests"][0], "hit": hit["requests"][0]}
 
 
-ENGINE_PARTS = ("admit", "decode", "tokens", "join", "prefill")
+ENGINE_PARTS = ("gather", "admit", "decode", "tokens", "join", "prefill")
 # The decode steps' host time by what the host did (mlx_serve_decode_host_seconds_total).
 HOST_PARTS = ("build", "launch", "wait")
 

@@ -288,7 +288,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "engine",
-            "Engine thread time by part of its turns: admitting requests, decode steps (building and waiting for the batched model call and its sampling), handing the steps' tokens to their requests (detokenizing, stop strings, log-probabilities, streaming), joining prefilled sequences to the batch, prefilling prompts. What the wall clock has beyond their sum, the engine waited for work",
+            "Engine thread time by part of its turns: waiting, once woken at idle, for requests sent together that are still on their way (read and tokenized), admitting requests, decode steps (building and waiting for the batched model call and its sampling), handing the steps' tokens to their requests (detokenizing, stop strings, log-probabilities, streaming), joining prefilled sequences to the batch, prefilling prompts. What the wall clock has beyond their sum, the engine waited for work",
             Unit::Seconds,
             self.engine_seconds.clone(),
         );
@@ -403,8 +403,8 @@ impl Metrics {
         }
     }
 
-    /// The engine thread spent `seconds` in `part` of a turn ("admit", "decode",
-    /// "tokens", "join" or "prefill").
+    /// The engine thread spent `seconds` in `part` of a turn ("gather",
+    /// "admit", "decode", "tokens", "join" or "prefill").
     pub fn record_engine_time(&self, part: &'static str, seconds: f64) {
         self.engine_seconds.get_or_create(&PhaseLabels { phase: part }).inc_by(seconds);
     }

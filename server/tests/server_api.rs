@@ -246,6 +246,44 @@ fn concurrent_requests_decode_as_one_batch_with_the_same_tokens_and_more_through
 }
 
 #[test]
+fn requests_sent_together_to_an_idle_server_share_one_prefill_call() {
+    // The first request wakes the idle engine; it waits for the others the
+    // HTTP layer is reading and tokenizing, so all eight prompts share a call.
+    // (Without that wait the first is prefilled alone, every time.) A burst
+    // whose requests the client's threads spread past the wait may split
+    // (its default, 10 ms, is raised here: the tests run side by side on two
+    // cores): one of three bursts in a single call suffices.
+    let mut server = std::process::Command::new(common::server::binary());
+    server.env("MLX_SERVE_ARRIVAL_WAIT_MS", "200");
+    let m = model();
+    let s = TestServer::start_by(server, &["--model", m.to_str().unwrap(), "--prompt-concurrency", "8", "--prompt-cache-bytes", "0"]);
+    let burst = |round: usize| {
+        let gate = std::sync::Barrier::new(prompts().len());
+        std::thread::scope(|scope| {
+            for (i, p) in prompts().into_iter().enumerate() {
+                let (s, gate) = (&s, &gate);
+                scope.spawn(move || {
+                    gate.wait();
+                    complete(s, &format!("{p} {round} {i}"), 2)
+                });
+            }
+        });
+    };
+    let mut calls_a_burst = Vec::new();
+    for round in 0..3 {
+        let (calls, prompts_before) = (metric(&s, "mlx_serve_prefill_calls_total"), metric(&s, "mlx_serve_prefill_prompts_total"));
+        burst(round);
+        assert_eq!(metric(&s, "mlx_serve_prefill_prompts_total") - prompts_before, prompts().len() as f64);
+        calls_a_burst.push(metric(&s, "mlx_serve_prefill_calls_total") - calls);
+        if calls_a_burst.last() == Some(&1.0) {
+            break;
+        }
+    }
+    assert!(calls_a_burst.contains(&1.0), "no burst of {} requests shared one prefill call: calls a burst {calls_a_burst:?}", prompts().len());
+    assert!(metric(&s, r#"mlx_serve_engine_seconds_total{phase="gather"}"#) > 0.0, "the engine never waited for requests on their way");
+}
+
+#[test]
 fn a_client_that_disconnects_mid_stream_frees_its_sequence() {
     let s = TestServer::start(&long_context_model(), &[]);
     let addr = s.base.strip_prefix("http://").unwrap().to_string();

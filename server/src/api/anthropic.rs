@@ -251,6 +251,7 @@ fn prepare(req: &MessagesRequest) -> Result<Prepared, ApiError> {
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let arriving = state.engine.arriving();
     let (body, mut common) = read_request(payload, state).await?;
     let req: MessagesRequest = fields(&body)?;
     if common.max_tokens.is_none() {
@@ -264,7 +265,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let chat = ChatInput { messages: p.messages, tools: p.tools, kwargs: p.kwargs, one_call };
     let (params, shape) = chat_generation(state, &common, chat, None, output, "tools").await?;
     let prompt_tokens = params.prompt.len();
-    let rx = generation::submit(state, params)?;
+    let rx = generation::submit(state, params, arriving)?;
     let id = generation::response_id("msg");
     if common.stream {
         let writer = MessageStream::new(id, state.models.id.clone(), prompt_tokens, OutputSplit::new(shape));

@@ -100,6 +100,7 @@ fn tool_call_json(call: &ToolCall) -> Value {
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let arriving = state.engine.arriving();
     let (body, common) = read_request(payload, state).await?;
     let req: ChatRequest = fields(&body)?;
     // -1 is mlx_lm.server's "none"; a count alone asks for log-probabilities
@@ -121,7 +122,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let output = structured::wanted_output(&choice, tools.as_ref(), state.tool_format, !one_call, schema)?;
     let chat = ChatInput { messages, tools, kwargs, one_call };
     let (params, shape) = chat_generation(state, &common, chat, top, output, "response_format.json_schema.schema").await?;
-    let rx = generation::submit(state, params)?;
+    let rx = generation::submit(state, params, arriving)?;
     let meta = Meta { id: generation::response_id("chatcmpl"), created: generation::unix_now(), model: state.models.id.clone() };
     if common.stream {
         let writer = ChatStream {

@@ -124,6 +124,7 @@ fn legacy_logprobs(tokenizer: &Tokenizer, lps: &[TokenLogprob], mut offset: usiz
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let arriving = state.engine.arriving();
     let (body, common) = read_request(payload, state).await?;
     let req: CompletionRequest = fields(&body)?;
     let (top, field) = match req.logprobs {
@@ -140,7 +141,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
     let (prompt, prompt_text) =
         state.tokenize_pool.run(prompt_bytes, move || prompt_tokens(&req.prompt, &tokenizer, vocab_size, limit)).await?;
     let params = common.generation(state, prompt, top)?;
-    let rx = generation::submit(state, params)?;
+    let rx = generation::submit(state, params, arriving)?;
     let echo = if req.echo { prompt_text } else { String::new() };
     let (id, created) = (generation::response_id("cmpl"), generation::unix_now());
     if common.stream {

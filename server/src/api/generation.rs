@@ -11,11 +11,14 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use super::error::{ApiError, SHUTTING_DOWN};
 use super::AppState;
-use crate::engine::{Event, FinishReason, Generation, PromptProgress, Request, SubmitError, TokenLogprob, Usage};
+use crate::engine::{Arriving, Event, FinishReason, Generation, PromptProgress, Request, SubmitError, TokenLogprob, Usage};
 use crate::tokenizer::Tokenizer;
 
-/// Queues `params` with the engine; its events arrive on the returned receiver.
-pub fn submit(state: &AppState, params: Generation) -> Result<UnboundedReceiver<Event>, ApiError> {
+/// Queues `params` with the engine; its events arrive on the returned
+/// receiver. `arriving` (taken when the request began, see
+/// [`crate::engine::EngineHandle::arriving`]) ends here, submitted or not.
+pub fn submit(state: &AppState, params: Generation, arriving: Arriving) -> Result<UnboundedReceiver<Event>, ApiError> {
+    let _arriving = arriving;
     if state.shutdown.is_cut() {
         state.shutdown.record_cut();
         return Err(ApiError::shutting_down());

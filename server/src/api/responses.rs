@@ -272,6 +272,7 @@ fn whole_items(out: &WholeOutput) -> Vec<Value> {
 }
 
 pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpResponse, ApiError> {
+    let arriving = state.engine.arriving();
     let (body, mut common) = read_request(payload, state).await?;
     let req: ResponsesRequest = fields(&body)?;
     refuse_unsupported(&req)?;
@@ -317,7 +318,7 @@ pub async fn handle(payload: web::Payload, state: &AppState) -> Result<HttpRespo
         parallel_tool_calls: !one_call,
         text: req.text.clone().filter(|t| !t.is_null()).unwrap_or(json!({"format": {"type": "text"}})),
     };
-    let rx = generation::submit(state, params)?;
+    let rx = generation::submit(state, params, arriving)?;
     let keep = echo.store.then(|| Keep { store: state.responses.clone(), conversation });
     if common.stream {
         let writer = ResponseStream::new(echo, OutputSplit::new(shape), keep);

@@ -402,7 +402,7 @@ impl Engine {
             .filter(|&i| sizes[i] > 0 && self.prefill[i].done == 0 && sizes[i] == self.prefill[i].remaining())
             .collect();
         let mut slots: Vec<Option<Prefill>> = std::mem::take(&mut self.prefill).into_iter().map(Some).collect();
-        let groups = self.policy.prefill_groups(&whole.iter().map(|&i| sizes[i]).collect::<Vec<_>>());
+        let groups = self.policy.prefill_groups(&whole.iter().map(|&i| sizes[i]).collect::<Vec<_>>(), burst);
         let mut shared = vec![false; slots.len()];
         for group in groups {
             let members: Vec<usize> = group.iter().map(|&g| whole[g]).collect();

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::memory;
@@ -38,6 +39,8 @@ pub struct EngineHandle {
     tx: Sender<Command>,
     /// Requests submitted and not yet admitted.
     waiting: Arc<AtomicUsize>,
+    /// Requests the HTTP layer has begun to read and prepare, not yet submitted.
+    arriving: Arc<AtomicUsize>,
     max_queue: usize,
     /// The configuration in force (KV compression fitted to the model).
     pub config: EngineConfig,
@@ -86,8 +89,9 @@ impl EngineHandle {
         let (failed, failure) = watch::channel(None);
         let (ready_tx, ready_rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
+        let arriving = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(EngineStats::default());
-        let (w, s, engine_metrics) = (waiting.clone(), stats.clone(), metrics.clone());
+        let (w, s, engine_metrics, a) = (waiting.clone(), stats.clone(), metrics.clone(), arriving.clone());
         let thread = std::thread::Builder::new()
             .name("mlx-engine".into())
             .spawn(move || {
@@ -106,7 +110,7 @@ impl EngineHandle {
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         match group {
                             Some(g) if g.size() > 1 => super::lockstep::lead(engine, &s, &engine_metrics, rx, &g, Arc::new(failed)),
-                            _ => run(engine, &s, rx),
+                            _ => run(engine, &s, &engine_metrics, rx, &a),
                         }
                     }
                     Err(e) => {
@@ -116,10 +120,19 @@ impl EngineHandle {
             })
             .map_err(|e| Error::Startup(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)), failure: Failure(failure) }),
+            Ok(Ok(config)) => Ok(EngineHandle { tx, waiting, arriving, max_queue: config.max_queue, config, stats, thread: Mutex::new(Some(thread)), failure: Failure(failure) }),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(Error::Startup("the engine thread stopped while loading the model".into())),
         }
+    }
+
+    /// Marks a request as on its way (its body being read, its prompt
+    /// rendered and tokenized) until the returned guard is dropped, at its
+    /// submission or its error: an idle engine woken by one request waits a
+    /// moment for the others on their way, so a burst is prefilled together.
+    pub fn arriving(&self) -> Arriving {
+        self.arriving.fetch_add(1, Ordering::SeqCst);
+        Arriving(self.arriving.clone())
     }
 
     /// Queues a request; its events arrive on `request.events`.
@@ -163,6 +176,60 @@ pub(super) fn reset_peak_memory(engine: &Engine, stats: &EngineStats) {
     stats.publish(engine.snapshot());
 }
 
+/// A request on its way to the engine (see [`EngineHandle::arriving`]).
+pub struct Arriving(Arc<AtomicUsize>);
+
+impl Drop for Arriving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The longest an idle engine, woken by a request, waits for others on
+/// their way, in milliseconds. Requests sent together reach the engine
+/// within a millisecond or two of each other (their bodies read and their
+/// prompts tokenized on other threads); left unwaited for, the first is
+/// prefilled alone and the rest a prefill call later. A lone request never
+/// waits.
+const ARRIVAL_WAIT_MS: u64 = 10;
+
+/// [`ARRIVAL_WAIT_MS`], or `MLX_SERVE_ARRIVAL_WAIT_MS` (read once a
+/// process; a loaded machine's tests spread a burst wider).
+fn arrival_wait() -> Duration {
+    static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *WAIT.get_or_init(|| Duration::from_millis(crate::kernel_check::tuned("MLX_SERVE_ARRIVAL_WAIT_MS", ARRIVAL_WAIT_MS)))
+}
+
+/// Takes the requests on their way (`arriving`) as they come, until none is
+/// on its way or [`arrival_wait`] has passed; false when the engine must stop.
+fn gather(engine: &mut Engine, stats: &EngineStats, metrics: &Metrics, rx: &Receiver<Command>, arriving: &AtomicUsize) -> bool {
+    let start = Instant::now();
+    let deadline = start + arrival_wait();
+    let mut going = true;
+    while arriving.load(Ordering::SeqCst) > 0 {
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        // Short waits: the last request on its way is counted off after it is sent.
+        match rx.recv_timeout((deadline - now).min(Duration::from_micros(200))) {
+            Ok(c) => {
+                if !take(engine, stats, c) {
+                    going = false;
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                going = false;
+                break;
+            }
+        }
+    }
+    metrics.record_engine_time("gather", start.elapsed().as_secs_f64());
+    going
+}
+
 /// Takes one command; false when the engine must stop.
 fn take(engine: &mut Engine, stats: &EngineStats, command: Command) -> bool {
     match command {
@@ -175,12 +242,12 @@ fn take(engine: &mut Engine, stats: &EngineStats, command: Command) -> bool {
 
 /// The thread's loop: turns while there is work, blocking on the channel only
 /// when there is none.
-fn run(mut engine: Engine, stats: &EngineStats, rx: Receiver<Command>) {
+fn run(mut engine: Engine, stats: &EngineStats, metrics: &Metrics, rx: Receiver<Command>, arriving: &AtomicUsize) {
     stats.publish(engine.snapshot());
     'serve: loop {
         if engine.is_idle() {
             let Ok(c) = rx.recv() else { break };
-            if !take(&mut engine, stats, c) {
+            if !take(&mut engine, stats, c) || !gather(&mut engine, stats, metrics, &rx, arriving) {
                 break;
             }
         }

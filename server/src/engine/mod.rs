@@ -13,7 +13,7 @@ mod stop;
 mod token_mask;
 
 pub use self::core::{Engine, EngineConfig};
-pub use handle::{EngineHandle, Failure, SubmitError};
+pub use handle::{Arriving, EngineHandle, Failure, SubmitError};
 pub use lockstep::follow;
 pub use policy::Policy;
 pub use request::{Event, Generation, PromptProgress, Request, TokenLogprob, Usage};

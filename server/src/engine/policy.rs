@@ -55,7 +55,7 @@ impl Policy {
     /// would start decoding last).
     pub fn prefill(&self, remaining: &[usize], burst: bool) -> Vec<usize> {
         let chunk = self.prefill_size.max(1);
-        let mut budget = if burst { chunk.saturating_mul(self.prompts_together.max(1)) } else { chunk };
+        let mut budget = self.turn_tokens(burst);
         let mut plan = Vec::new();
         for &left in remaining {
             if budget == 0 {
@@ -71,24 +71,43 @@ impl Policy {
         plan
     }
 
+    /// Prompt tokens a turn prefills: a chunk, or in a `burst` a chunk for
+    /// each prompt a call may share.
+    fn turn_tokens(&self, burst: bool) -> usize {
+        let chunk = self.prefill_size.max(1);
+        if burst {
+            chunk.saturating_mul(self.prompts_together.max(1))
+        } else {
+            chunk
+        }
+    }
+
     /// Which of the whole prompts about to be prefilled from nothing (their
     /// token counts in `lengths`) share a model call: groups of two or more
     /// (indices into `lengths`), longest first, each at most
     /// `prompts_together` prompts whose left-padded call (prompts × the
-    /// longest) stays within `prefill_size` tokens, the memory a chunk is
-    /// planned for. Prompts in no group are prefilled alone.
-    pub fn prefill_groups(&self, lengths: &[usize]) -> Vec<Vec<usize>> {
+    /// longest, at most twice their own tokens) stays within the turn's tokens (a chunk, or in a `burst` the
+    /// chunks the turn queues at once, whose activations it holds together
+    /// either way). Prompts in no group are prefilled alone.
+    pub fn prefill_groups(&self, lengths: &[usize], burst: bool) -> Vec<Vec<usize>> {
+        let budget = self.turn_tokens(burst);
         let mut order: Vec<usize> = (0..lengths.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
         let mut groups: Vec<Vec<usize>> = Vec::new();
         let mut group: Vec<usize> = Vec::new();
+        let mut tokens = 0;
         for i in order {
             // Sorted longest first: the group's first prompt is its longest.
             let longest = group.first().map_or(lengths[i], |&g| lengths[g]);
-            if group.len() >= self.prompts_together || (group.len() + 1) * longest > self.prefill_size {
+            let padded = (group.len() + 1) * longest;
+            // No more padding than prompt: a short prompt padded to a long
+            // one's length would cost the call more than a call of its own.
+            if group.len() >= self.prompts_together || padded > budget || padded > 2 * (tokens + lengths[i]) {
                 groups.push(std::mem::take(&mut group));
+                tokens = 0;
             }
             group.push(i);
+            tokens += lengths[i];
         }
         groups.push(group);
         groups.retain(|g| g.len() > 1);
@@ -160,15 +179,34 @@ mod tests {
     fn whole_prompts_share_calls_within_a_chunks_tokens_longest_first() {
         let p = policy();
         // 4 x 127 = 508 tokens fit a 512-token chunk; the fifth goes alone.
-        assert_eq!(p.prefill_groups(&[127, 127, 127, 127, 127]), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(p.prefill_groups(&[127, 127, 127, 127, 127], false), vec![vec![0, 1, 2, 3]]);
         // Padded to the longest: 300 + 10 is 600 tokens once padded, so the
         // short prompts pair up instead.
-        assert_eq!(p.prefill_groups(&[10, 300, 20]), vec![vec![2, 0]]);
+        assert_eq!(p.prefill_groups(&[10, 300, 20], false), vec![vec![2, 0]]);
         // At most `prompts_together` a call.
-        assert_eq!(p.prefill_groups(&[5; 9]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
-        assert_eq!(Policy { prompts_together: 1, ..p }.prefill_groups(&[5, 5, 5]), Vec::<Vec<usize>>::new());
-        assert_eq!(p.prefill_groups(&[]), Vec::<Vec<usize>>::new());
-        assert_eq!(p.prefill_groups(&[600, 5]), Vec::<Vec<usize>>::new());
+        assert_eq!(p.prefill_groups(&[5; 9], false), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(Policy { prompts_together: 1, ..p }.prefill_groups(&[5, 5, 5], false), Vec::<Vec<usize>>::new());
+        assert_eq!(p.prefill_groups(&[], false), Vec::<Vec<usize>>::new());
+        assert_eq!(p.prefill_groups(&[600, 5], false), Vec::<Vec<usize>>::new());
+    }
+
+    #[test]
+    fn a_burst_shares_calls_within_the_turns_tokens() {
+        let p = Policy { prompts_together: 8, ..policy() };
+        // Eight prompts of 143 tokens: 1144 once padded, more than a chunk but
+        // within a burst's turn of eight chunks, so one call, as its turn plans.
+        assert_eq!(p.prefill(&[143; 8], true), vec![143; 8]);
+        assert_eq!(p.prefill_groups(&[143; 8], true), vec![(0..8).collect::<Vec<_>>()]);
+        // While others decode, a turn (and so a call) keeps to one chunk.
+        assert_eq!(p.prefill_groups(&[143; 3], false), vec![vec![0, 1, 2]]);
+        assert_eq!(p.prefill_groups(&[143; 4], false), vec![vec![0, 1, 2]]);
+        // No more padding than prompt tokens in a call: the long prompt takes
+        // one short one, the other short ones share a call of their own.
+        assert_eq!(p.prefill_groups(&[600, 5, 5, 5, 5, 5, 5, 5], true), vec![vec![0, 1], vec![2, 3, 4, 5, 6, 7]]);
+        assert_eq!(p.prefill_groups(&[600, 300, 5, 5], true), vec![vec![0, 1, 2]]);
+        // Within the turn's tokens: 8 x 600 is past 8 x 512.
+        assert_eq!(p.prefill_groups(&[600; 8], true), vec![(0..6).collect::<Vec<_>>(), vec![6, 7]]);
+        assert_eq!(p.prefill_groups(&[500; 8], true), vec![(0..8).collect::<Vec<_>>()]);
     }
 
     #[test]
