@@ -249,14 +249,18 @@ fn concurrent_requests_decode_as_one_batch_with_the_same_tokens_and_more_through
 fn requests_sent_together_to_an_idle_server_share_one_prefill_call() {
     // The first request wakes the idle engine; it waits for the others the
     // HTTP layer is reading and tokenizing, so all eight prompts share a call.
-    // (Without that wait the first is prefilled alone, every time.) A burst
-    // whose requests the client's threads spread past the wait may split
-    // (its default, 10 ms, is raised here: the tests run side by side on two
-    // cores): one of three bursts in a single call suffices.
+    // (Without that wait the first is prefilled alone, every time.) The
+    // prompts open alike, as chats open with their template's tokens: after
+    // the first burst the prompt cache holds entries sharing those few
+    // tokens with every later prompt, a hit too short to take a prompt out
+    // of its shared call. A burst whose requests the client's threads spread
+    // past the wait may split (its default, 10 ms, is raised here: the tests
+    // run side by side on two cores): one of three bursts in a single call
+    // suffices.
     let mut server = std::process::Command::new(common::server::binary());
     server.env("MLX_SERVE_ARRIVAL_WAIT_MS", "200");
     let m = model();
-    let s = TestServer::start_by(server, &["--model", m.to_str().unwrap(), "--prompt-concurrency", "8", "--prompt-cache-bytes", "0"]);
+    let s = TestServer::start_by(server, &["--model", m.to_str().unwrap(), "--prompt-concurrency", "8"]);
     let burst = |round: usize| {
         let gate = std::sync::Barrier::new(prompts().len());
         std::thread::scope(|scope| {
@@ -264,13 +268,20 @@ fn requests_sent_together_to_an_idle_server_share_one_prefill_call() {
                 let (s, gate) = (&s, &gate);
                 scope.spawn(move || {
                     gate.wait();
-                    complete(s, &format!("{p} {round} {i}"), 2)
+                    complete(s, &format!("a shared opening: {p} {round} {i}"), 2)
                 });
             }
         });
     };
+    burst(0);
+    // A gauge, published after the engine's turn: the responses may come first.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&s, "mlx_serve_prompt_cache_bytes") == 0.0 {
+        assert!(Instant::now() < deadline, "the first burst left nothing in the prompt cache");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut calls_a_burst = Vec::new();
-    for round in 0..3 {
+    for round in 1..4 {
         let (calls, prompts_before) = (metric(&s, "mlx_serve_prefill_calls_total"), metric(&s, "mlx_serve_prefill_prompts_total"));
         burst(round);
         assert_eq!(metric(&s, "mlx_serve_prefill_prompts_total") - prompts_before, prompts().len() as f64);
@@ -280,6 +291,7 @@ fn requests_sent_together_to_an_idle_server_share_one_prefill_call() {
         }
     }
     assert!(calls_a_burst.contains(&1.0), "no burst of {} requests shared one prefill call: calls a burst {calls_a_burst:?}", prompts().len());
+    assert_eq!(metric(&s, "mlx_serve_prompt_cache_hits_total"), 0.0, "a few shared opening tokens were taken from the prompt cache");
     assert!(metric(&s, r#"mlx_serve_engine_seconds_total{phase="gather"}"#) > 0.0, "the engine never waited for requests on their way");
 }
 
