@@ -98,9 +98,10 @@ impl Policy {
     /// token counts in `lengths`) share a model call: groups of two or more
     /// (indices into `lengths`), longest first, each at most
     /// `prompts_together` prompts whose left-padded call (prompts × the
-    /// longest, at most twice their own tokens) stays within the turn's tokens (a chunk, or in a `burst` the
-    /// chunks the turn queues at once, whose activations it holds together
-    /// either way). Prompts in no group are prefilled alone.
+    /// longest, at most twice their own tokens) stays within the turn's
+    /// tokens (a chunk, or in a `burst` the chunks the turn queues at once,
+    /// whose activations it holds together either way). Prompts in no group
+    /// are prefilled alone.
     pub fn prefill_groups(&self, lengths: &[usize], burst: bool) -> Vec<Vec<usize>> {
         let budget = self.turn_tokens(burst);
         let mut order: Vec<usize> = (0..lengths.len()).collect();
