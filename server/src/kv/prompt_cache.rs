@@ -48,8 +48,10 @@ impl PromptCache {
     /// the last prompt token come from the cache: the model must still run on
     /// at least one token to produce the next token's logits. An entry whose
     /// cache cannot be cut at any length (a rotating window that moved on)
-    /// offers only the prefixes it can restore.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Result<Option<PromptCacheHit>> {
+    /// offers only the prefixes it can restore. A hit the caller would not
+    /// `take` (by its tokens) is no hit: nothing is restored for it and its
+    /// entry is not counted as used.
+    pub fn lookup(&mut self, prompt: &[u32], take: impl Fn(usize) -> bool) -> Result<Option<PromptCacheHit>> {
         let limit = prompt.len().saturating_sub(1);
         let best = self
             .entries
@@ -57,7 +59,7 @@ impl PromptCache {
             .map(|e| (e.kv.servable(common_prefix(&e.tokens, prompt).min(limit) as i32) as usize, e))
             .max_by_key(|(n, e)| (*n, e.last_used));
         let Some((n, entry)) = best else { return Ok(None) };
-        if n == 0 {
+        if n == 0 || !take(n) {
             return Ok(None);
         }
         self.clock += 1;
