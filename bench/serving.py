@@ -185,7 +185,8 @@ class Server:
 
 
 def ours_argv(binary, model, extra) -> list:
-    return [binary, "--model", str(model), "--log-level", "warn"] + list(extra)
+    quiet = [] if "--log-level" in extra else ["--log-level", "warn"]
+    return [binary, "--model", str(model)] + quiet + list(extra)
 
 
 def ref_argv(python, model, extra) -> list:

@@ -9,6 +9,7 @@ mod common;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::configs::{gemma4, gemma4_moe, gpt_oss, llama, qwen3_5_moe, qwen3_moe, qwen3_next, spec};
@@ -26,8 +27,23 @@ struct Cluster {
     _dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A port for one rank's ring connections, free when chosen: below the
+/// kernel's ephemeral range (32768 up), where no `--port 0` server and no
+/// outgoing connection's source port can take it before its rank binds it,
+/// and never one that another group of this run was given (groups of
+/// concurrent tests dialing each other's ranks fail one test and hang the
+/// other). The start depends on the process id, so two runs at once seldom meet.
+fn ring_port() -> u16 {
+    const FIRST: u32 = 20_000;
+    const COUNT: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % COUNT;
+    loop {
+        let port = (FIRST + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % COUNT) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Cluster {
@@ -35,7 +51,7 @@ impl Cluster {
     fn start(model: &Path, ranks: usize, mode: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let hostfile = dir.path().join("hosts.json");
-        let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
+        let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", ring_port())])).collect();
         std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
         let mut flags = vec!["--model", model.to_str().unwrap(), "--distributed", mode];
         flags.extend_from_slice(extra);
@@ -78,6 +94,16 @@ impl Drop for Cluster {
         for f in &mut self.followers {
             let _ = f.kill();
             let _ = f.wait();
+        }
+        // A failed test shows what the ranks said: their logs go with the group.
+        if std::thread::panicking() {
+            let rank0 = self.server.stderr();
+            eprintln!("rank 0's log, last lines:\n{}", rank0[rank0.len().saturating_sub(30)..].join("\n"));
+            for rank in 1..=self.followers.len() {
+                let log = self.follower_log(rank);
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                eprintln!("rank {rank}'s log, last lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            }
         }
     }
 }
@@ -437,7 +463,7 @@ fn tensor_mode_refuses_heads_that_do_not_split() {
 fn every_rank_refuses(model: &Path, ranks: usize, mode: &str, words: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let hostfile = dir.path().join("hosts.json");
-    let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", free_port())])).collect();
+    let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", ring_port())])).collect();
     std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
     let children: Vec<Child> = (0..ranks)
         .map(|rank| {

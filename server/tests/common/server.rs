@@ -51,7 +51,12 @@ fn reply(r: ureq::Response) -> Reply {
     Reply { status, content_type, retry_after, body }
 }
 
+/// Longer than any answer a test waits for on 2 slow cores: a request still
+/// unanswered is a hang, which fails its test rather than stalling the run.
+const REQUEST_LIMIT: Duration = Duration::from_secs(600);
+
 fn send(req: ureq::Request, body: Option<&str>) -> Reply {
+    let req = req.timeout(REQUEST_LIMIT);
     let res = match body {
         Some(b) => req.set("content-type", "application/json").send_string(b),
         None => req.call(),
