@@ -6,7 +6,7 @@ use mlx_rs_safe::distributed::Group;
 use mlx_rs_safe::{fast, ops, quantized, Array};
 
 use super::quant::{scales_stored, QuantConfig, QuantSpec};
-use super::quant_kernel;
+use super::{prompt_matmul, quant_kernel};
 use super::weights::{row_segments_part, Split, Weights};
 use crate::error::Result;
 
@@ -70,9 +70,13 @@ impl QuantizedWeight {
     }
 
     /// x @ W.T with W dequantized on the fly: by the decode kernel where it
-    /// applies (CUDA, decode steps of 1 to 32 rows), else by MLX.
+    /// applies (CUDA, decode steps of 1 to 32 rows), dequantized whole and
+    /// multiplied where a prompt's rows make that pay (CUDA), else by MLX.
     fn matmul_t(&self, x: &Array) -> Result<Array> {
         if let Some(y) = quant_kernel::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
+            return Ok(y);
+        }
+        if let Some(y) = prompt_matmul::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
             return Ok(y);
         }
         Ok(quantized::quantized_matmul_with(x, &self.weight, &self.scales, self.biases.as_ref(), true, self.params)?)
