@@ -5,14 +5,10 @@
 //! sorted one), and its gated (gate, up and swiglu), residual and normed
 //! forms. On a machine without CUDA the kernel must decline every call,
 //! so the callers run MLX's op; that part runs everywhere.
-//!
-//! And the prompt-sized path (`prompt_matmul`): the weight dequantized, then
-//! multiplied, against the float32 product (on any device), taken on CUDA only.
 
 use mlx_rs_safe::kernels::gpu_backend;
 use mlx_rs_safe::quantized::{self, QuantMode, QuantSpec};
 use mlx_rs_safe::{ops, random, Array, Dtype};
-use mlx_serve::models::prompt_matmul;
 use mlx_serve::models::quant_kernel::{self, disagreement, Tiles, MAX_ROWS, MIN_ROWS};
 
 fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
@@ -449,40 +445,4 @@ fn unsupported_normed_calls_fall_back() {
     let gated = |nw: &Array| quant_kernel::swiglu_matmul(&x, Some(quant_kernel::Norm { weight: nw, eps: 1e-5 }), packed(&w), packed(&w), spec).unwrap().is_some();
     assert_eq!(gated(&normal(&[256], 4, Dtype::Bfloat16)), cuda, "a supported gated call");
     assert!(!gated(&normal(&[255], 4, Dtype::Bfloat16)), "a gated call with a norm of another width");
-}
-
-#[test]
-fn prompt_products_dequantized_first_match_the_exact_product() {
-    let mut cases = 0;
-    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
-        for bits in [4, 8] {
-            for gs in [32, 64, 128] {
-                let spec = QuantSpec::affine(gs, bits);
-                let rows = prompt_matmul::min_rows(bits).unwrap() as i32;
-                let (w, s, b) = weights(&[], 48, 256, spec, dtype, 11 + cases);
-                // A prompt of `rows` tokens, as a layer sees it: [1, L, K].
-                let x = normal(&[1, rows, 256], 12 + cases, dtype);
-                // Against the exact product (MLX's CPU quantized_matmul in bfloat16 is
-                // itself off by several units in the last place of the largest output).
-                let want = quant_kernel::reference(&x, &w, &s, Some(&b), spec).unwrap();
-                let got = prompt_matmul::dequantized_product(&x, &w, &s, Some(&b), spec).unwrap();
-                check(&format!("{dtype:?} {bits}-bit group {gs}, {rows} rows"), &got, &want);
-                cases += 1;
-            }
-        }
-    }
-    assert_eq!(cases, 12);
-}
-
-#[test]
-fn prompt_products_dequantize_first_on_cuda_only() {
-    let cuda = gpu_backend() == Some("cuda") && std::env::var("MLX_SERVE_PROMPT_MATMUL").map_or(true, |v| v != "0");
-    assert_eq!(prompt_matmul::in_use(), cuda);
-    let spec = QuantSpec::affine(64, 4);
-    let (w, s, b) = weights(&[], 64, 256, spec, Dtype::Bfloat16, 21);
-    let rows = prompt_matmul::min_rows(4).unwrap() as i32;
-    let taken = |x: &Array| prompt_matmul::matmul(x, &w, &s, Some(&b), spec).unwrap().is_some();
-    assert_eq!(taken(&normal(&[1, rows, 256], 22, Dtype::Bfloat16)), cuda, "a prompt chunk");
-    assert!(!taken(&normal(&[1, rows - 1, 256], 23, Dtype::Bfloat16)), "fewer rows than pay");
-    assert!(!taken(&normal(&[MAX_ROWS, 256], 24, Dtype::Bfloat16)), "a decode batch");
 }

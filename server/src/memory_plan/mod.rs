@@ -143,6 +143,13 @@ impl MemoryPlan {
         self.budget_bytes - self.runtime_bytes - RUNTIME_BYTES
     }
 
+    /// Of the working buffers (the reserve less the runtime's), the share a
+    /// prompt's products may hold in dequantized weights on CUDA at once
+    /// (`prompt_matmul`'s pacing): a quarter, beside the chunk's activations.
+    pub fn prompt_products_bytes(&self) -> u64 {
+        self.reserve_bytes.saturating_sub(self.runtime_bytes + RUNTIME_BYTES) / 4
+    }
+
     /// Everything the plan lets the server hold on the device at once.
     pub fn device_total(&self) -> u64 {
         let kv_on_device = self.kv_bytes_per_token * self.kv_tokens as f64 * self.device_share();

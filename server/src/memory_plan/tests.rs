@@ -306,3 +306,14 @@ fn a_turbo_cache_whose_uncompressed_prompt_leaves_no_room_names_the_threshold() 
     assert_eq!(p.kv_format, "turbo-balanced", "{}", p.describe());
     check_within_budget(&p);
 }
+
+#[test]
+fn a_prompts_dequantized_weights_get_a_quarter_of_the_working_buffers() {
+    // 80 GiB: a twentieth (4 GiB) for working buffers, beside the CUDA runtime's 1 GiB.
+    let p = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!(p.reserve_bytes, 5 * GIB);
+    assert_eq!(p.prompt_products_bytes(), (4 * GIB - RUNTIME_BYTES) / 4);
+    // Without a runtime of its own (the CPU) the reserve is all working buffers.
+    let host = plan(&cpu(64 * GIB), &llama8b(), Some(131_072), &Wants::default()).unwrap();
+    assert_eq!(host.prompt_products_bytes(), (64 * GIB / 20 - RUNTIME_BYTES) / 4);
+}

@@ -12,16 +12,24 @@
 //! Decode batches have their own kernel (quant_kernel).
 //!
 //! The 16-bit weight is a temporary of one product (the largest, an 8B
-//! model's 14336 x 4096 projection, 117 MB), freed as the next one is made.
+//! model's 14336 x 4096 projection, 117 MB), freed once the product has run.
+//! The host builds a whole forward pass before the device has run its first
+//! layers, so unpaced they pile up: a 4K prompt through Llama-3.1-8B 4-bit
+//! in 512-token chunks peaked at 15.2 GB of MLX memory with them, mlx-lm at
+//! 7.2 in the same run (H200; BENCHMARKS.md). A [`Pacer`] keeps them under a
+//! bound: a quarter of the memory plan's working buffers
+//! ([`set_in_flight_limit`]), [`DEFAULT_IN_FLIGHT_BYTES`] without a plan.
 //! Rounding: the weight is rounded to the activations' type before the
-//! product, as MLX's CUDA kernels round it; the sums' order differs, so a
-//! result may differ from quantized_matmul's in its last bits.
+//! product; the result is within 16-bit rounding of the exact product (the
+//! tests) and may differ from quantized_matmul's in its last bits.
 //! `MLX_SERVE_PROMPT_MATMUL=0` keeps MLX's quantized_matmul (to compare).
 //! Metal and the CPU keep MLX's op: measured on CUDA only.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use mlx_rs_safe::{ops, quantized, Array, Dtype};
+use mlx_rs_safe::{async_eval, eval, ops, quantized, Array, Dtype};
 
 use super::quant::{QuantMode, QuantSpec};
 use crate::error::Result;
@@ -55,7 +63,61 @@ pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec
     if shape.is_empty() || w.ndim() != 2 || !applies(rows, x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
         return Ok(None);
     }
-    Ok(Some(dequantized_product(x, w, scales, biases, spec)?))
+    thread_local! {
+        static PACER: RefCell<Pacer> = RefCell::new(Pacer::new(DEFAULT_IN_FLIGHT_BYTES));
+    }
+    PACER.with(|p| {
+        let mut pacer = p.borrow_mut();
+        pacer.limit = IN_FLIGHT_LIMIT.load(Ordering::Relaxed);
+        pacer.product(x, w, scales, biases, spec)
+    })
+    .map(Some)
+}
+
+/// The bound on the dequantized weights a thread's prompt products keep on
+/// the device at once (about: see [`Pacer`]) where no memory plan set one
+/// (`mlx-serve generate`). An 8B model's layer dequantizes 436 MB, a 70B's
+/// 1.7 GB; a layer's products over a 512-token chunk take 1-2 ms on an H200.
+pub const DEFAULT_IN_FLIGHT_BYTES: u64 = 1 << 30;
+
+static IN_FLIGHT_LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_IN_FLIGHT_BYTES);
+
+/// Sets the bound on the dequantized weights in flight (the memory plan's
+/// share for them, at load).
+pub fn set_in_flight_limit(bytes: u64) {
+    IN_FLIGHT_LIMIT.store(bytes.max(1), Ordering::Relaxed);
+}
+
+/// Paces a thread's dequantized products so that no more than about `limit`
+/// bytes of their 16-bit weights wait on the device: once half the limit has
+/// been queued since the last checkpoint, the product at hand starts (a
+/// checkpoint) and the host waits for the checkpoint before it. The device
+/// then holds the products queued since that one (half the limit) while the
+/// host builds the next half, so it always has work queued.
+pub struct Pacer {
+    limit: u64,
+    queued: u64,
+    checkpoint: Option<Array>,
+}
+
+impl Pacer {
+    pub fn new(limit: u64) -> Pacer {
+        Pacer { limit, queued: 0, checkpoint: None }
+    }
+
+    /// [`dequantized_product`], paced.
+    pub fn product(&mut self, x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Array> {
+        let y = dequantized_product(x, w, scales, biases, spec)?;
+        self.queued += (w.dim(0)? as u64) * (x.dim(-1)? as u64) * x.dtype().size_of() as u64;
+        if self.queued * 2 >= self.limit {
+            async_eval(&[&y])?;
+            if let Some(before) = self.checkpoint.replace(y.clone()) {
+                eval(&[&before])?;
+            }
+            self.queued = 0;
+        }
+        Ok(y)
+    }
 }
 
 /// x @ dequantize(W)ᵀ with the weight in x's type: the product [`matmul`]

@@ -1,0 +1,117 @@
+//! A prompt's quantized products dequantized, then multiplied
+//! (`models::prompt_matmul`): within 16-bit rounding of the exact product on
+//! any device, taken on CUDA only from their row count on, and paced so that
+//! the dequantized weights a forward pass leaves waiting stay under the bound
+//! (MLX runs a graph behind the host that builds it, on the CPU too). One
+//! test at a time: the pacing test reads the process's peak memory.
+
+use std::sync::Mutex;
+
+use mlx_rs_safe::kernels::gpu_backend;
+use mlx_rs_safe::quantized::{self, QuantSpec};
+use mlx_rs_safe::{eval, memory, ops, random, Array, Dtype};
+use mlx_serve::models::prompt_matmul::{self, Pacer};
+use mlx_serve::models::quant_kernel::{disagreement, reference, MAX_ROWS};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
+    let a = random::normal(shape, Dtype::Float32, 0.0, 1.0, &random::key(seed).unwrap()).unwrap();
+    ops::astype(&a, dtype).unwrap()
+}
+
+/// A quantized [n, k] weight of random normal values.
+fn weight(n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
+    quantized::quantize(&normal(&[n, k], seed, dtype), spec.group_size, spec.bits).unwrap()
+}
+
+#[test]
+fn prompt_products_dequantized_first_match_the_exact_product() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut cases = 0;
+    for dtype in [Dtype::Bfloat16, Dtype::Float16] {
+        for bits in [4, 8] {
+            for gs in [32, 64, 128] {
+                let spec = QuantSpec::affine(gs, bits);
+                let rows = prompt_matmul::min_rows(bits).unwrap() as i32;
+                let (w, s, b) = weight(48, 256, spec, dtype, 11 + cases);
+                // A prompt of `rows` tokens, as a layer sees it: [1, L, K].
+                let x = normal(&[1, rows, 256], 12 + cases, dtype);
+                // Against the exact product (MLX's CPU quantized_matmul in bfloat16 is
+                // itself off by several units in the last place of the largest output).
+                let want = reference(&x, &w, &s, Some(&b), spec).unwrap();
+                let got = prompt_matmul::dequantized_product(&x, &w, &s, Some(&b), spec).unwrap();
+                assert_eq!(got.shape(), want.shape());
+                if let Some(why) = disagreement(&got, &want).unwrap() {
+                    panic!("{dtype:?} {bits}-bit group {gs}, {rows} rows: {why}");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 12);
+}
+
+#[test]
+fn prompt_products_dequantize_first_on_cuda_only() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cuda = gpu_backend() == Some("cuda") && std::env::var("MLX_SERVE_PROMPT_MATMUL").map_or(true, |v| v != "0");
+    assert_eq!(prompt_matmul::in_use(), cuda);
+    let spec = QuantSpec::affine(64, 4);
+    let (w, s, b) = weight(64, 256, spec, Dtype::Bfloat16, 21);
+    let rows = prompt_matmul::min_rows(4).unwrap() as i32;
+    let taken = |x: &Array| prompt_matmul::matmul(x, &w, &s, Some(&b), spec).unwrap().is_some();
+    assert_eq!(taken(&normal(&[1, rows, 256], 22, Dtype::Bfloat16)), cuda, "a prompt chunk");
+    assert!(!taken(&normal(&[1, rows - 1, 256], 23, Dtype::Bfloat16)), "fewer rows than pay");
+    assert!(!taken(&normal(&[MAX_ROWS, 256], 24, Dtype::Bfloat16)), "a decode batch");
+}
+
+/// MLX's peak memory above what was live before `run`, in bytes, and run's result.
+fn peak_of(run: impl FnOnce() -> Array) -> (usize, Array) {
+    memory::clear_cache().unwrap();
+    memory::reset_peak_memory().unwrap();
+    let before = memory::active_memory().unwrap();
+    let out = run();
+    eval(&[&out]).unwrap();
+    (memory::peak_memory().unwrap() - before, out)
+}
+
+#[test]
+fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (layers, width, rows) = (24, 512, 256);
+    let spec = QuantSpec::affine(64, 4);
+    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, 100 + i)).collect();
+    for (w, s, b) in &weights {
+        eval(&[w, s, b]).unwrap();
+    }
+    let x = ops::multiply(&normal(&[1, rows, width], 7, Dtype::Bfloat16), &ops::scalar_as(0.05, Dtype::Bfloat16).unwrap()).unwrap();
+    eval(&[&x]).unwrap();
+    let dense = (width * width * 2) as usize;
+    // A chain of products, as a forward pass's layers are, built whole before it runs.
+    let chain = |product: &mut dyn FnMut(&Array, &(Array, Array, Array)) -> Array| {
+        let mut h = x.clone();
+        for w in &weights {
+            h = product(&h, w);
+        }
+        h
+    };
+    let (unpaced, want) = peak_of(|| chain(&mut |h, (w, s, b)| prompt_matmul::dequantized_product(h, w, s, Some(b), spec).unwrap()));
+    let paced_by = |limit: u64| {
+        let mut pacer = Pacer::new(limit);
+        peak_of(|| chain(&mut |h, (w, s, b)| pacer.product(h, w, s, Some(b), spec).unwrap()))
+    };
+    // A wait at every product: what one product takes at its peak (here the CPU's
+    // float32 copies for a bfloat16 matmul, the dequantization's own), and the base.
+    let (floor, _) = paced_by(dense as u64);
+    // Four layers' weights in flight at most, half of them queued at each wait.
+    let limit = 4 * dense as u64;
+    let (paced, got) = paced_by(limit);
+    eprintln!("peak above the start: unpaced {unpaced} bytes, paced {paced}, waiting at every product {floor} (a dense weight {dense}, {layers} layers)");
+    // The premise: unpaced, most layers' weights wait at once.
+    assert!(unpaced >= floor + layers as usize * dense / 2, "unpaced peak {unpaced} (floor {floor}): the weights did not pile up");
+    // Paced: no more waits than the bound above the floor.
+    assert!(paced <= floor + limit as usize, "paced peak {paced} over the floor {floor} and the bound {limit}");
+    let values = |a: &Array| ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
+    assert!(values(&got) == values(&want), "pacing changed the products");
+}
