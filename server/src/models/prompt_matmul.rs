@@ -110,11 +110,15 @@ impl Pacer {
         let y = dequantized_product(x, w, scales, biases, spec)?;
         self.queued += (w.dim(0)? as u64) * (x.dim(-1)? as u64) * x.dtype().size_of() as u64;
         if self.queued * 2 >= self.limit {
+            self.queued = 0;
+            // Taken first: a checkpoint whose evaluation failed is not waited for again
+            // (it would hold its forward pass's graph, and fail every later prompt).
+            let before = self.checkpoint.take();
             async_eval(&[&y])?;
-            if let Some(before) = self.checkpoint.replace(y.clone()) {
+            if let Some(before) = before {
                 eval(&[&before])?;
             }
-            self.queued = 0;
+            self.checkpoint = Some(y.clone());
         }
         Ok(y)
     }
