@@ -46,13 +46,19 @@ fn ring_port() -> u16 {
     }
 }
 
+/// A hostfile in `dir` for `ranks` ranks on localhost, a ring port each.
+fn write_hostfile(dir: &Path, ranks: usize) -> PathBuf {
+    let hostfile = dir.join("hosts.json");
+    let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", ring_port())])).collect();
+    std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
+    hostfile
+}
+
 impl Cluster {
     /// Starts `ranks` processes serving `model` in `mode` (tensor|pipeline).
     fn start(model: &Path, ranks: usize, mode: &str, extra: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let hostfile = dir.path().join("hosts.json");
-        let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", ring_port())])).collect();
-        std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
+        let hostfile = write_hostfile(dir.path(), ranks);
         let mut flags = vec!["--model", model.to_str().unwrap(), "--distributed", mode];
         flags.extend_from_slice(extra);
         let mut followers = Vec::new();
@@ -97,12 +103,10 @@ impl Drop for Cluster {
         }
         // A failed test shows what the ranks said: their logs go with the group.
         if std::thread::panicking() {
-            let rank0 = self.server.stderr();
-            eprintln!("rank 0's log, last lines:\n{}", rank0[rank0.len().saturating_sub(30)..].join("\n"));
-            for rank in 1..=self.followers.len() {
-                let log = self.follower_log(rank);
-                let tail: Vec<&str> = log.lines().rev().take(30).collect();
-                eprintln!("rank {rank}'s log, last lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+            let logs = std::iter::once(self.server.stderr().join("\n")).chain((1..=self.followers.len()).map(|r| self.follower_log(r)));
+            for (rank, log) in logs.enumerate() {
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("rank {rank}'s log, last lines:\n{}", lines[lines.len().saturating_sub(30)..].join("\n"));
             }
         }
     }
@@ -462,9 +466,7 @@ fn tensor_mode_refuses_heads_that_do_not_split() {
 /// that names `words`.
 fn every_rank_refuses(model: &Path, ranks: usize, mode: &str, words: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
-    let hostfile = dir.path().join("hosts.json");
-    let hosts: Vec<Value> = (0..ranks).map(|_| json!([format!("127.0.0.1:{}", ring_port())])).collect();
-    std::fs::write(&hostfile, Value::Array(hosts).to_string()).unwrap();
+    let hostfile = write_hostfile(dir.path(), ranks);
     let children: Vec<Child> = (0..ranks)
         .map(|rank| {
             Command::new(binary())

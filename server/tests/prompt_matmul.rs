@@ -98,8 +98,8 @@ fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
     };
     let (unpaced, want) = peak_of(|| chain(&mut |h, (w, s, b)| prompt_matmul::dequantized_product(h, w, s, Some(b), spec).unwrap()));
     let paced_by = |limit: u64| {
-        let mut pacer = Pacer::new(limit);
-        peak_of(|| chain(&mut |h, (w, s, b)| pacer.product(h, w, s, Some(b), spec).unwrap()))
+        let mut pacer = Pacer::default();
+        peak_of(|| chain(&mut |h, (w, s, b)| pacer.product(limit, h, w, s, Some(b), spec).unwrap()))
     };
     // A wait at every product: what one product takes at its peak (here the CPU's
     // float32 copies for a bfloat16 matmul, the dequantization's own), and the base.

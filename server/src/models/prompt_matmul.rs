@@ -32,6 +32,7 @@ use std::sync::OnceLock;
 use mlx_rs_safe::{async_eval, eval, ops, quantized, Array, Dtype};
 
 use super::quant::{QuantMode, QuantSpec};
+use super::quant_kernel;
 use crate::error::Result;
 
 /// The fewest rows of x a product of `bits`-bit weights dequantizes for, or
@@ -58,20 +59,14 @@ pub fn applies(rows: i64, dtype: Dtype, spec: QuantSpec, scales: Dtype, has_bias
 /// and then multiplied; None where it does not apply (the caller runs MLX's
 /// quantized_matmul): not CUDA, or a product [`applies`] declines.
 pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Option<Array>> {
-    let shape = x.shape();
-    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
-    if shape.is_empty() || w.ndim() != 2 || !applies(rows, x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
+    if x.ndim() == 0 || w.ndim() != 2 || !applies(quant_kernel::rows(x), x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
         return Ok(None);
     }
     thread_local! {
-        static PACER: RefCell<Pacer> = RefCell::new(Pacer::new(DEFAULT_IN_FLIGHT_BYTES));
+        static PACER: RefCell<Pacer> = RefCell::new(Pacer::default());
     }
-    PACER.with(|p| {
-        let mut pacer = p.borrow_mut();
-        pacer.limit = IN_FLIGHT_LIMIT.load(Ordering::Relaxed);
-        pacer.product(x, w, scales, biases, spec)
-    })
-    .map(Some)
+    let limit = IN_FLIGHT_LIMIT.load(Ordering::Relaxed);
+    PACER.with(|p| p.borrow_mut().product(limit, x, w, scales, biases, spec)).map(Some)
 }
 
 /// The bound on the dequantized weights a thread's prompt products keep on
@@ -88,28 +83,24 @@ pub fn set_in_flight_limit(bytes: u64) {
     IN_FLIGHT_LIMIT.store(bytes.max(1), Ordering::Relaxed);
 }
 
-/// Paces a thread's dequantized products so that no more than about `limit`
+/// Paces a thread's dequantized products so that no more than about a limit's
 /// bytes of their 16-bit weights wait on the device: once half the limit has
 /// been queued since the last checkpoint, the product at hand starts (a
 /// checkpoint) and the host waits for the checkpoint before it. The device
 /// then holds the products queued since that one (half the limit) while the
 /// host builds the next half, so it always has work queued.
+#[derive(Default)]
 pub struct Pacer {
-    limit: u64,
     queued: u64,
     checkpoint: Option<Array>,
 }
 
 impl Pacer {
-    pub fn new(limit: u64) -> Pacer {
-        Pacer { limit, queued: 0, checkpoint: None }
-    }
-
-    /// [`dequantized_product`], paced.
-    pub fn product(&mut self, x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Array> {
+    /// [`dequantized_product`], paced to `limit` bytes.
+    pub fn product(&mut self, limit: u64, x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Array> {
         let y = dequantized_product(x, w, scales, biases, spec)?;
         self.queued += (w.dim(0)? as u64) * (x.dim(-1)? as u64) * x.dtype().size_of() as u64;
-        if self.queued * 2 >= self.limit {
+        if self.queued * 2 >= limit {
             self.queued = 0;
             // Taken first: a checkpoint whose evaluation failed is not waited for again
             // (it would hold its forward pass's graph, and fail every later prompt).

@@ -168,12 +168,18 @@ fn unsupported(x: &Array, k: i32, scales: &Array, biases: Option<&Array>, spec: 
     }
 }
 
+/// The rows of x [..., K]: the product of its leading axes.
+pub(super) fn rows(x: &Array) -> i64 {
+    let shape = x.shape();
+    shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product()
+}
+
 /// The rows of x when the dense kernel takes x and W (x of [`MIN_ROWS`] to
 /// [`MAX_ROWS`] rows, weights it reads), else None.
 fn dense_rows(x: &Array, w: Packed, spec: QuantSpec) -> Option<i32> {
     let shape = x.shape();
     let k = shape.last().copied().unwrap_or(0);
-    let rows: i64 = shape[..shape.len().saturating_sub(1)].iter().map(|&d| d as i64).product();
+    let rows = rows(x);
     let fits = !shape.is_empty() && (min_rows()..=MAX_ROWS as i64).contains(&rows) && w.w.ndim() == 2;
     (fits && unsupported(x, k, w.scales, w.biases, spec).is_none()).then_some(rows as i32)
 }
