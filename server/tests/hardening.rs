@@ -207,8 +207,16 @@ fn sigterm_cuts_what_outlasts_the_grace_period_with_a_final_chunk_and_exits_non_
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200_000, "ignore_eos": true, "stream": true}).to_string();
     let mut chat_stream = s.send_raw_post("/v1/chat/completions", &chat);
     wait_running(&s, 3);
-    // A short request in flight when the signal comes finishes normally.
+    // A short request in flight when the signal comes finishes normally. "In flight" means the
+    // engine has admitted it: a connection the server has not yet read when the signal comes is
+    // refused with the listener (a CI run once signalled before the request was read).
+    let admitted_before = metric(&s, "mlx_serve_prompt_tokens_total");
     let short = s.send_raw_post("/v1/completions", &json!({"prompt": "hi", "max_tokens": 100, "ignore_eos": true}).to_string());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&s, "mlx_serve_prompt_tokens_total") <= admitted_before {
+        assert!(Instant::now() < deadline, "the short request was never admitted: {}", engine(&s));
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let killed = Command::new("kill").args(["-TERM", &s.pid().to_string()]).status().unwrap();
     assert!(killed.success());
 
