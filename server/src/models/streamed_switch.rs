@@ -319,24 +319,14 @@ impl StreamedSwitchGlu {
         if let (Some(next), Some(_)) = (&next, &guess) {
             next.read_ahead(guessed, wide)?;
         }
-        // Staging reads the pool as it was before this step's installs.
-        let staged = if plan.fits { None } else { Some(self.stage(&st.pools, &st.table, &plan, &read)?) };
-        let pools = self.install(&st.pools, &plan, &read)?;
-        if staged.is_some() && !plan.installs.is_empty() {
-            // A staged step computes on its staging set, not the pools: their
-            // update must not wait for the layer's next step, or every layer
-            // would hold its old pool and the reads written into it until
-            // then (a second copy of the cache: at 50% MLX's peak rose above
-            // holding every expert).
-            mlx_rs_safe::async_eval(&pools.iter().collect::<Vec<_>>())?;
-        }
-        st.commit(&plan, pools, self.expert_bytes, &self.stream);
-        let (stacks, index) = match staged {
-            Some((stacks, position)) => (stacks, ids.iter().map(|&e| position[e as usize]).collect::<Vec<u32>>()),
-            None => {
-                let slots = ids.iter().map(|&e| st.table.slot(e)).collect::<Option<Vec<u32>>>();
-                (st.pools.clone(), slots.ok_or(Error::Internal("a step that fits the pool used an expert not in it"))?)
-            }
+        let (stacks, index) = if plan.fits {
+            let pools = self.install(&st.pools, &plan, &read)?;
+            st.commit(&plan, pools, self.expert_bytes, &self.stream);
+            let slots = ids.iter().map(|&e| st.table.slot(e)).collect::<Option<Vec<u32>>>();
+            (st.pools.clone(), slots.ok_or(Error::Internal("a step that fits the pool used an expert not in it"))?)
+        } else {
+            let (stacks, position) = self.stage_and_install(st, &plan, read)?;
+            (stacks, ids.iter().map(|&e| position[e as usize]).collect::<Vec<u32>>())
         };
         let index = Array::from_slice(&index, &indices.shape())?;
         let out = SwitchGlu::from_stacks(&stacks, &self.layouts, self.activation)?.forward(x, &index);
@@ -423,18 +413,26 @@ impl StreamedSwitchGlu {
             .collect()
     }
 
-    /// A one-step set of every expert the plan uses (resident ones taken from
-    /// the pool, then the misses), and each expert's place in it.
-    fn stage(&self, pools: &[Array], table: &SlotTable, plan: &Plan, read: &[Array]) -> Result<(Vec<Array>, Vec<u32>)> {
-        let hits: Vec<u32> = plan.used.iter().copied().filter(|&e| table.slot(e).is_some()).collect();
-        let hit_slots: Vec<u32> = hits.iter().filter_map(|&e| table.slot(e)).collect();
+    /// A step that uses more experts than the pool holds computes on a
+    /// one-step staging set of every expert it uses (the pool's hits, then
+    /// the misses, those going into the pool first), returned with each
+    /// expert's place in it; the installs are written into the pool from it.
+    fn stage_and_install(&self, st: &mut State, plan: &Plan, read: Vec<Array>) -> Result<(Vec<Array>, Vec<u32>)> {
+        let hits: Vec<u32> = plan.used.iter().copied().filter(|&e| st.table.slot(e).is_some()).collect();
+        let hit_slots: Vec<u32> = hits.iter().filter_map(|&e| st.table.slot(e)).collect();
+        let mut installed = vec![false; plan.misses.len()];
+        for &(i, _) in &plan.installs {
+            installed[i] = true;
+        }
+        let miss_order: Vec<usize> = plan.installs.iter().map(|&(i, _)| i).chain((0..plan.misses.len()).filter(|&i| !installed[i])).collect();
         let mut position = vec![u32::MAX; self.tensors[0].regions.len()];
-        for (i, &e) in hits.iter().chain(&plan.misses).enumerate() {
-            position[e as usize] = i as u32;
+        for (p, &e) in hits.iter().chain(miss_order.iter().map(|&i| &plan.misses[i])).enumerate() {
+            position[e as usize] = p as u32;
         }
         let hit_slots = Array::from_vec(&hit_slots)?;
         let n = self.tensors.len();
-        let stacks = pools
+        let stacks = st
+            .pools
             .iter()
             .enumerate()
             .map(|(t, pool)| {
@@ -442,10 +440,47 @@ impl StreamedSwitchGlu {
                 if !hits.is_empty() {
                     parts.push(ops::take(pool, &hit_slots, 0)?);
                 }
-                parts.extend((0..plan.misses.len()).map(|i| read[i * n + t].clone()));
+                parts.extend(miss_order.iter().map(|&i| read[i * n + t].clone()));
                 Ok(ops::concatenate(&parts.iter().collect::<Vec<_>>(), 0)?)
             })
             .collect::<Result<Vec<_>>>()?;
+        if plan.installs.is_empty() {
+            st.commit(plan, st.pools.clone(), self.expert_bytes, &self.stream);
+            return Ok((stacks, position));
+        }
+        // The staging set is made first, and the pools' update reads its
+        // rows instead of the reads: MLX writes a scatter into its input's
+        // buffer only when nothing else holds it, and the set's gather from
+        // the old pool would hold that until the step's end (a copy of the
+        // layer's pool), as would a second copy of the reads for the update.
+        mlx_rs_safe::eval(&stacks.iter().collect::<Vec<_>>())?;
+        drop(read);
+        let (from, to) = (hits.len() as i32, (hits.len() + plan.installs.len()) as i32);
+        let slots = Array::from_vec(&plan.installs.iter().map(|&(_, s)| s).collect::<Vec<u32>>())?;
+        let old = std::mem::take(&mut st.pools);
+        let updated = old
+            .iter()
+            .zip(&stacks)
+            .map(|(pool, stack)| {
+                let updates = ops::expand_dims(&ops::slice_axis(stack, 0, from, to)?, &[1])?;
+                Ok(ops::scatter(pool, &[&slots], &updates, &[0])?)
+            })
+            .collect::<Result<Vec<_>>>();
+        let pools = match updated {
+            Ok(pools) => pools,
+            Err(e) => {
+                st.pools = old;
+                return Err(e);
+            }
+        };
+        drop(old);
+        // Computed now, not with the layer's next step: every layer would
+        // otherwise hold its old pool and the installs until then (a second
+        // copy of the cache: at 50% MLX's peak rose above holding every
+        // expert). The pools are the scatters' from here on, failed or not.
+        let launched = mlx_rs_safe::async_eval(&pools.iter().collect::<Vec<_>>());
+        st.commit(plan, pools, self.expert_bytes, &self.stream);
+        launched?;
         Ok((stacks, position))
     }
 }
