@@ -115,3 +115,31 @@ fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
     let values = |a: &Array| ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
     assert!(values(&got) == values(&want), "pacing changed the products");
 }
+
+#[test]
+fn a_pacer_holds_no_product_once_its_forward_pass_is_done() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (layers, width, rows) = (4, 512, 256);
+    let spec = QuantSpec::affine(64, 4);
+    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, 200 + i)).collect();
+    let x = normal(&[1, rows, width], 8, Dtype::Bfloat16);
+    for (w, s, b) in &weights {
+        eval(&[w, s, b, &x]).unwrap();
+    }
+    let before = memory::active_memory().unwrap();
+    let mut pacer = Pacer::default();
+    let mut h = x.clone();
+    // A checkpoint at every product: the last one is the pass's output.
+    for (w, s, b) in &weights {
+        h = pacer.product(1, &h, w, s, Some(b), spec).unwrap();
+    }
+    eval(&[&h]).unwrap();
+    drop(h);
+    // The checkpoint's own work finished too (it may run after the output's).
+    mlx_rs_safe::synchronize().unwrap();
+    let held = memory::active_memory().unwrap().saturating_sub(before);
+    let output = (rows * width * 2) as usize;
+    // The pacer lives on (a thread's, across forward passes and idle time).
+    assert!(held < output / 2, "the pacer still holds {held} bytes after its pass (a product's output is {output})");
+    drop(pacer);
+}

@@ -70,14 +70,17 @@ impl QuantizedWeight {
     }
 
     /// x @ W.T with W dequantized on the fly: by the decode kernel where it
-    /// applies (CUDA, decode steps of 1 to 32 rows), dequantized whole and
-    /// multiplied where a prompt's rows make that pay (CUDA), else by MLX.
-    fn matmul_t(&self, x: &Array) -> Result<Array> {
+    /// applies (CUDA, decode steps of 1 to 32 rows), for a layer dequantized
+    /// whole and multiplied where a prompt's rows make that pay (CUDA), else
+    /// by MLX.
+    fn matmul_t(&self, x: &Array, product: Product) -> Result<Array> {
         if let Some(y) = quant_kernel::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
             return Ok(y);
         }
-        if let Some(y) = prompt_matmul::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
-            return Ok(y);
+        if product == Product::Layer {
+            if let Some(y) = prompt_matmul::matmul(x, &self.weight, &self.scales, self.biases.as_ref(), self.params)? {
+                return Ok(y);
+            }
         }
         Ok(quantized::quantized_matmul_with(x, &self.weight, &self.scales, self.biases.as_ref(), true, self.params)?)
     }
@@ -96,6 +99,18 @@ impl QuantizedWeight {
         let (w, s, b) = (&self.weight, &self.scales, self.biases.as_ref());
         Ok(quantized::gather_qmm_with(x, w, s, b, None, Some(indices), true, self.params, sorted)?)
     }
+}
+
+/// Whose product a quantized matmul computes. A prefill chunk's logits are
+/// built and dropped (the engine evaluates its cache, as mlx-lm does), so the
+/// output head's prompt-sized product keeps MLX's quantized_matmul: the
+/// prompt path's pacing starts products as it goes, and would compute the
+/// head, the model's largest weight dequantized (Llama-3.1-8B's: 1 GB at 16
+/// bits), for logits nobody reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Product {
+    Layer,
+    Head,
 }
 
 #[derive(Clone)]
@@ -305,6 +320,10 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.project(x, Product::Layer)
+    }
+
+    fn project(&self, x: &Array, product: Product) -> Result<Array> {
         let bias = if self.reduce.is_some() { None } else { self.bias.as_ref() };
         let y = match &self.weight {
             // nn.Linear: addmm(bias, x, W.T) with a bias, x @ W.T without.
@@ -316,7 +335,7 @@ impl Linear {
                 }
             }
             LinearWeight::Quantized(q) => {
-                let y = q.matmul_t(x)?;
+                let y = q.matmul_t(x, product)?;
                 match bias {
                     Some(b) => ops::add(&y, b)?,
                     None => y,
@@ -363,7 +382,7 @@ impl Embedding {
     /// tied embedding.
     pub fn logits(&self, head: Option<&Linear>, x: &Array) -> Result<Array> {
         match head {
-            Some(head) => head.forward(x),
+            Some(head) => head.project(x, Product::Head),
             None => self.as_linear(x),
         }
     }
@@ -372,7 +391,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
             Embedding::Dense(table) => Ok(ops::matmul(x, &ops::transpose(table)?)?),
-            Embedding::Quantized(q) => q.matmul_t(x),
+            Embedding::Quantized(q) => q.matmul_t(x, Product::Head),
         }
     }
 }
