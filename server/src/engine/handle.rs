@@ -193,11 +193,12 @@ impl Drop for Arriving {
 /// waits.
 const ARRIVAL_WAIT_MS: u64 = 10;
 
-/// [`ARRIVAL_WAIT_MS`], or `MLX_SERVE_ARRIVAL_WAIT_MS` (read once a
-/// process; a loaded machine's tests spread a burst wider).
+/// [`ARRIVAL_WAIT_MS`], or `MLX_SERVE_ARRIVAL_WAIT_MS` up to a second (read
+/// once a process; a loaded machine's tests spread a burst wider; a value
+/// near u64::MAX would overflow the deadline).
 fn arrival_wait() -> Duration {
     static WAIT: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *WAIT.get_or_init(|| Duration::from_millis(crate::kernel_check::tuned("MLX_SERVE_ARRIVAL_WAIT_MS", ARRIVAL_WAIT_MS)))
+    *WAIT.get_or_init(|| Duration::from_millis(crate::kernel_check::tuned("MLX_SERVE_ARRIVAL_WAIT_MS", ARRIVAL_WAIT_MS).min(1000)))
 }
 
 /// Takes the requests on their way (`arriving`) as they come, until none is

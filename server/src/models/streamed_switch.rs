@@ -453,7 +453,10 @@ impl StreamedSwitchGlu {
         // buffer only when nothing else holds it, and the set's gather from
         // the old pool would hold that until the step's end (a copy of the
         // layer's pool), as would a second copy of the reads for the update.
+        // The stream is drained too: its backend lets go of a kernel's inputs
+        // after the kernel's output is ready (CUDA: in a completion handler).
         mlx_rs_safe::eval(&stacks.iter().collect::<Vec<_>>())?;
+        mlx_rs_safe::synchronize()?;
         drop(read);
         let (from, to) = (hits.len() as i32, (hits.len() + plan.installs.len()) as i32);
         let slots = Array::from_vec(&plan.installs.iter().map(|&(_, s)| s).collect::<Vec<u32>>())?;
