@@ -368,7 +368,7 @@ impl Engine {
         if self.config.prompt_cache_bytes == 0 {
             return Ok(None);
         }
-        let hit = self.prompt_cache.lookup(prompt, |n| self.policy.takes_hit(n))?;
+        let hit = self.prompt_cache.lookup(prompt, |n| self.policy.takes_hit(n, prompt.len()))?;
         self.metrics.record_prompt_cache_lookup(hit.as_ref().map(|h| h.cached_tokens as u64).unwrap_or(0));
         Ok(hit)
     }

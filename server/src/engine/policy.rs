@@ -71,16 +71,19 @@ impl Policy {
         plan
     }
 
-    /// Whether a prompt-cache hit of `cached` tokens is taken. Where prompts
-    /// are prefilled together, a prompt that starts from a hit prefills
-    /// alone (its rows hold a history the others lack), so a short hit (a
-    /// chat template's opening tokens, common to every chat) would cost the
-    /// prompt its shared call to save less compute than that call saves:
-    /// taken from a quarter chunk on (128 tokens by default; on an H200
-    /// eight ~128-token prompts cost 122 ms together against 208 alone,
-    /// ~15 ms per 128 tokens of their shared call). Alone, every hit is taken.
-    pub fn takes_hit(&self, cached: usize) -> bool {
-        self.prompts_together <= 1 || cached >= self.prefill_size / 4
+    /// Whether a prompt-cache hit of `cached` tokens is taken for a prompt of
+    /// `prompt` tokens. Where prompts are prefilled together, a prompt that
+    /// starts from a hit prefills alone (its rows hold a history the others
+    /// lack), so a short hit (a chat template's opening tokens, common to
+    /// every chat) would cost the prompt its shared call to save less
+    /// compute than that call saves: taken from a quarter chunk or 128
+    /// tokens on, whichever is less (on an H200 eight ~128-token prompts
+    /// cost 122 ms together against 208 alone, ~15 ms per 128 tokens of
+    /// their shared call; what a call saves does not grow with the chunk
+    /// size). A prompt longer than a chunk never shares a call, so it takes
+    /// every hit, as does a prompt prefilled alone.
+    pub fn takes_hit(&self, cached: usize, prompt: usize) -> bool {
+        self.prompts_together <= 1 || prompt > self.prefill_size || cached >= (self.prefill_size / 4).min(128)
     }
 
     /// Prompt tokens a turn prefills: a chunk, or in a `burst` a chunk for
@@ -206,12 +209,17 @@ mod tests {
     #[test]
     fn short_prompt_cache_hits_are_left_where_prompts_share_calls() {
         let p = policy();
-        assert!(!p.takes_hit(8), "a template's opening tokens");
-        assert!(!p.takes_hit(127));
-        assert!(p.takes_hit(128));
-        assert!(p.takes_hit(5000));
+        assert!(!p.takes_hit(8, 200), "a template's opening tokens");
+        assert!(!p.takes_hit(127, 200));
+        assert!(p.takes_hit(128, 200));
+        assert!(p.takes_hit(500, 5000));
+        // A prompt longer than a chunk never shares a call: its hits are all taken.
+        assert!(p.takes_hit(8, p.prefill_size + 1));
+        // A larger chunk does not make longer hits not worth taking.
+        let wide = Policy { prefill_size: 8192, ..p };
+        assert!(wide.takes_hit(128, 4000) && !wide.takes_hit(127, 4000));
         let alone = Policy { prompts_together: 1, ..p };
-        assert!(alone.takes_hit(1) && alone.takes_hit(8));
+        assert!(alone.takes_hit(1, 200) && alone.takes_hit(8, 200));
     }
 
     #[test]
