@@ -393,24 +393,13 @@ impl StreamedSwitchGlu {
         Ok((reads, rest.len()))
     }
 
-    /// The pools with the plan's installs written into their slots.
+    /// The pools with the plan's installs written into their slots, from the reads.
     fn install(&self, pools: &[Array], plan: &Plan, read: &[Array]) -> Result<Vec<Array>> {
-        if plan.installs.is_empty() {
-            return Ok(pools.to_vec());
-        }
-        let slots: Vec<u32> = plan.installs.iter().map(|&(_, s)| s).collect();
-        let slots = Array::from_vec(&slots)?;
         let n = self.tensors.len();
-        pools
-            .iter()
-            .enumerate()
-            .map(|(t, pool)| {
-                let parts: Vec<&Array> = plan.installs.iter().map(|&(i, _)| &read[i * n + t]).collect();
-                // [installs, 1, ...shape]: one pool row per index.
-                let updates = ops::expand_dims(&ops::concatenate(&parts, 0)?, &[1])?;
-                Ok(ops::scatter(pool, &[&slots], &updates, &[0])?)
-            })
-            .collect()
+        write_slots(pools, plan, |t| {
+            let parts: Vec<&Array> = plan.installs.iter().map(|&(i, _)| &read[i * n + t]).collect();
+            Ok(ops::concatenate(&parts, 0)?)
+        })
     }
 
     /// A step that uses more experts than the pool holds computes on a
@@ -459,24 +448,9 @@ impl StreamedSwitchGlu {
         mlx_rs_safe::synchronize()?;
         drop(read);
         let (from, to) = (hits.len() as i32, (hits.len() + plan.installs.len()) as i32);
-        let slots = Array::from_vec(&plan.installs.iter().map(|&(_, s)| s).collect::<Vec<u32>>())?;
-        let old = std::mem::take(&mut st.pools);
-        let updated = old
-            .iter()
-            .zip(&stacks)
-            .map(|(pool, stack)| {
-                let updates = ops::expand_dims(&ops::slice_axis(stack, 0, from, to)?, &[1])?;
-                Ok(ops::scatter(pool, &[&slots], &updates, &[0])?)
-            })
-            .collect::<Result<Vec<_>>>();
-        let pools = match updated {
-            Ok(pools) => pools,
-            Err(e) => {
-                st.pools = old;
-                return Err(e);
-            }
-        };
-        drop(old);
+        let pools = write_slots(&st.pools, plan, |t| Ok(ops::slice_axis(&stacks[t], 0, from, to)?))?;
+        // The old pools are held by nothing but their scatters from here on.
+        st.pools.clear();
         // Computed now, not with the layer's next step: every layer would
         // otherwise hold its old pool and the installs until then (a second
         // copy of the cache: at 50% MLX's peak rose above holding every
@@ -486,6 +460,24 @@ impl StreamedSwitchGlu {
         launched?;
         Ok((stacks, position))
     }
+}
+
+/// `pools` with `plan`'s installs written into their slots: tensor t's rows
+/// from `rows(t)` ([installs, ...shape], in the installs' order).
+fn write_slots(pools: &[Array], plan: &Plan, rows: impl Fn(usize) -> Result<Array>) -> Result<Vec<Array>> {
+    if plan.installs.is_empty() {
+        return Ok(pools.to_vec());
+    }
+    let slots = Array::from_vec(&plan.installs.iter().map(|&(_, s)| s).collect::<Vec<u32>>())?;
+    pools
+        .iter()
+        .enumerate()
+        .map(|(t, pool)| {
+            // [installs, 1, ...shape]: one pool row per index.
+            let updates = ops::expand_dims(&rows(t)?, &[1])?;
+            Ok(ops::scatter(pool, &[&slots], &updates, &[0])?)
+        })
+        .collect()
 }
 
 impl State {
