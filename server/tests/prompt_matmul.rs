@@ -67,7 +67,12 @@ fn prompt_products_dequantize_first_on_cuda_only() {
 }
 
 /// MLX's peak memory above what was live before `run`, in bytes, and run's result.
+/// The stream is drained first: MLX's CUDA backend lets go of a command's
+/// buffers on a worker thread after the device ran it, so an earlier run's
+/// buffers may still count as live when the next run starts, and that run's
+/// peak above them understates it.
 fn peak_of(run: impl FnOnce() -> Array) -> (usize, Array) {
+    mlx_rs_safe::synchronize().unwrap();
     memory::clear_cache().unwrap();
     memory::reset_peak_memory().unwrap();
     let before = memory::active_memory().unwrap();
