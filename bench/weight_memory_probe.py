@@ -15,11 +15,11 @@ usage: python bench/weight_memory_probe.py [--reps 20] [--chunk 2048] [--rows 51
 
 import argparse
 import gc
-import statistics
-import time
 
 import mlx.core as mx
 import numpy as np
+
+from prefill_matmul_probe import timed  # median seconds of --reps calls after one untimed
 
 
 def gib(b):
@@ -38,16 +38,6 @@ def device_copy(a):
     c = a * mx.array(1, dtype=a.dtype)
     mx.eval(c)
     return c
-
-
-def timed(fn, reps):
-    mx.eval(fn())
-    out = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        mx.eval(fn())
-        out.append(time.perf_counter() - t)
-    return statistics.median(out) * 1e3
 
 
 def quantized_weight(rng, shape, group=64):
@@ -107,8 +97,8 @@ def main():
     for name, make in cases:
         host_ws, dev_ws = (stack, stack_dev) if name.startswith("experts") else (dense, dense_dev)
         # Alternating, twice: the first of each warms the kernel and the pages.
-        t_host = min(timed(make(host_ws), a.reps), timed(make(host_ws), a.reps))
-        t_dev = min(timed(make(dev_ws), a.reps), timed(make(dev_ws), a.reps))
+        t_host = min(timed(make(host_ws), a.reps), timed(make(host_ws), a.reps)) * 1e3
+        t_dev = min(timed(make(dev_ws), a.reps), timed(make(dev_ws), a.reps)) * 1e3
         print(f"| {name} | {t_host:.3f} | {t_dev:.3f} | {t_host / t_dev:.2f}x |")
 
     # Do the host-made buffers go once only the copies hold the weights?
