@@ -25,6 +25,16 @@ fn weight(n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, A
     quantized::quantize(&normal(&[n, k], seed, dtype), spec.group_size, spec.bits).unwrap()
 }
 
+/// `layers` bfloat16 [width, width] weights quantized by `spec` (seeds from
+/// `first_seed` on), evaluated: a forward pass's chain of products.
+fn layer_weights(layers: u64, width: i32, spec: QuantSpec, first_seed: u64) -> Vec<(Array, Array, Array)> {
+    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, first_seed + i)).collect();
+    for (w, s, b) in &weights {
+        eval(&[w, s, b]).unwrap();
+    }
+    weights
+}
+
 #[test]
 fn prompt_products_dequantized_first_match_the_exact_product() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -86,10 +96,7 @@ fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (layers, width, rows) = (24, 512, 256);
     let spec = QuantSpec::affine(64, 4);
-    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, 100 + i)).collect();
-    for (w, s, b) in &weights {
-        eval(&[w, s, b]).unwrap();
-    }
+    let weights = layer_weights(layers, width, spec, 100);
     let x = ops::multiply(&normal(&[1, rows, width], 7, Dtype::Bfloat16), &ops::scalar_as(0.05, Dtype::Bfloat16).unwrap()).unwrap();
     eval(&[&x]).unwrap();
     let dense = (width * width * 2) as usize;
@@ -126,11 +133,9 @@ fn a_pacer_holds_no_product_once_its_forward_pass_is_done() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (layers, width, rows) = (4, 512, 256);
     let spec = QuantSpec::affine(64, 4);
-    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, 200 + i)).collect();
+    let weights = layer_weights(layers, width, spec, 200);
     let x = normal(&[1, rows, width], 8, Dtype::Bfloat16);
-    for (w, s, b) in &weights {
-        eval(&[w, s, b, &x]).unwrap();
-    }
+    eval(&[&x]).unwrap();
     let before = memory::active_memory().unwrap();
     let mut pacer = Pacer::default();
     let mut h = x.clone();
