@@ -2,11 +2,11 @@
 rows sorted by expert (what mlx-lm and mlx-serve run) against dequantizing the layer's expert
 stack to the activations' type and running gather_mm over the same sorted rows (on CUDA, MLX
 runs a sorted one-row gather_mm as one grouped GEMM on the tensor cores). Qwen3-30B-A3B's expert
-shapes (128 experts, top 8, hidden 2048, expert width 768), 4-bit group 64, bfloat16.
+shapes (128 experts, top 8, hidden 2048, expert width 768), --bits (4) with group 64, bfloat16.
 Each time is the median of --reps calls over --layers independent stacks (after one untimed
 call), per layer; the dequantized form is checked against gather_qmm's result.
 
-usage: python bench/moe_prefill_probe.py [--tokens 16,128,512,2048] [--reps 5] [--layers 4]
+usage: python bench/moe_prefill_probe.py [--tokens 16,128,512,2048] [--bits 4] [--reps 5] [--layers 4]
        (on a CPU, where gather_mm is float32-only: --dtype float32 and small --tokens)
 """
 
@@ -27,9 +27,10 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--bits", type=int, default=4)
     a = ap.parse_args()
     dt = getattr(mx, a.dtype)
-    gs, bits = 64, 4
+    gs, bits = 64, a.bits
     print(f"device {mx.default_device()}, MLX {mx.__version__}, {EXPERTS} experts, top {TOP_K}, {bits}-bit, {a.dtype}")
     print("| projection | tokens (sorted rows) | gather_qmm ms | dequantize + gather_mm ms | of which dequantize ms | speed-up | max rel. diff |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -1,6 +1,7 @@
 //! A prompt's quantized products dequantized, then multiplied
-//! (`models::prompt_matmul`): within 16-bit rounding of the exact product on
-//! any device, taken on CUDA only from their row count on, and paced so that
+//! (`models::prompt_matmul`), dense and gathered (a MoE layer's sorted
+//! pairs): within 16-bit rounding of the exact product on any device, taken
+//! on CUDA only from their row (pair) count on, and paced (`models::pacer`) so that
 //! the dequantized weights a forward pass leaves waiting stay under the bound
 //! (MLX runs a graph behind the host that builds it, on the CPU too). One
 //! test at a time: the pacing test reads the process's peak memory.
@@ -10,7 +11,8 @@ use std::sync::Mutex;
 use mlx_rs_safe::kernels::gpu_backend;
 use mlx_rs_safe::quantized::{self, QuantSpec};
 use mlx_rs_safe::{eval, memory, ops, random, Array, Dtype};
-use mlx_serve::models::prompt_matmul::{self, Pacer};
+use mlx_serve::models::pacer::Pacer;
+use mlx_serve::models::prompt_matmul;
 use mlx_serve::models::quant_kernel::{disagreement, reference, MAX_ROWS};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -76,6 +78,67 @@ fn prompt_products_dequantize_first_on_cuda_only() {
     assert!(!taken(&normal(&[MAX_ROWS, 256], 24, Dtype::Bfloat16)), "a decode batch");
 }
 
+/// A quantized [experts, n, k] stack of random normal values.
+fn stack(experts: i32, n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
+    quantized::quantize(&normal(&[experts, n, k], seed, dtype), spec.group_size, spec.bits).unwrap()
+}
+
+/// `pairs` expert picks of `experts`, sorted (a prompt chunk's, as a MoE layer sorts them).
+fn sorted_picks(pairs: i32, experts: i32, seed: u64) -> Array {
+    let picks = random::randint(&Array::scalar(0i32), &Array::scalar(experts), &[pairs], Dtype::Int32, &random::key(seed).unwrap()).unwrap();
+    ops::astype(&ops::sort(&picks, 0).unwrap(), Dtype::Uint32).unwrap()
+}
+
+#[test]
+fn gathered_prompt_products_dequantized_first_match_the_exact_product() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (experts, n, k, pairs) = (4, 48, 256, 96);
+    // MLX's CPU gather_mm is float32-only: the 16-bit forms where a GPU runs them.
+    let dtypes = match gpu_backend() {
+        Some(_) => vec![Dtype::Bfloat16, Dtype::Float16],
+        None => vec![Dtype::Float32],
+    };
+    let mut cases = 0;
+    for &dtype in &dtypes {
+        for bits in [4, 8] {
+            for gs in [32, 64, 128] {
+                let spec = QuantSpec::affine(gs, bits);
+                let (w, s, b) = stack(experts, n, k, spec, dtype, 31 + cases);
+                let idx = sorted_picks(pairs, experts, 32 + cases);
+                // Each pair's row, as a MoE layer gives them: [pairs, 1, K].
+                let x = normal(&[pairs, 1, k], 33 + cases, dtype);
+                // The exact product of each row with its expert's weight.
+                let pick = |a: &Array| ops::take(a, &idx, 0).unwrap();
+                let want = reference(&x, &pick(&w), &pick(&s), Some(&pick(&b)), spec).unwrap();
+                let got = prompt_matmul::dequantized_gather(&x, &w, &s, Some(&b), &idx, spec).unwrap();
+                assert_eq!(got.shape(), want.shape());
+                if let Some(why) = disagreement(&got, &want).unwrap() {
+                    panic!("{dtype:?} {bits}-bit group {gs}, {pairs} pairs: {why}");
+                }
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 6 * dtypes.len() as u64);
+}
+
+#[test]
+fn gathered_prompt_products_dequantize_first_on_cuda_only() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cuda = gpu_backend() == Some("cuda") && std::env::var("MLX_SERVE_PROMPT_MATMUL").map_or(true, |v| v != "0");
+    let (experts, k) = (8, 256);
+    let spec = QuantSpec::affine(64, 4);
+    let (w, s, b) = stack(experts, 128, k, spec, Dtype::Bfloat16, 41);
+    let pairs = prompt_matmul::min_sorted_pairs(4).unwrap() as i32;
+    let taken = |pairs: i32, dtype: Dtype| {
+        let x = normal(&[pairs, 1, k], 42, dtype);
+        prompt_matmul::gather(&x, &w, &s, Some(&b), &sorted_picks(pairs, experts, 43), spec).unwrap().is_some()
+    };
+    assert_eq!(taken(pairs, Dtype::Bfloat16), cuda, "a prompt chunk's pairs");
+    assert!(!taken(pairs - 1, Dtype::Bfloat16), "fewer pairs than pay");
+    assert!(!taken(pairs, Dtype::Float32), "32-bit activations");
+}
+
 /// MLX's peak memory above what was live before `run`, in bytes, and run's result.
 /// The stream is drained first: MLX's CUDA backend lets go of a command's
 /// buffers on a worker thread after the device ran it, so an earlier run's
@@ -89,6 +152,13 @@ fn peak_of(run: impl FnOnce() -> Array) -> (usize, Array) {
     let out = run();
     eval(&[&out]).unwrap();
     (memory::peak_memory().unwrap() - before, out)
+}
+
+/// A product as `prompt_matmul::matmul` runs it on CUDA: made, then reported to the pacer.
+fn paced_product(pacer: &mut Pacer, limit: u64, x: &Array, (w, s, b): (&Array, &Array, &Array), spec: QuantSpec) -> Array {
+    let y = prompt_matmul::dequantized_product(x, w, s, Some(b), spec).unwrap();
+    pacer.pace(limit, prompt_matmul::dequantized_bytes(x, w).unwrap(), &y).unwrap();
+    y
 }
 
 #[test]
@@ -111,7 +181,7 @@ fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
     let (unpaced, want) = peak_of(|| chain(&mut |h, (w, s, b)| prompt_matmul::dequantized_product(h, w, s, Some(b), spec).unwrap()));
     let paced_by = |limit: u64| {
         let mut pacer = Pacer::default();
-        peak_of(|| chain(&mut |h, (w, s, b)| pacer.product(limit, h, w, s, Some(b), spec).unwrap()))
+        peak_of(|| chain(&mut |h, (w, s, b)| paced_product(&mut pacer, limit, h, (w, s, b), spec)))
     };
     // A wait at every product: what one product takes at its peak (here the CPU's
     // float32 copies for a bfloat16 matmul, the dequantization's own), and the base.
@@ -141,7 +211,7 @@ fn a_pacer_holds_no_product_once_its_forward_pass_is_done() {
     let mut h = x.clone();
     // A checkpoint at every product: the last one is the pass's output.
     for (w, s, b) in &weights {
-        h = pacer.product(1, &h, w, s, Some(b), spec).unwrap();
+        h = paced_product(&mut pacer, 1, &h, (w, s, b), spec);
     }
     eval(&[&h]).unwrap();
     drop(h);

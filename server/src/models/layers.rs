@@ -91,10 +91,17 @@ impl QuantizedWeight {
     }
 
     /// x [..., 1, in] through the stacked experts `indices` picks → [..., 1, out]
-    /// (MLX's gather_qmm), by the decode kernel where it applies.
-    pub fn gather_t(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+    /// (MLX's gather_qmm): by the decode kernel where it applies, and, where
+    /// `dequantize`, a prompt chunk's sorted pairs by the dequantized stack
+    /// where that pays.
+    pub fn gather_t(&self, x: &Array, indices: &Array, sorted: bool, dequantize: bool) -> Result<Array> {
         if let Some(y) = quant_kernel::gather(x, &self.weight, &self.scales, self.biases.as_ref(), indices, self.params)? {
             return Ok(y);
+        }
+        if sorted && dequantize {
+            if let Some(y) = prompt_matmul::gather(x, &self.weight, &self.scales, self.biases.as_ref(), indices, self.params)? {
+                return Ok(y);
+            }
         }
         let (w, s, b) = (&self.weight, &self.scales, self.biases.as_ref());
         Ok(quantized::gather_qmm_with(x, w, s, b, None, Some(indices), true, self.params, sorted)?)

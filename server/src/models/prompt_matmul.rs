@@ -11,28 +11,31 @@
 //! rows the dequantization costs more than it saves: from [`min_rows`] on.
 //! Decode batches have their own kernel (quant_kernel).
 //!
+//! A MoE layer's prompt products, the chunk's (row, expert) pairs sorted by
+//! expert, take the same road: the layer's expert stack dequantized whole,
+//! then MLX's gather_mm over the sorted pairs, which MLX's CUDA backend runs
+//! as one grouped GEMM on the tensor cores. MLX's gather_qmm computes each
+//! pair as a one-row product: on the Qwen3-30B-A3B expert shapes (128
+//! experts, 4-bit) a 2048-token chunk's 16384 pairs take it 10.4 ms a
+//! projection against 1.2 (8.4x), 512 tokens 2.7 against 1.1, 128 tokens 0.7
+//! against 1.0 (bench/moe_prefill_probe.py, H200): from [`min_sorted_pairs`] on.
+//!
 //! The 16-bit weight is a temporary of one product (the largest, an 8B
-//! model's 14336 x 4096 projection, 117 MB), freed once the product has run.
-//! The host builds a whole forward pass before the device has run its first
-//! layers, so unpaced they pile up: a 4K prompt through Llama-3.1-8B 4-bit
-//! in 512-token chunks peaked at 15.2 GB of MLX memory with them, mlx-lm at
-//! 7.2 in the same run (H200; BENCHMARKS.md). A [`Pacer`] keeps them under a
-//! bound: a quarter of the memory plan's working buffers
-//! ([`set_in_flight_limit`]), [`DEFAULT_IN_FLIGHT_BYTES`] without a plan.
+//! model's 14336 x 4096 projection, 117 MB), freed once the product has run;
+//! the products report it to the [`pacer`](super::pacer), which keeps those
+//! a prompt's forward pass has waiting on the device under a bound.
 //! Rounding: the weight is rounded to the activations' type before the
 //! product; the result is within 16-bit rounding of the exact product (the
 //! tests) and may differ from quantized_matmul's in its last bits.
 //! `MLX_SERVE_PROMPT_MATMUL=0` keeps MLX's quantized_matmul (to compare).
 //! Metal and the CPU keep MLX's op: measured on CUDA only.
 
-use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use mlx_rs_safe::{async_eval, eval, ops, quantized, Array, Dtype};
+use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
 use super::quant::{QuantMode, QuantSpec};
-use super::quant_kernel;
+use super::{pacer, quant_kernel};
 use crate::error::Result;
 
 /// The fewest rows of x a product of `bits`-bit weights dequantizes for, or
@@ -47,12 +50,34 @@ pub fn min_rows(bits: i32) -> Option<i64> {
     }
 }
 
+/// The fewest sorted (row, expert) pairs a gathered product of `bits`-bit
+/// expert stacks dequantizes for, or None for a width not measured. 4-bit
+/// (the A3B shapes): 1024 pairs 0.7x, 4096 2.4x; the dequantization's cost is
+/// about fixed, gather_qmm's grows with the pairs.
+pub fn min_sorted_pairs(bits: i32) -> Option<i64> {
+    match bits {
+        4 => Some(2048),
+        _ => None,
+    }
+}
+
 /// Whether a product of `rows` rows of x in `dtype` with weights quantized by
 /// `spec` (scales in `scales`, biases present or not) dequantizes first on a
 /// device where it pays.
 pub fn applies(rows: i64, dtype: Dtype, spec: QuantSpec, scales: Dtype, has_biases: bool) -> bool {
+    dequantizes_to(dtype, spec, scales, has_biases) && min_rows(spec.bits).is_some_and(|m| rows >= m)
+}
+
+/// [`applies`] for a gathered product of `pairs` sorted (row, expert) pairs.
+pub fn gather_applies(pairs: i64, dtype: Dtype, spec: QuantSpec, scales: Dtype, has_biases: bool) -> bool {
+    dequantizes_to(dtype, spec, scales, has_biases) && min_sorted_pairs(spec.bits).is_some_and(|m| pairs >= m)
+}
+
+/// Whether the weight dequantizes to x's type as MLX's quantized products
+/// would compute it: affine with biases, 16-bit activations and scales.
+fn dequantizes_to(dtype: Dtype, spec: QuantSpec, scales: Dtype, has_biases: bool) -> bool {
     let sixteen_bit = matches!(dtype, Dtype::Bfloat16 | Dtype::Float16) && scales == dtype;
-    spec.mode == QuantMode::Affine && has_biases && sixteen_bit && min_rows(spec.bits).is_some_and(|m| rows >= m)
+    spec.mode == QuantMode::Affine && has_biases && sixteen_bit
 }
 
 /// x [..., K] @ Wᵀ for W [N, K] quantized by `spec`, dequantized to x's type
@@ -62,72 +87,37 @@ pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec
     if x.ndim() == 0 || w.ndim() != 2 || !applies(quant_kernel::rows(x), x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
         return Ok(None);
     }
-    thread_local! {
-        static PACER: RefCell<Pacer> = RefCell::new(Pacer::default());
+    let y = dequantized_product(x, w, scales, biases, spec)?;
+    pacer::pace(dequantized_bytes(x, w)?, &y)?;
+    Ok(Some(y))
+}
+
+/// The bytes of the 16-bit weight [`dequantized_product`] (or stack,
+/// [`dequantized_gather`]) makes for x and the packed W [..., N, K]: the
+/// product's temporary, what it reports to the pacer.
+pub fn dequantized_bytes(x: &Array, w: &Array) -> Result<u64> {
+    let rows = (w.size() / w.dim(-1)? as usize) as u64;
+    Ok(rows * x.dim(-1)? as u64 * x.dtype().size_of() as u64)
+}
+
+/// MLX's gather_qmm(x, W, rhs_indices = indices, transpose, sorted) for a
+/// prompt chunk's pairs sorted by expert: x [P, 1, K], W stacked [E, N, K]
+/// quantized by `spec`, indices [P] → [P, 1, N], the stack dequantized to
+/// x's type and then gathered and multiplied; None where it does not apply
+/// (not CUDA, or a product [`gather_applies`] declines).
+pub fn gather(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, spec: QuantSpec) -> Result<Option<Array>> {
+    if w.ndim() != 3 || !gather_applies(indices.size() as i64, x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
+        return Ok(None);
     }
-    let limit = IN_FLIGHT_LIMIT.load(Ordering::Relaxed);
-    PACER.with(|p| p.borrow_mut().product(limit, x, w, scales, biases, spec)).map(Some)
+    let y = dequantized_gather(x, w, scales, biases, indices, spec)?;
+    pacer::pace(dequantized_bytes(x, w)?, &y)?;
+    Ok(Some(y))
 }
 
-/// The bound on the dequantized weights a thread's prompt products keep on
-/// the device at once (about: see [`Pacer`]) where no memory plan set one
-/// (`mlx-serve generate`). An 8B model's layer dequantizes 436 MB, a 70B's
-/// 1.7 GB; a layer's products over a 512-token chunk take 1-2 ms on an H200.
-pub const DEFAULT_IN_FLIGHT_BYTES: u64 = 1 << 30;
-
-static IN_FLIGHT_LIMIT: AtomicU64 = AtomicU64::new(DEFAULT_IN_FLIGHT_BYTES);
-
-/// Sets the bound on the dequantized weights in flight (the memory plan's
-/// share for them, at load).
-pub fn set_in_flight_limit(bytes: u64) {
-    IN_FLIGHT_LIMIT.store(bytes.max(1), Ordering::Relaxed);
-}
-
-/// Paces a thread's dequantized products so that no more than about a limit's
-/// bytes of their 16-bit weights wait on the device: once half the limit has
-/// been queued since the last checkpoint, the product at hand starts (a
-/// checkpoint) and the host waits for the checkpoint before it. The device
-/// then holds the products queued since that one (half the limit) while the
-/// host builds the next half, so it always has work queued.
-#[derive(Default)]
-pub struct Pacer {
-    queued: u64,
-    /// One element computed from the last checkpoint's product: waiting for
-    /// it waits for the product, and holding it does not hold the product's
-    /// buffer past its forward pass (a 2048-row product of an 8B model's MLP
-    /// is 59 MB).
-    checkpoint: Option<Array>,
-}
-
-impl Pacer {
-    /// [`dequantized_product`], paced to `limit` bytes.
-    pub fn product(&mut self, limit: u64, x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Array> {
-        let y = dequantized_product(x, w, scales, biases, spec)?;
-        self.queued += (w.dim(0)? as u64) * (x.dim(-1)? as u64) * x.dtype().size_of() as u64;
-        if self.queued * 2 >= limit {
-            self.queued = 0;
-            // Taken first: a checkpoint whose evaluation failed is not waited for again
-            // (it would hold its forward pass's graph, and fail every later prompt).
-            let before = self.checkpoint.take();
-            let marker = first_element(&y)?;
-            async_eval(&[&marker])?;
-            if let Some(before) = before {
-                eval(&[&before])?;
-            }
-            self.checkpoint = Some(marker);
-        }
-        Ok(y)
-    }
-}
-
-/// `y`'s first element in a buffer of its own: a slice is a view holding
-/// all of `y`'s buffer, and so is what MLX computes from one in place (a
-/// one-element sum, a same-size conversion). `y` is 16-bit (see [`applies`]),
-/// so its float32 copy is a new buffer.
-fn first_element(y: &Array) -> Result<Array> {
-    let n = y.ndim();
-    let first = ops::slice(y, &vec![0; n], &vec![1; n], &vec![1; n])?;
-    Ok(ops::astype(&first, Dtype::Float32)?)
+/// [`gather`]'s product on any device (the tests compare it with the exact one).
+pub fn dequantized_gather(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, spec: QuantSpec) -> Result<Array> {
+    let dense = quantized::dequantize_with(w, scales, biases, spec, Some(x.dtype()))?;
+    Ok(quantized::gather_mm(x, &ops::swapaxes(&dense, -1, -2)?, None, Some(indices), true)?)
 }
 
 /// x @ dequantize(W)ᵀ with the weight in x's type: the product [`matmul`]

@@ -9,7 +9,7 @@ use super::compiled::call_compiled;
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
 use super::quant::{QuantConfig, QuantSpec};
-use super::quant_kernel;
+use super::{pacer, quant_kernel};
 use super::weights::{Split, Weights};
 use crate::error::Result;
 
@@ -99,11 +99,12 @@ impl SwitchLinear {
         }
     }
 
-    /// x [..., 1, in] through expert `indices` → [..., 1, out].
-    fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+    /// x [..., 1, in] through expert `indices` → [..., 1, out]; `dequantize`:
+    /// a quantized stack may be dequantized for sorted indices where that pays.
+    fn forward(&self, x: &Array, indices: &Array, sorted: bool, dequantize: bool) -> Result<Array> {
         let y = match &self.weight {
             SwitchWeight::Dense(w) => quantized::gather_mm(x, &ops::swapaxes(w, -1, -2)?, None, Some(indices), sorted)?,
-            SwitchWeight::Quantized(q) => q.gather_t(x, indices, sorted)?,
+            SwitchWeight::Quantized(q) => q.gather_t(x, indices, sorted, dequantize)?,
         };
         Ok(match &self.bias {
             // mlx-lm: x + expand_dims(bias[indices], -2)
@@ -136,6 +137,12 @@ pub struct SwitchGlu {
     up_proj: SwitchLinear,
     down_proj: SwitchLinear,
     activation: GluActivation,
+    /// Whether a prompt chunk's products may dequantize the stacks
+    /// (`prompt_matmul::gather`): a resident layer's. A streamed layer's keep
+    /// MLX's gather_qmm: its prefill waits on the disk, and a dequantized
+    /// stack (403 MB a projection of the A3B shape at 16 bits) would come out
+    /// of the memory bound its expert budget promises.
+    dequantize_prompts: bool,
 }
 
 impl SwitchGlu {
@@ -159,6 +166,7 @@ impl SwitchGlu {
             up_proj: SwitchLinear::load(w, &p("up_proj"), experts, dim, hidden, Split::Rows, bias, quant)?,
             down_proj: SwitchLinear::load(w, &p("down_proj"), experts, hidden, dim, Split::Cols, bias, quant)?,
             activation,
+            dequantize_prompts: true,
         })
     }
 
@@ -181,7 +189,7 @@ impl SwitchGlu {
             let bias = if layout.bias { Some(take()?) } else { None };
             Ok(SwitchLinear { weight, bias })
         };
-        Ok(SwitchGlu { gate_proj: next(layouts[0])?, up_proj: next(layouts[1])?, down_proj: next(layouts[2])?, activation })
+        Ok(SwitchGlu { gate_proj: next(layouts[0])?, up_proj: next(layouts[1])?, down_proj: next(layouts[2])?, activation, dequantize_prompts: false })
     }
 
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D]. With many routed rows the
@@ -203,12 +211,17 @@ impl SwitchGlu {
         let h = match self.gated(&x, &idx)? {
             Some(h) => h,
             None => {
-                let up = self.up_proj.forward(&x, &idx, do_sort)?;
-                let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+                let up = self.up_proj.forward(&x, &idx, do_sort, self.dequantize_prompts)?;
+                let gate = self.gate_proj.forward(&x, &idx, do_sort, self.dequantize_prompts)?;
                 self.activation.apply(&gate, &up)?
             }
         };
-        let mut y = self.down_proj.forward(&h, &idx, do_sort)?;
+        let mut y = self.down_proj.forward(&h, &idx, do_sort, self.dequantize_prompts)?;
+        if do_sort {
+            // A prompt chunk's rows: the sorted copy, gate, up, their product,
+            // the output and its unsorted copy wait on the device until it runs them.
+            pacer::pace((x.nbytes() + 3 * h.nbytes() + 2 * y.nbytes()) as u64, &y)?;
+        }
         if let Some(inv) = inv {
             y = ops::unflatten(&ops::take(&y, &inv, 0)?, 0, &indices.shape())?;
         }
