@@ -1,9 +1,10 @@
 """mlx-serve generate vs mlx_lm.generate on one model, same machine, one run.
 
 Both get the same prompt text (no chat template) and generate exactly
---gen-tokens tokens (end-of-sequence ignored), each after the same generation
-ran once untimed in the same process (GPU kernels compile on first use of each
-shape). Prints a Markdown table and writes the raw numbers as JSON.
+--gen-tokens tokens (end-of-sequence ignored, greedy), each after the same
+generation ran once untimed in the same process (GPU kernels compile on first
+use of each shape). Prints a Markdown table, where the two engines' greedy
+tokens first differ, and writes the raw numbers and tokens as JSON.
 
 usage: python bench/generate_bench.py --model DIR --mlx-serve target/release/mlx-serve
            [--prompt-tokens 512] [--gen-tokens 128] [--runs 3] [--out results.json]
@@ -52,7 +53,8 @@ def run_ours(binary, model, prompt, gen_tokens, prefill):
     r = json.loads(out.stdout)
     return {"prompt_tokens": r["prompt_tokens"], "prompt_tps": r["prompt_tps"],
             "generation_tps": r["generation_tps"], "ttft_ms": r["ttft_ms"],
-            "peak_memory_gb": r["peak_memory_bytes"] / 1e9, "tokens": len(r["generated_token_ids"])}
+            "peak_memory_gb": r["peak_memory_bytes"] / 1e9, "tokens": len(r["generated_token_ids"]),
+            "ids": r["generated_token_ids"]}
 
 
 def run_mlx_lm(model, tokenizer, prompt, gen_tokens, prefill):
@@ -62,14 +64,15 @@ def run_mlx_lm(model, tokenizer, prompt, gen_tokens, prefill):
         pass
     mx.reset_peak_memory()
     tic = time.perf_counter()
-    ttft, last = None, None
+    ttft, last, ids = None, None, []
     for r in stream_generate(model, tokenizer, prompt, max_tokens=gen_tokens, **kw):
         if ttft is None:
             ttft = time.perf_counter() - tic
         last = r
+        ids.append(int(r.token))
     return {"prompt_tokens": last.prompt_tokens, "prompt_tps": last.prompt_tps,
             "generation_tps": last.generation_tps, "ttft_ms": ttft * 1e3,
-            "peak_memory_gb": mx.get_peak_memory() / 1e9, "tokens": last.generation_tokens}
+            "peak_memory_gb": mx.get_peak_memory() / 1e9, "tokens": last.generation_tokens, "ids": ids}
 
 
 def main():
@@ -88,9 +91,9 @@ def main():
     ours, ref = [], []
     for _ in range(a.runs):  # alternate, so drift hits both alike
         ours.append(run_ours(a.mlx_serve, a.model, prompt, a.gen_tokens, a.prefill_size))
-        print(f"mlx-serve run: {ours[-1]}", file=sys.stderr, flush=True)
+        print(f"mlx-serve run: { {k: v for k, v in ours[-1].items() if k != 'ids'} }", file=sys.stderr, flush=True)
         ref.append(run_mlx_lm(model, tokenizer, prompt, a.gen_tokens, a.prefill_size))
-        print(f"mlx-lm run: {ref[-1]}", file=sys.stderr, flush=True)
+        print(f"mlx-lm run: { {k: v for k, v in ref[-1].items() if k != 'ids'} }", file=sys.stderr, flush=True)
 
     med = lambda rs, k: statistics.median(r[k] for r in rs)
     rows = [("prompt tok/s", "prompt_tps", "{:.1f}"), ("generation tok/s", "generation_tps", "{:.1f}"),
@@ -102,6 +105,10 @@ def main():
     for name, k, f in rows:
         o, r = med(ours, k), med(ref, k)
         print(f"| {name} | {f.format(o)} | {f.format(r)} | {o / r:.2f} |")
+    a_ids, b_ids = ours[0]["ids"], ref[0]["ids"]
+    first = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), None)
+    print(f"greedy tokens (first run): {'the same' if first is None and len(a_ids) == len(b_ids) else f'first differ at token {first}'}"
+          f" ({len(a_ids)} and {len(b_ids)} generated)")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({"model": a.model, "ours": ours, "mlx_lm": ref, "args": vars(a)}, fh, indent=1)

@@ -253,7 +253,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         log::info!("{}", plan.describe());
         // MLX frees its buffer cache rather than grow past the budget.
         mlx_rs_safe::memory::set_memory_limit(plan.mlx_memory_limit() as usize)?;
-        models::pacer::set_in_flight_limit(plan.prompt_products_bytes());
+        crate::pacer::set_in_flight_limit(plan.prompt_products_bytes());
         load_options.placement = plan.gpu_layers.map(models::Placement::gpu_layers).unwrap_or_default();
         if let Some(e) = load_options.experts.as_mut() {
             e.budget = plan.expert_cache_bytes.map(CacheBudget::Bytes);

@@ -16,6 +16,7 @@ pub mod kv;
 pub mod memory_plan;
 pub mod metrics;
 pub mod models;
+pub mod pacer;
 pub mod quality;
 pub mod structured;
 pub mod system_info;

@@ -1,7 +1,7 @@
 //! A prompt's quantized products dequantized, then multiplied
 //! (`models::prompt_matmul`), dense and gathered (a MoE layer's sorted
 //! pairs): within 16-bit rounding of the exact product on any device, taken
-//! on CUDA only from their row (pair) count on, and paced (`models::pacer`) so that
+//! on CUDA only from their row (pair) count on, and paced (`pacer`) so that
 //! the dequantized weights a forward pass leaves waiting stay under the bound
 //! (MLX runs a graph behind the host that builds it, on the CPU too). One
 //! test at a time: the pacing test reads the process's peak memory.
@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use mlx_rs_safe::kernels::gpu_backend;
 use mlx_rs_safe::quantized::{self, QuantSpec};
 use mlx_rs_safe::{eval, memory, ops, random, Array, Dtype};
-use mlx_serve::models::pacer::Pacer;
+use mlx_serve::pacer::Pacer;
 use mlx_serve::models::prompt_matmul;
 use mlx_serve::models::quant_kernel::{disagreement, reference, MAX_ROWS};
 

@@ -18,7 +18,6 @@ mod phi3;
 mod olmoe;
 mod pipeline;
 mod placement;
-pub mod pacer;
 pub mod prompt_matmul;
 pub mod quant;
 pub mod quant_kernel;

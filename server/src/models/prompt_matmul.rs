@@ -18,11 +18,12 @@
 //! pair as a one-row product: on the Qwen3-30B-A3B expert shapes (128
 //! experts, 4-bit) a 2048-token chunk's 16384 pairs take it 10.4 ms a
 //! projection against 1.2 (8.4x), 512 tokens 2.7 against 1.1, 128 tokens 0.7
-//! against 1.0 (bench/moe_prefill_probe.py, H200): from [`min_sorted_pairs`] on.
+//! against 1.0; 8-bit 5.7x at 2048 tokens (bench/moe_prefill_probe.py, H200):
+//! from [`min_sorted_pairs`] on.
 //!
 //! The 16-bit weight is a temporary of one product (the largest, an 8B
 //! model's 14336 x 4096 projection, 117 MB), freed once the product has run;
-//! the products report it to the [`pacer`](super::pacer), which keeps those
+//! the products report it to the [`pacer`](crate::pacer), which keeps those
 //! a prompt's forward pass has waiting on the device under a bound.
 //! Rounding: the weight is rounded to the activations' type before the
 //! product; the result is within 16-bit rounding of the exact product (the
@@ -35,8 +36,9 @@ use std::sync::OnceLock;
 use mlx_rs_safe::{ops, quantized, Array, Dtype};
 
 use super::quant::{QuantMode, QuantSpec};
-use super::{pacer, quant_kernel};
+use super::quant_kernel;
 use crate::error::Result;
+use crate::pacer;
 
 /// The fewest rows of x a product of `bits`-bit weights dequantizes for, or
 /// None for a width not measured. 4-bit: at 143 rows both ways cost the same
@@ -51,12 +53,14 @@ pub fn min_rows(bits: i32) -> Option<i64> {
 }
 
 /// The fewest sorted (row, expert) pairs a gathered product of `bits`-bit
-/// expert stacks dequantizes for, or None for a width not measured. 4-bit
-/// (the A3B shapes): 1024 pairs 0.7x, 4096 2.4x; the dequantization's cost is
-/// about fixed, gather_qmm's grows with the pairs.
+/// expert stacks dequantizes for, or None for a width not measured. On the
+/// A3B shapes the dequantization costs about the same at any pair count
+/// (0.4 ms a 4-bit projection, 0.75 an 8-bit one) and gather_qmm grows with
+/// the pairs: 4-bit 1024 pairs 0.7x, 4096 2.4x; 8-bit 1024 0.45x, 4096 1.55x.
 pub fn min_sorted_pairs(bits: i32) -> Option<i64> {
     match bits {
         4 => Some(2048),
+        8 => Some(4096),
         _ => None,
     }
 }

@@ -9,9 +9,10 @@ use super::compiled::call_compiled;
 use super::layers::QuantizedWeight;
 use super::mlp::swiglu;
 use super::quant::{QuantConfig, QuantSpec};
-use super::{pacer, quant_kernel};
+use super::quant_kernel;
 use super::weights::{Split, Weights};
 use crate::error::Result;
+use crate::pacer;
 
 /// The experts' gated activation of (gate, up).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,14 +5,15 @@
 //! device has run it, so a prefill chunk's temporaries pile up: the 16-bit
 //! weights of `prompt_matmul`'s products (a 4K prompt through Llama-3.1-8B
 //! 4-bit in 512-token chunks peaked at 15.2 GB of MLX memory with them,
-//! mlx-lm at 7.2 in the same run; H200, BENCHMARKS.md), and a MoE layer's
+//! mlx-lm at 7.2 in the same run; H200, BENCHMARKS.md), a MoE layer's
 //! sorted rows and expert outputs (a 2048-token chunk through the
-//! Qwen3-30B-A3B shape: ~280 MB a layer, 48 layers). The products that make
+//! Qwen3-30B-A3B shape: ~280 MB a layer, 48 layers) and attention's scores
+//! where a chunk attends through composed ops (`kv::sdpa`). The products that make
 //! them report their bytes to the thread's [`Pacer`], which makes the host
 //! wait before it builds more than a bound's worth ahead of the device: a
 //! quarter of the memory plan's working buffers ([`set_in_flight_limit`]),
-//! [`DEFAULT_IN_FLIGHT_BYTES`] without a plan. CUDA only (measured there); the
-//! CPU backend runs a few tasks ahead at most, Metal is unmeasured.
+//! [`DEFAULT_IN_FLIGHT_BYTES`] without a plan. CUDA only: measured there,
+//! not on Metal or the CPU.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
