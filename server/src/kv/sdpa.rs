@@ -4,6 +4,7 @@
 //! (dequantized first where the device has no quantized matmuls for attention:
 //! CUDA).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use mlx_rs_safe::fast::{self, SdpaMask};
@@ -17,6 +18,9 @@ use crate::error::Result;
 /// unless `MLX_SERVE_UNFUSED_PREFILL_KEYS` says otherwise (0: never).
 const UNFUSED_PREFILL_KEYS: i32 = 8192;
 
+/// Set once a process loads a model whose experts are streamed: see [`attend_prefill_fused`].
+static FUSED_PREFILL: AtomicBool = AtomicBool::new(false);
+
 /// How many keys a prefill chunk may attend to through composed ops rather
 /// than MLX's fused kernel on CUDA. There the fused kernel for several
 /// queries is cuDNN's, and MLX builds a cuDNN plan for every new shape and
@@ -25,16 +29,33 @@ const UNFUSED_PREFILL_KEYS: i32 = 8192;
 /// and each chunk of a prompt whose cache has another capacity. Composed ops
 /// need no plan and cost 5-20% more per chunk than a plan already built (up
 /// to 8K keys, bench/results/prefill/h200-s36); their scores array grows with
-/// the keys, so longer histories keep the fused kernel.
+/// the keys, so longer histories keep the fused kernel. None where
+/// [`attend_prefill_fused`] was called (unless the variable says).
 pub fn unfused_prefill_keys() -> i32 {
-    static KEYS: OnceLock<i32> = OnceLock::new();
-    *KEYS.get_or_init(|| match std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS") {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+    static FROM_ENV: OnceLock<Option<i32>> = OnceLock::new();
+    let set = *FROM_ENV.get_or_init(|| {
+        let v = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS").ok()?;
+        Some(v.trim().parse().unwrap_or_else(|_| {
             log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: {UNFUSED_PREFILL_KEYS} applies");
             UNFUSED_PREFILL_KEYS
-        }),
-        Err(_) => UNFUSED_PREFILL_KEYS,
-    })
+        }))
+    });
+    match set {
+        Some(keys) => keys,
+        None if FUSED_PREFILL.load(Ordering::Relaxed) => 0,
+        None => UNFUSED_PREFILL_KEYS,
+    }
+}
+
+/// Every prefill chunk of this process attends through MLX's fused kernel:
+/// a model whose experts are streamed. Its memory bound (the expert cache
+/// beside the other weights, the KV and ~1 GB) has no room for a 2048-token
+/// chunk's scores (0.8 GB a layer over 2K keys, 32 heads), and its prefill
+/// waits on the disk for seconds, against a cuDNN plan's 40-80 ms. On an
+/// H200 the Qwen3-30B-A3B shape at 75% peaked at 14.07 GB with it against
+/// 14.38 without (bound 14.31), the same tokens (BENCHMARKS.md).
+pub fn attend_prefill_fused() {
+    FUSED_PREFILL.store(true, Ordering::Relaxed);
 }
 
 /// Whether `q` ([B, heads, L, D]) attends to `keys` through composed ops
