@@ -17,7 +17,6 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 use mlx_rs_safe::{async_eval, eval, ops, Array, Dtype};
 
@@ -38,10 +37,10 @@ pub fn set_in_flight_limit(bytes: u64) {
 }
 
 /// Reports that computing `y` queued `bytes` of temporaries on the device,
-/// to this thread's pacer under the process's bound (a no-op off CUDA).
+/// to this thread's pacer under the process's bound (a no-op unless the
+/// thread's current stream runs on CUDA: a layer placed on the CPU is not paced).
 pub fn pace(bytes: u64, y: &Array) -> Result<()> {
-    static CUDA: OnceLock<bool> = OnceLock::new();
-    if !*CUDA.get_or_init(|| mlx_rs_safe::kernels::current_gpu_backend() == Some("cuda")) {
+    if mlx_rs_safe::kernels::current_gpu_backend() != Some("cuda") {
         return Ok(());
     }
     thread_local! {
@@ -90,13 +89,11 @@ impl Pacer {
 
 /// `y`'s first element in a buffer of its own: a slice is a view holding
 /// all of `y`'s buffer, and so is what MLX computes from one in place (a
-/// one-element sum, a same-size conversion). Its float32 copy is a new
-/// buffer where `y` is 16-bit; a 32-bit `y` is scaled by one instead.
+/// one-element sum, a same-size conversion). A conversion to another size
+/// (float32, or float16 from float32) is a new buffer; only its timing matters.
 fn first_element(y: &Array) -> Result<Array> {
     let n = y.ndim();
     let first = ops::slice(y, &vec![0; n], &vec![1; n], &vec![1; n])?;
-    Ok(match y.dtype() {
-        Dtype::Float32 => ops::multiply(&first, &ops::scalar_as(1.0, Dtype::Float32)?)?,
-        _ => ops::astype(&first, Dtype::Float32)?,
-    })
+    let other_size = if y.dtype() == Dtype::Float32 { Dtype::Float16 } else { Dtype::Float32 };
+    Ok(ops::astype(&first, other_size)?)
 }

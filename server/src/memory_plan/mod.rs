@@ -145,8 +145,8 @@ impl MemoryPlan {
 
     /// Of the working buffers (the reserve less the runtime's), the share a
     /// prompt's products may keep waiting on the device on CUDA at once
-    /// (dequantized weights, MoE layers' rows: `pacer`): a quarter,
-    /// beside the chunk's activations.
+    /// (dequantized weights, MoE layers' rows, unfused attention's scores:
+    /// `pacer`): a quarter, beside the chunk's activations.
     pub fn prompt_products_bytes(&self) -> u64 {
         self.reserve_bytes.saturating_sub(self.runtime_bytes + RUNTIME_BYTES) / 4
     }

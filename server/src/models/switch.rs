@@ -218,9 +218,9 @@ impl SwitchGlu {
             }
         };
         let mut y = self.down_proj.forward(&h, &idx, do_sort, self.dequantize_prompts)?;
-        if do_sort {
-            // A prompt chunk's rows: the sorted copy, gate, up, their product,
-            // the output and its unsorted copy wait on the device until it runs them.
+        if indices.size() > quant_kernel::MAX_PAIRS as usize {
+            // A prompt chunk's rows (more than a decode batch has): the sorted copy, gate,
+            // up, their product, the output and its unsorted copy wait on the device.
             pacer::pace((x.nbytes() + 3 * h.nbytes() + 2 * y.nbytes()) as u64, &y)?;
         }
         if let Some(inv) = inv {
