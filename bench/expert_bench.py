@@ -88,7 +88,15 @@ def probe_disk(model, size, depths, seconds=3.0):
 def run(binary, model, prompt, gen, temp, prefill, budget, readers):
     cmd = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(gen), "--ignore-chat-template",
            "--ignore-eos", "--temp", str(temp), "--seed", "1", "--prefill-size", str(prefill), "--json", "--logprobs", "2"]
-    if budget != "resident":
+    if budget == "resident":
+        # Warmed up (the whole generation once, untimed). Unwarmed, the resident weights are
+        # read from the files and first touched by the GPU inside the timed prefill (CUDA
+        # managed memory migrates on first touch): session 40's resident A3B prefill read
+        # 85.5 tok/s, warmed it ran at 1257 (session 41), and its peak never held the
+        # weights and a chunk's temporaries at once. Streamed runs start cold: their reads
+        # are what they measure.
+        cmd.append("--warmup")
+    else:
         # "25%-noahead": the same budget without prefill read-ahead; "-nospec" /
         # "-spec": decode steps without / with speculation (default: auto);
         # "-pfN": decode steps read up to N guessed experts ahead (--expert-prefetch N;
