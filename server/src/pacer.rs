@@ -36,6 +36,12 @@ pub fn set_in_flight_limit(bytes: u64) {
     IN_FLIGHT_LIMIT.store(bytes.max(1), Ordering::Relaxed);
 }
 
+/// The bound on the temporaries in flight: a product whose own temporary is
+/// larger would break it by itself (`prompt_matmul` keeps MLX's op there).
+pub fn in_flight_limit() -> u64 {
+    IN_FLIGHT_LIMIT.load(Ordering::Relaxed)
+}
+
 /// Reports that computing `y` queued `bytes` of temporaries on the device,
 /// to this thread's pacer under the process's bound (a no-op unless the
 /// thread's current stream runs on CUDA: a layer placed on the CPU is not paced).
@@ -46,8 +52,7 @@ pub fn pace(bytes: u64, y: &Array) -> Result<()> {
     thread_local! {
         static PACER: RefCell<Pacer> = RefCell::new(Pacer::default());
     }
-    let limit = IN_FLIGHT_LIMIT.load(Ordering::Relaxed);
-    PACER.with(|p| p.borrow_mut().pace(limit, bytes, y))
+    PACER.with(|p| p.borrow_mut().pace(in_flight_limit(), bytes, y))
 }
 
 /// Paces a thread's prompt products so that no more than about a limit's

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use mlx_rs_safe::kernels::gpu_backend;
 use mlx_rs_safe::quantized::{self, QuantSpec};
 use mlx_rs_safe::{eval, memory, ops, random, Array, Dtype};
-use mlx_serve::pacer::Pacer;
+use mlx_serve::pacer::{self, Pacer};
 use mlx_serve::models::prompt_matmul;
 use mlx_serve::models::quant_kernel::{disagreement, reference, MAX_ROWS};
 
@@ -76,6 +76,18 @@ fn prompt_products_dequantize_first_on_cuda_only() {
     assert_eq!(taken(&normal(&[1, rows, 256], 22, Dtype::Bfloat16)), cuda, "a prompt chunk");
     assert!(!taken(&normal(&[1, rows - 1, 256], 23, Dtype::Bfloat16)), "fewer rows than pay");
     assert!(!taken(&normal(&[MAX_ROWS, 256], 24, Dtype::Bfloat16)), "a decode batch");
+    // A 16-bit weight (here 64 x 256 x 2 bytes) over the pacer's bound keeps MLX's op.
+    with_in_flight_limit(64 * 256 * 2 - 1, || assert!(!taken(&normal(&[1, rows, 256], 22, Dtype::Bfloat16)), "a weight over the bound"));
+}
+
+/// `run` with the pacer's bound at `bytes`, then the default again.
+fn with_in_flight_limit(bytes: u64, run: impl FnOnce()) {
+    pacer::set_in_flight_limit(bytes);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run));
+    pacer::set_in_flight_limit(pacer::DEFAULT_IN_FLIGHT_BYTES);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// A quantized [experts, n, k] stack of random normal values.
@@ -137,6 +149,8 @@ fn gathered_prompt_products_dequantize_first_on_cuda_only() {
     assert_eq!(taken(pairs, Dtype::Bfloat16), cuda, "a prompt chunk's pairs");
     assert!(!taken(pairs - 1, Dtype::Bfloat16), "fewer pairs than pay");
     assert!(!taken(pairs, Dtype::Float32), "32-bit activations");
+    // A 16-bit stack (8 x 128 x 256 x 2 bytes) over the pacer's bound keeps MLX's op.
+    with_in_flight_limit((experts * 128 * k * 2 - 1) as u64, || assert!(!taken(pairs, Dtype::Bfloat16), "a stack over the bound"));
 }
 
 /// MLX's peak memory above what was live before `run`, in bytes, and run's result.

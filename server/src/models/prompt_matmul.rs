@@ -86,14 +86,13 @@ fn dequantizes_to(dtype: Dtype, spec: QuantSpec, scales: Dtype, has_biases: bool
 
 /// x [..., K] @ Wᵀ for W [N, K] quantized by `spec`, dequantized to x's type
 /// and then multiplied; None where it does not apply (the caller runs MLX's
-/// quantized_matmul): not CUDA, or a product [`applies`] declines.
+/// quantized_matmul): not CUDA, a product [`applies`] declines, or a 16-bit
+/// weight over the pacer's bound.
 pub fn matmul(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec) -> Result<Option<Array>> {
     if x.ndim() == 0 || w.ndim() != 2 || !applies(quant_kernel::rows(x), x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
         return Ok(None);
     }
-    let y = dequantized_product(x, w, scales, biases, spec)?;
-    pacer::pace(dequantized_bytes(x, w)?, &y)?;
-    Ok(Some(y))
+    paced(x, w, || dequantized_product(x, w, scales, biases, spec))
 }
 
 /// The bytes of the 16-bit weight [`dequantized_product`] (or stack,
@@ -108,13 +107,25 @@ pub fn dequantized_bytes(x: &Array, w: &Array) -> Result<u64> {
 /// prompt chunk's pairs sorted by expert: x [P, 1, K], W stacked [E, N, K]
 /// quantized by `spec`, indices [P] → [P, 1, N], the stack dequantized to
 /// x's type and then gathered and multiplied; None where it does not apply
-/// (not CUDA, or a product [`gather_applies`] declines).
+/// (not CUDA, a product [`gather_applies`] declines, or a 16-bit stack over
+/// the pacer's bound).
 pub fn gather(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, indices: &Array, spec: QuantSpec) -> Result<Option<Array>> {
     if w.ndim() != 3 || !gather_applies(indices.size() as i64, x.dtype(), spec, scales.dtype(), biases.is_some()) || !in_use() {
         return Ok(None);
     }
-    let y = dequantized_gather(x, w, scales, biases, indices, spec)?;
-    pacer::pace(dequantized_bytes(x, w)?, &y)?;
+    paced(x, w, || dequantized_gather(x, w, scales, biases, indices, spec))
+}
+
+/// `product`, its 16-bit weight reported to the pacer; None where that weight
+/// alone is over the pacer's bound (a large MoE's stack, a plan's small share
+/// for working buffers): the bound the memory plan counts would not hold.
+fn paced(x: &Array, w: &Array, product: impl FnOnce() -> Result<Array>) -> Result<Option<Array>> {
+    let bytes = dequantized_bytes(x, w)?;
+    if bytes > pacer::in_flight_limit() {
+        return Ok(None);
+    }
+    let y = product()?;
+    pacer::pace(bytes, &y)?;
     Ok(Some(y))
 }
 
