@@ -22,15 +22,15 @@ fn normal(shape: &[i32], seed: u64, dtype: Dtype) -> Array {
     ops::astype(&a, dtype).unwrap()
 }
 
-/// A quantized [n, k] weight of random normal values.
-fn weight(n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
-    quantized::quantize(&normal(&[n, k], seed, dtype), spec.group_size, spec.bits).unwrap()
+/// A quantized weight of random normal values: [n, k], or a stack of experts' [experts, n, k].
+fn weight(shape: &[i32], spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
+    quantized::quantize(&normal(shape, seed, dtype), spec.group_size, spec.bits).unwrap()
 }
 
 /// `layers` bfloat16 [width, width] weights quantized by `spec` (seeds from
 /// `first_seed` on), evaluated: a forward pass's chain of products.
 fn layer_weights(layers: u64, width: i32, spec: QuantSpec, first_seed: u64) -> Vec<(Array, Array, Array)> {
-    let weights: Vec<_> = (0..layers).map(|i| weight(width, width, spec, Dtype::Bfloat16, first_seed + i)).collect();
+    let weights: Vec<_> = (0..layers).map(|i| weight(&[width, width], spec, Dtype::Bfloat16, first_seed + i)).collect();
     for (w, s, b) in &weights {
         eval(&[w, s, b]).unwrap();
     }
@@ -46,7 +46,7 @@ fn prompt_products_dequantized_first_match_the_exact_product() {
             for gs in [32, 64, 128] {
                 let spec = QuantSpec::affine(gs, bits);
                 let rows = prompt_matmul::min_rows(bits).unwrap() as i32;
-                let (w, s, b) = weight(48, 256, spec, dtype, 11 + cases);
+                let (w, s, b) = weight(&[48, 256], spec, dtype, 11 + cases);
                 // A prompt of `rows` tokens, as a layer sees it: [1, L, K].
                 let x = normal(&[1, rows, 256], 12 + cases, dtype);
                 // Against the exact product (MLX's CPU quantized_matmul in bfloat16 is
@@ -70,7 +70,7 @@ fn prompt_products_dequantize_first_on_cuda_only() {
     let cuda = gpu_backend() == Some("cuda") && std::env::var("MLX_SERVE_PROMPT_MATMUL").map_or(true, |v| v != "0");
     assert_eq!(prompt_matmul::in_use(), cuda);
     let spec = QuantSpec::affine(64, 4);
-    let (w, s, b) = weight(64, 256, spec, Dtype::Bfloat16, 21);
+    let (w, s, b) = weight(&[64, 256], spec, Dtype::Bfloat16, 21);
     let rows = prompt_matmul::min_rows(4).unwrap() as i32;
     let taken = |x: &Array| prompt_matmul::matmul(x, &w, &s, Some(&b), spec).unwrap().is_some();
     assert_eq!(taken(&normal(&[1, rows, 256], 22, Dtype::Bfloat16)), cuda, "a prompt chunk");
@@ -88,11 +88,6 @@ fn with_in_flight_limit(bytes: u64, run: impl FnOnce()) {
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
-}
-
-/// A quantized [experts, n, k] stack of random normal values.
-fn stack(experts: i32, n: i32, k: i32, spec: QuantSpec, dtype: Dtype, seed: u64) -> (Array, Array, Array) {
-    quantized::quantize(&normal(&[experts, n, k], seed, dtype), spec.group_size, spec.bits).unwrap()
 }
 
 /// `pairs` expert picks of `experts`, sorted (a prompt chunk's, as a MoE layer sorts them).
@@ -115,7 +110,7 @@ fn gathered_prompt_products_dequantized_first_match_the_exact_product() {
         for bits in [4, 8] {
             for gs in [32, 64, 128] {
                 let spec = QuantSpec::affine(gs, bits);
-                let (w, s, b) = stack(experts, n, k, spec, dtype, 31 + cases);
+                let (w, s, b) = weight(&[experts, n, k], spec, dtype, 31 + cases);
                 let idx = sorted_picks(pairs, experts, 32 + cases);
                 // Each pair's row, as a MoE layer gives them: [pairs, 1, K].
                 let x = normal(&[pairs, 1, k], 33 + cases, dtype);
@@ -140,7 +135,7 @@ fn gathered_prompt_products_dequantize_first_on_cuda_only() {
     let cuda = gpu_backend() == Some("cuda") && std::env::var("MLX_SERVE_PROMPT_MATMUL").map_or(true, |v| v != "0");
     let (experts, k) = (8, 256);
     let spec = QuantSpec::affine(64, 4);
-    let (w, s, b) = stack(experts, 128, k, spec, Dtype::Bfloat16, 41);
+    let (w, s, b) = weight(&[experts, 128, k], spec, Dtype::Bfloat16, 41);
     let pairs = prompt_matmul::min_sorted_pairs(4).unwrap() as i32;
     let taken = |pairs: i32, dtype: Dtype| {
         let x = normal(&[pairs, 1, k], 42, dtype);
