@@ -45,21 +45,20 @@ def main():
             x = (mx.random.normal((t * TOP_K, 1, k), key=mx.random.key(200 + t)) * 0.5).astype(dt)
             mx.eval(picks, x)
 
-            def qmm():
-                return [mx.gather_qmm(x, *q, rhs_indices=picks, transpose=True, group_size=gs, bits=bits,
-                                      sorted_indices=True) for q in stacks]
-
             def dense(q):
                 return mx.dequantize(*q, group_size=gs, bits=bits, dtype=dt)
 
-            def deq_mm():
-                return [mx.gather_mm(x, mx.swapaxes(dense(q), -1, -2), rhs_indices=picks, sorted_indices=True)
-                        for q in stacks]
+            def qmm_of(q):
+                return mx.gather_qmm(x, *q, rhs_indices=picks, transpose=True, group_size=gs, bits=bits, sorted_indices=True)
 
-            def deq():
-                return [dense(q) for q in stacks]
+            def deq_mm_of(q):
+                return mx.gather_mm(x, mx.swapaxes(dense(q), -1, -2), rhs_indices=picks, sorted_indices=True)
 
-            ref, got = qmm()[0].astype(mx.float32), deq_mm()[0].astype(mx.float32)
+            qmm = lambda: [qmm_of(q) for q in stacks]
+            deq_mm = lambda: [deq_mm_of(q) for q in stacks]
+            deq = lambda: [dense(q) for q in stacks]
+
+            ref, got = qmm_of(stacks[0]).astype(mx.float32), deq_mm_of(stacks[0]).astype(mx.float32)
             diff = (mx.abs(ref - got).max() / mx.abs(ref).max()).item()
             tq, td, tdq = (timed(f, a.reps) / a.layers for f in (qmm, deq_mm, deq))
             print(f"| {name} {n}x{k} | {t} ({t * TOP_K}) | {tq * 1e3:.3f} | {td * 1e3:.3f} | {tdq * 1e3:.3f} | "
