@@ -9,7 +9,8 @@ use mlx_serve::kv::unfused_prefill_keys;
 
 #[test]
 fn streaming_experts_makes_prefill_chunks_attend_through_the_fused_kernel() {
-    let from_env = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS").ok();
+    // A number in the variable keeps its say; anything else is ignored (a warning).
+    let from_env = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS").ok().filter(|v| v.trim().parse::<i32>().is_ok());
     let before = unfused_prefill_keys();
     let resident = Cli::try_parse_from(["mlx-serve", "--model", "m"]).unwrap();
     resident.serve.load.options().unwrap();

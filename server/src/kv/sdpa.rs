@@ -35,10 +35,11 @@ pub fn unfused_prefill_keys() -> i32 {
     static FROM_ENV: OnceLock<Option<i32>> = OnceLock::new();
     let set = *FROM_ENV.get_or_init(|| {
         let v = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS").ok()?;
-        Some(v.trim().parse().unwrap_or_else(|_| {
-            log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: {UNFUSED_PREFILL_KEYS} applies");
-            UNFUSED_PREFILL_KEYS
-        }))
+        let keys = v.trim().parse().ok();
+        if keys.is_none() {
+            log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: ignored, the default applies");
+        }
+        keys
     });
     match set {
         Some(keys) => keys,
