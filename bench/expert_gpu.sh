@@ -33,6 +33,8 @@ MODEL=${MODEL:-/root/m-spread}
 OUT=${OUT:-/tmp/experts-out}
 mkdir -p "$OUT" ~/.cache/huggingface/hub
 export LD_LIBRARY_PATH=$PWD/$BIN_DIR:${LD_LIBRARY_PATH:-}
+# Each run's line as it ends: a call cut at its time limit keeps the runs it finished.
+export PYTHONUNBUFFERED=1
 
 echo "== machine"
 date -u
@@ -49,7 +51,7 @@ fi
 
 bench() {
   python3 bench/expert_bench.py --model "$MODEL" --bin "$BIN_DIR/mlx-serve" --prompt-kind random \
-    --temp 0 "$@" 2>&1 | grep -v '^$'
+    --temp 0 "$@" 2>&1 | grep --line-buffered -v '^$'
 }
 
 for stage in "$@"; do
@@ -63,7 +65,7 @@ for stage in "$@"; do
         for size in 512 2048; do
           echo "-- round $round, --prefill-size $size"
           bench --runs 25% --prompt-tokens 2048 --prefill-size $size --gen-tokens 4 \
-            --out "$OUT/chunks-$size-$round.json" | grep -E '"run"|disk'
+            --out "$OUT/chunks-$size-$round.json" | grep --line-buffered -E '"run"|disk'
         done
       done ;;
     readers)
@@ -71,18 +73,18 @@ for stage in "$@"; do
         for readers in 8 16; do
           echo "-- round $round, $readers readers"
           bench --runs 25% --readers $readers --prompt-tokens 2048 --prefill-size 512 --gen-tokens 32 \
-            --out "$OUT/readers-$readers-$round.json" | grep -E '"run"|disk'
+            --out "$OUT/readers-$readers-$round.json" | grep --line-buffered -E '"run"|disk'
         done
       done ;;
     budgets)
       bench --runs resident,100%,75%,50%,25% --prompt-tokens 2048 --gen-tokens 64 \
-        --out "$OUT/budgets.json" | grep -E '"run"|disk|tok/s' ;;
+        --out "$OUT/budgets.json" | grep --line-buffered -E '"run"|disk|tok/s' ;;
     prefetch)
       bench --runs resident,25%-pf0,25%,25%-pf0,25% --prompt-tokens 2048 --gen-tokens 64 \
-        --out "$OUT/prefetch.json" | grep -E '"run"' | cut -c1-200 ;;
+        --out "$OUT/prefetch.json" | grep --line-buffered -E '"run"' | cut -c1-200 ;;
     pools)
       bench --runs resident,100%,resident,100% --prompt-tokens 2048 --gen-tokens 64 \
-        --out "$OUT/pools.json" | grep -E '"run"' | cut -c1-200 ;;
+        --out "$OUT/pools.json" | grep --line-buffered -E '"run"' | cut -c1-200 ;;
     timeline)
       for qmm in 1 0; do
         echo "-- MLX_SERVE_QMM_KERNEL=$qmm"

@@ -4,7 +4,8 @@ Both get the same prompt text (no chat template) and generate exactly
 --gen-tokens tokens (end-of-sequence ignored, greedy), each after the same
 generation ran once untimed in the same process (GPU kernels compile on first
 use of each shape). Prints a Markdown table, where the two engines' greedy
-tokens first differ, and writes the raw numbers and tokens as JSON.
+tokens first differ (and, there, how far mlx-lm's logits put its token ahead of
+ours), and writes the raw numbers and tokens as JSON.
 
 usage: python bench/generate_bench.py --model DIR --mlx-serve target/release/mlx-serve
            [--prompt-tokens 512] [--gen-tokens 128] [--runs 3] [--out results.json]
@@ -75,6 +76,19 @@ def run_mlx_lm(model, tokenizer, prompt, gen_tokens, prefill):
             "peak_memory_gb": mx.get_peak_memory() / 1e9, "tokens": last.generation_tokens, "ids": ids}
 
 
+def margin_at(model, tokenizer, prompt, ref_ids, first, ours_token):
+    """mlx-lm's logits for the token after prompt + its first `first` tokens (one forward pass
+    over the whole sequence): how far its own token leads ours there, and our token's rank.
+    A lead within the 16-bit rounding of the last layers is a near-tie that either engine's
+    rounding may break either way; a large one is a real difference."""
+    seq = mx.array(tokenizer.encode(prompt) + ref_ids[:first])[None]
+    logits = model(seq)[0, -1].astype(mx.float32)
+    lead = (logits[ref_ids[first]] - logits[ours_token]).item()
+    rank = int((logits > logits[ours_token]).sum().item())
+    spread = mx.std(logits).item()
+    return {"lead": lead, "our_rank": rank, "logit_std": spread}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -109,6 +123,11 @@ def main():
     first = next((i for i, (x, y) in enumerate(zip(a_ids, b_ids)) if x != y), None)
     print(f"greedy tokens (first run): {'the same' if first is None and len(a_ids) == len(b_ids) else f'first differ at token {first}'}"
           f" ({len(a_ids)} and {len(b_ids)} generated)")
+    if first is not None:
+        m = margin_at(model, tokenizer, prompt, b_ids, first, a_ids[first])
+        ours[0]["divergence"] = m
+        print(f"at token {first} mlx-lm's logits put its token {b_ids[first]} ahead of ours {a_ids[first]} by "
+              f"{m['lead']:.4f} (ours ranks {m['our_rank']}; the logits' std {m['logit_std']:.3f})")
     if a.out:
         with open(a.out, "w") as fh:
             json.dump({"model": a.model, "ours": ours, "mlx_lm": ref, "args": vars(a)}, fh, indent=1)

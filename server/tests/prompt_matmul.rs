@@ -209,8 +209,13 @@ fn paced_products_keep_the_dequantized_weights_waiting_under_the_bound() {
     eprintln!("peak above the start: unpaced {unpaced} bytes, paced {paced}, waiting at every product {floor} (a dense weight {dense}, {layers} layers)");
     // The premise: unpaced, most layers' weights wait at once.
     assert!(unpaced >= floor + layers as usize * dense / 2, "unpaced peak {unpaced} (floor {floor}): the weights did not pile up");
-    // Paced: no more waits than the bound above the floor.
-    assert!(paced <= floor + limit as usize, "paced peak {paced} over the floor {floor} and the bound {limit}");
+    // Paced: no more than the bound's weights above the floor, each with its
+    // product's output, which the pacer does not count (a chunk's activations,
+    // planned apart): on CUDA here as large as a weight. Without them, a CUDA run
+    // of session 42 was 6 weights above its floor against the bound's 4.
+    let output = rows as usize * width as usize * 2;
+    let allowed = floor + limit as usize + limit as usize / dense * output;
+    assert!(paced <= allowed, "paced peak {paced} over the floor {floor}, the bound {limit} and its outputs ({allowed})");
     let values = |a: &Array| ops::astype(a, Dtype::Float32).unwrap().to_vec::<f32>().unwrap();
     assert!(values(&got) == values(&want), "pacing changed the products");
 }
