@@ -119,9 +119,9 @@ pub struct ServeArgs {
     /// Tokens generated when a request does not say.
     #[arg(long, env = "MLX_SERVE_MAX_TOKENS", default_value_t = 2048)]
     pub max_tokens: usize,
-    /// Prompt tokens per prefill step. Default: 512, or 2048 with
-    /// --stream-experts (each chunk reads every expert it uses that the cache
-    /// lacks, so larger chunks read less).
+    /// Prompt tokens per prefill step. Default: 2048 on a GPU, 512 on the CPU
+    /// (2048 there too with --stream-experts: each chunk reads every expert it
+    /// uses that the cache lacks, so larger chunks read less).
     #[arg(long, env = "MLX_SERVE_PREFILL_SIZE", alias = "prefill-step-size")]
     pub prefill_size: Option<usize>,
     /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8), once a
@@ -352,7 +352,8 @@ pub struct GenerateArgs {
     pub xtc_threshold: f32,
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Prompt tokens per prefill step. Default: 512, or 2048 with --stream-experts.
+    /// Prompt tokens per prefill step. Default: 2048 on a GPU, 512 on the CPU
+    /// (2048 there too with --stream-experts).
     #[arg(long)]
     pub prefill_size: Option<usize>,
     #[command(flatten)]
@@ -454,25 +455,37 @@ pub struct LoadArgs {
     pub gpu_layers: Option<usize>,
 }
 
-/// Prompt tokens per prefill chunk unless `--prefill-size` says.
+/// Prompt tokens per prefill chunk on the CPU unless `--prefill-size` says:
+/// larger chunks buy nothing there and hold other streams' decode steps longer.
 pub const PREFILL_SIZE: usize = 512;
+
+/// Prompt tokens per prefill chunk on a GPU, and with `--stream-experts`
+/// anywhere, unless `--prefill-size` says (mlx_lm prefills 2048 tokens a step).
+/// On an H200 (Llama-3.1-8B shape, 4-bit) 2048-token chunks against 512 gave a
+/// 4K prompt TTFT 281 against 358 ms alone and 1351 against 1809 with eight at
+/// once, and eight streams 1.30x the aggregate; a Qwen3-30B-A3B-shaped prompt
+/// prefilled 1.9x faster. A streamed model's chunk reads every expert it uses
+/// that the cache lacks, once, so the reads shrink as chunks grow (at 25%, a 2K
+/// prompt read 40 GB in 512-token chunks and 18 GB in one chunk, 1.8x faster).
+/// BENCHMARKS.md has both.
+pub const WIDE_PREFILL_SIZE: usize = 2048;
 
 /// `--expert-prefetch`'s default: on an H200 reading a Qwen3-30B-A3B-shaped
 /// model at 25%, 8 guesses a layer took decode from 69-72% of the serial
 /// disk bound to 96-103% (1.3 -> 1.7-1.8 tok/s, BENCHMARKS.md); a layer
 /// whose guesses go unused stops taking them.
 pub const EXPERT_PREFETCH: usize = 8;
-/// The same with `--stream-experts`: a chunk reads every expert it uses that
-/// the cache lacks, once, so the reads shrink as chunks grow (on the H200, a
-/// 2K prompt's prefill at 25% read 40 GB in 512-token chunks and 18 GB in one
-/// chunk, 1.8x faster; BENCHMARKS.md). mlx_lm prefills 2048 tokens a step.
-pub const STREAMED_PREFILL_SIZE: usize = 2048;
 
 impl LoadArgs {
     /// Prompt tokens per prefill chunk: `asked` (`--prefill-size`), else the
-    /// default for how the model is loaded; at least 1.
+    /// default for this machine's MLX backend and how the model is loaded; at least 1.
     pub fn prefill_size(&self, asked: Option<usize>) -> usize {
-        asked.unwrap_or(if self.stream_experts { STREAMED_PREFILL_SIZE } else { PREFILL_SIZE }).max(1)
+        self.prefill_size_on(asked, mlx_rs_safe::kernels::gpu_backend().is_some())
+    }
+
+    /// [`Self::prefill_size`] on a machine with (`gpu`) or without a GPU backend.
+    fn prefill_size_on(&self, asked: Option<usize>, gpu: bool) -> usize {
+        asked.unwrap_or(if gpu || self.stream_experts { WIDE_PREFILL_SIZE } else { PREFILL_SIZE }).max(1)
     }
 
     /// How the model is loaded. A model whose experts are streamed also makes
@@ -504,5 +517,37 @@ impl LoadArgs {
             // Set by `serve` once the process knows its distributed group.
             sharding: crate::models::Sharding::Whole,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Load {
+        #[command(flatten)]
+        load: LoadArgs,
+    }
+
+    fn load(flags: &[&str]) -> LoadArgs {
+        Load::try_parse_from(std::iter::once("mlx-serve").chain(flags.iter().copied())).unwrap().load
+    }
+
+    #[test]
+    fn prefill_chunks_are_wide_on_a_gpu_and_with_streamed_experts() {
+        let (plain, streamed) = (load(&[]), load(&["--stream-experts"]));
+        assert_eq!(plain.prefill_size_on(None, false), PREFILL_SIZE);
+        assert_eq!(plain.prefill_size_on(None, true), WIDE_PREFILL_SIZE);
+        assert_eq!(streamed.prefill_size_on(None, false), WIDE_PREFILL_SIZE);
+        assert_eq!(streamed.prefill_size_on(None, true), WIDE_PREFILL_SIZE);
+        // --prefill-size has the last word, and a chunk holds at least one token.
+        assert_eq!(streamed.prefill_size_on(Some(256), true), 256);
+        assert_eq!(plain.prefill_size_on(Some(0), false), 1);
+        // This machine's default: the CPU build in CI.
+        let gpu = mlx_rs_safe::kernels::gpu_backend().is_some();
+        assert_eq!(plain.prefill_size(None), if gpu { WIDE_PREFILL_SIZE } else { PREFILL_SIZE });
     }
 }

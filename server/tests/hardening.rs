@@ -259,6 +259,10 @@ fn with_an_api_key_metrics_and_health_details_need_it_and_a_plain_probe_stays_op
     assert_eq!(s.get_with_header("/health", ("Authorization", "Bearer wrong")).status, 401);
     let details = s.get_with_header("/health", key).json();
     assert!(details["engine"]["max_concurrency"].is_u64() && details["model"].is_string(), "{details}");
+    // The prefill's defaults for this machine's backend: wide chunks and shared calls on a GPU.
+    let gpu = mlx_rs_safe::kernels::gpu_backend().is_some();
+    assert_eq!(details["engine"]["prefill_size"], json!(if gpu { 2048 } else { 512 }), "{details}");
+    assert_eq!(details["engine"]["prompt_concurrency"], json!(if gpu { 8 } else { 1 }), "{details}");
 }
 
 #[test]

@@ -241,6 +241,9 @@ fn health_details(state: &AppState) -> Value {
             "running": s.running,
             "queued": state.engine.queued(),
             "max_concurrency": state.config.max_concurrency,
+            // Prompt tokens a prefill chunk, and whole prompts a shared call.
+            "prefill_size": state.config.prefill_size,
+            "prompt_concurrency": state.config.prompt_concurrency,
             "kv_cache_bytes": s.kv_bytes,
             "kv_cache_tokens": s.kv_tokens,
             "prompt_cache_bytes": s.prompt_cache_bytes,
