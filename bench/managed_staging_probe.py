@@ -14,9 +14,9 @@ expert's weight slab by default) is written by the CPU (ctypes.memmove, as the r
 and then read by one GPU evaluation (x + 0 for each, evaluated together, as a pool update),
 the same buffers every round. Ways of holding them:
   managed   as MLX hands them out (what the server does)
-  prefetch  the same, prefetched to the GPU after the write (cudaMemPrefetchAsync)
+  prefetch  the same, prefetched to the GPU after the write (cuMemPrefetchAsync)
   host      the same, advised to stay on the host and be read by the GPU in place
-            (cudaMemAdvise: preferred location host, accessed by the device)
+            (cuMemAdvise: preferred location host, accessed by the device)
   device    arrays the GPU made (device memory; no CPU write: the launch-and-evaluate floor)
 Prints, per way, the median write and use milliseconds a round and the write's GB/s.
 
@@ -32,32 +32,31 @@ import time
 import mlx.core as mx
 import numpy as np
 
-ADVISE_PREFERRED_LOCATION, ADVISE_ACCESSED_BY = 3, 5  # cudaMemoryAdvise
-LOCATION_DEVICE, LOCATION_HOST = 1, 2  # cudaMemLocationType
-CPU_DEVICE_ID = -1  # cudaCpuDeviceId, the pre-13 runtime's host "device"
+ADVISE_PREFERRED_LOCATION, ADVISE_ACCESSED_BY = 3, 5  # CUmem_advise
+LOCATION_DEVICE, LOCATION_HOST = 1, 2  # CUmemLocationType
+DEVICE_CPU = -1  # CU_DEVICE_CPU, the older calls' host "device"
 
 
 class MemLocation(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
 
 
-class Cudart:
-    """The CUDA runtime MLX loaded, with the two managed-memory calls in its version's form."""
+class Driver:
+    """The CUDA driver MLX runs on (MLX links the runtime statically, so the driver's calls are
+    the ones a process can reach), its device 0's primary context current on this thread."""
 
     def __init__(self):
-        path = next((line.split()[-1] for line in open("/proc/self/maps") if "libcudart.so" in line), None)
-        if path is None:
-            raise SystemExit("no libcudart in this process: run on the CUDA machine")
-        self.lib = ctypes.CDLL(path)
-        version = ctypes.c_int()
-        self.check(self.lib.cudaRuntimeGetVersion(ctypes.byref(version)), "cudaRuntimeGetVersion")
-        # CUDA 13 takes a cudaMemLocation where 12 took a device number (12.2+ as the _v2 calls).
-        self.version = version.value
-        self.prefetch_call, self.advise_call = self.lib.cudaMemPrefetchAsync, self.lib.cudaMemAdvise
-        self.located = self.version >= 13000
-        if not self.located and hasattr(self.lib, "cudaMemPrefetchAsync_v2") and hasattr(self.lib, "cudaMemAdvise_v2"):
-            self.prefetch_call, self.advise_call, self.located = self.lib.cudaMemPrefetchAsync_v2, self.lib.cudaMemAdvise_v2, True
-        print(f"CUDA runtime {self.version} ({path}), {'location' if self.located else 'device-number'} calls")
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        version, ctx = ctypes.c_int(), ctypes.c_void_p()
+        self.check(self.lib.cuDriverGetVersion(ctypes.byref(version)), "cuDriverGetVersion")
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), ctypes.c_int(0)), "cuDevicePrimaryCtxRetain")
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        # The driver exports each call's versions by name: the _v2 ones take a CUmemLocation
+        # (CUDA 12.2 on), the plain ones a device number.
+        self.located = hasattr(self.lib, "cuMemPrefetchAsync_v2") and hasattr(self.lib, "cuMemAdvise_v2")
+        self.prefetch_call = self.lib.cuMemPrefetchAsync_v2 if self.located else self.lib.cuMemPrefetchAsync
+        self.advise_call = self.lib.cuMemAdvise_v2 if self.located else self.lib.cuMemAdvise
+        print(f"CUDA driver {version.value}, {'location' if self.located else 'device-number'} calls")
 
     @staticmethod
     def check(status, what):
@@ -66,21 +65,20 @@ class Cudart:
 
     def prefetch_to_device(self, ptr, size):
         if self.located:
-            status = self.prefetch_call(ctypes.c_void_p(ptr), ctypes.c_size_t(size),
-                                                   MemLocation(LOCATION_DEVICE, 0), ctypes.c_uint(0), ctypes.c_void_p(0))
+            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), MemLocation(LOCATION_DEVICE, 0),
+                                        ctypes.c_uint(0), ctypes.c_void_p(0))
         else:
-            status = self.prefetch_call(ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_int(0),
-                                                   ctypes.c_void_p(0))
-        self.check(status, "cudaMemPrefetchAsync")
+            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_int(0), ctypes.c_void_p(0))
+        self.check(status, "cuMemPrefetchAsync")
 
     def advise(self, ptr, size, advice, on_host):
         if self.located:
             where = MemLocation(LOCATION_HOST, 0) if on_host else MemLocation(LOCATION_DEVICE, 0)
-            status = self.advise_call(ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_int(advice), where)
+            status = self.advise_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_int(advice), where)
         else:
-            status = self.advise_call(ctypes.c_void_p(ptr), ctypes.c_size_t(size), ctypes.c_int(advice),
-                                            ctypes.c_int(CPU_DEVICE_ID if on_host else 0))
-        self.check(status, f"cudaMemAdvise({advice})")
+            status = self.advise_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_int(advice),
+                                      ctypes.c_int(DEVICE_CPU if on_host else 0))
+        self.check(status, f"cuMemAdvise({advice})")
 
 
 def host_buffers(n, size):
@@ -103,6 +101,10 @@ def rounds(arrays, ptrs, src, n_rounds, after_write=None):
         t2 = time.perf_counter()
         writes.append(t1 - t0)
         uses.append(t2 - t1)
+    # What the GPU read is what the CPU wrote.
+    got = np.array(mx.add(arrays[-1], 0, stream=mx.gpu))
+    if got.tobytes() != src:
+        raise SystemExit("the GPU read other bytes than the CPU wrote")
     return writes, uses
 
 
@@ -114,8 +116,8 @@ def main():
     a = ap.parse_args()
     if not mx.is_available(mx.gpu):
         raise SystemExit("needs MLX's CUDA backend (run on the GPU machine)")
-    mx.eval(mx.add(mx.zeros((1,)), 1, stream=mx.gpu))  # MLX's GPU backend up, its cudart loaded
-    cuda = Cudart()
+    mx.eval(mx.add(mx.zeros((1,)), 1, stream=mx.gpu))  # MLX's GPU backend up, its context made
+    cuda = Driver()
     src = np.random.default_rng(0).integers(0, 255, a.size, dtype=np.uint8).tobytes()
     total = a.size * a.buffers
     results = {}
