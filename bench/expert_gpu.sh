@@ -19,11 +19,15 @@
 #            twice (H200: 69-72% -> 96-103% of the serial bound, BENCHMARKS.md)
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
 #            the resident model decode slower (one call measured 69 vs 103 tok/s)?
+#   readback where a 75% decode layer's 1.6-2.9 ms wait for its router goes (session 42's
+#            trace): bench/managed_staging_probe.py (the reader's managed-memory staging), then
+#            a traced 75% run with MLX's CUDA graphs on and off (MLX_USE_CUDA_GRAPHS), each
+#            grouped into passes
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
 #            with our quantized-matmul kernel and without (MLX_SERVE_QMM_KERNEL=0): what
 #            the first use of each kernel costs (compiled by NVRTC in every process)
 # Rough durations on an H200 with a ~1 GB/s disk: model 40 s, warm 150 s, disk 30 s, chunks
-# ~6 min, readers ~8 min, budgets ~5 min. A device call may run 10 minutes, so split them, e.g.
+# ~6 min, readers ~8 min, budgets ~5 min (over 7 on a slow host), readback ~5 min. A device call may run 10 minutes, so split them, e.g.
 # `warm disk chunks`, then `warm readers`, then `warm budgets` (the model stays on a machine
 # kept warm between calls; `warm` again in case MLX's compiled kernels do not).
 # env: BIN_DIR (default .device/bin), MODEL (default /root/m-spread), OUT (default /tmp/experts-out)
@@ -85,6 +89,15 @@ for stage in "$@"; do
     pools)
       bench --runs resident,100%,resident,100% --prompt-tokens 2048 --gen-tokens 64 \
         --out "$OUT/pools.json" | grep --line-buffered -E '"run"' | cut -c1-200 ;;
+    readback)
+      python3 bench/managed_staging_probe.py
+      for graphs in 1 0; do
+        echo "-- MLX_USE_CUDA_GRAPHS=$graphs"
+        MLX_USE_CUDA_GRAPHS=$graphs MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 75% --prompt-tokens 2048 \
+          --gen-tokens 24 --out "$OUT/readback-graphs$graphs.json" > "$OUT/readback-graphs$graphs.log"
+        grep -E '"run"' "$OUT/readback-graphs$graphs.log" | cut -c1-300
+        python3 bench/expert_timeline.py "$OUT/readback-graphs$graphs.log" | tail -12
+      done ;;
     timeline)
       for qmm in 1 0; do
         echo "-- MLX_SERVE_QMM_KERNEL=$qmm"
