@@ -28,8 +28,9 @@
 #            the first use of each kernel costs (compiled by NVRTC in every process)
 # Rough durations on an H200 with a ~1 GB/s disk: model 40 s, warm 150 s, disk 30 s, chunks
 # ~6 min, readers ~8 min, budgets ~5 min (over 7 on a slow host), readback ~5 min. A device
-# call may run 10 minutes, so split them, e.g. `warm disk chunks`, then `warm readers`, then `warm budgets` (the model stays on a machine
-# kept warm between calls; `warm` again in case MLX's compiled kernels do not).
+# call may run 10 minutes, so split them, e.g. `warm disk chunks`, then `warm readers`, then
+# `warm budgets` (the model stays on a machine kept warm between calls; `warm` again in case
+# MLX's compiled kernels do not).
 # env: BIN_DIR (default .device/bin), MODEL (default /root/m-spread), OUT (default /tmp/experts-out)
 set -uo pipefail
 BIN_DIR=${BIN_DIR:-.device/bin}
