@@ -3,7 +3,9 @@
 The expert reader copies each slab it reads into an MLX array made on the CPU
 (`Array::from_bytes`); MLX's CUDA backend allocates such arrays in managed memory
 (cudaMallocManaged), and its buffer cache hands a freed allocation of the same size back to
-the next one. The pool's update then reads the slab in a GPU kernel. If the pages are on the
+the next one (MLX advises only its small-size pool to be mapped by the devices, read in
+MLX's allocator.cpp; a 786 KB slab is a plain managed allocation). The pool's update then
+reads the slab in a GPU kernel. If the pages are on the
 GPU from the buffer's last use, the CPU's copy faults them over to the host and the kernel's
 first read faults them back: a session-42 trace showed each streamed decode layer waiting
 1.6-2.9 ms for its router (a resident layer's step takes ~0.15 ms), and the reader's copies
