@@ -19,8 +19,8 @@
 #            twice (H200: 69-72% -> 96-103% of the serial bound, BENCHMARKS.md)
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
 #            the resident model decode slower (one call measured 69 vs 103 tok/s)?
-#   readback where a 75% decode layer's 1.6-2.9 ms wait for its router goes (session 42's
-#            trace): bench/managed_staging_probe.py (the reader's managed-memory staging), then
+#   readback where a 75% decode layer's wait for its router goes (session 42's trace: 0.70 ms
+#            plus ~0.85 ms an expert the layer before installed): bench/managed_staging_probe.py (the reader's managed-memory staging), then
 #            a traced 75% run with MLX's CUDA graphs on and off (MLX_USE_CUDA_GRAPHS), each
 #            grouped into passes
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),

@@ -7,9 +7,9 @@ the next one (MLX advises only its small-size pool to be mapped by the devices, 
 MLX's allocator.cpp; a 786 KB slab is a plain managed allocation). The pool's update then
 reads the slab in a GPU kernel. If the pages are on the
 GPU from the buffer's last use, the CPU's copy faults them over to the host and the kernel's
-first read faults them back: a session-42 trace showed each streamed decode layer waiting
-1.6-2.9 ms for its router (a resident layer's step takes ~0.15 ms), and the reader's copies
-running at ~1-1.4 GB/s a thread.
+first read faults them back: in a session-42 trace a streamed decode layer waited 0.70 ms
+for its router plus ~0.85 ms for each expert the layer before installed (a resident layer's
+step takes ~0.15 ms), and the reader's copies ran at ~1-1.4 GB/s a thread.
 
 Per round, a layer's worth of slabs (--buffers of --size bytes, the Qwen3-30B-A3B 4-bit
 expert's weight slab by default) is written by the CPU (ctypes.memmove, as the reader's copy)
