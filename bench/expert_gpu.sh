@@ -20,9 +20,9 @@
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
 #            the resident model decode slower (one call measured 69 vs 103 tok/s)?
 #   readback where a 75% decode layer's wait for its router goes (session 42's trace: 0.70 ms
-#            plus ~0.85 ms an expert the layer before installed): bench/managed_staging_probe.py (the reader's managed-memory staging), then
-#            a traced 75% run with MLX's CUDA graphs on and off (MLX_USE_CUDA_GRAPHS), each
-#            grouped into passes
+#            plus ~0.85 ms an expert the layer before installed): bench/managed_staging_probe.py
+#            (the reader's managed-memory staging), then a traced 75% run with MLX's CUDA
+#            graphs on and off (MLX_USE_CUDA_GRAPHS), each grouped into passes
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
 #            with our quantized-matmul kernel and without (MLX_SERVE_QMM_KERNEL=0): what
 #            the first use of each kernel costs (compiled by NVRTC in every process)
