@@ -9,11 +9,12 @@ of the model (a pass starts when the layer number does not grow: a prefill
 chunk or a decode step) and prints, per pass, its span, the waits summed over
 its layers, and the gap since the pass before (where the time outside the
 streamed layers went: the engine between chunks, a kernel compiled at first
-use, ...).
+use, ...), and a narrow step's router wait by the misses of the layer before it.
 
 usage: python3 bench/expert_timeline.py LOG [LOG...]   (or the log on stdin)
 """
 import re
+import statistics
 import sys
 
 LINE = re.compile(r"expert step: layer (\d+) (wide|narrow) at ([\d.]+) ms, (\d+) misses, "
@@ -49,6 +50,26 @@ def report(name, lines):
         print(f"{i:>4} {'/'.join(sorted(kinds)):>6} {len(p):>6} {p[0]['start'] / 1e3:8.2f} {(end - p[0]['start']) / 1e3:7.2f} "
               f"{gap / 1e3:6.2f} {sum(s['router'] for s in p) / 1e3:8.2f} {sum(s['read'] for s in p) / 1e3:7.2f} "
               f"{sum(s['misses'] for s in p):>6}")
+    router_wait_by_installs(rows)
+
+
+def router_wait_by_installs(rows, skip=3):
+    """A narrow step's router wait by the misses of the layer before it (consecutive layers of
+    the decode passes after the first `skip`, which compile kernels): the wait covers the device
+    work queued since that layer's read-back, its installs among it, so a wait that grows with
+    them prices an installed expert."""
+    by = {}
+    for p in [p for p in rows if all(s["kind"] == "narrow" for s in p)][skip:]:
+        for prev, cur in zip(p, p[1:]):
+            if cur["layer"] == prev["layer"] + 1:
+                by.setdefault(min(prev["misses"], 3), []).append(cur["router"])
+    if not by:
+        return
+    print("router wait (ms) by the misses of the layer before (narrow passes after the first "
+          f"{skip}): misses, layers, median, p10, p90")
+    for k in sorted(by):
+        w = sorted(by[k])
+        print(f"  {k}{'+' if k == 3 else ' '} {len(w):>6} {statistics.median(w):7.2f} {w[len(w) // 10]:7.2f} {w[9 * len(w) // 10]:7.2f}")
 
 
 def main():
