@@ -194,6 +194,12 @@ def main():
                        syncs=z["host_syncs"], decode_syncs=z["host_syncs"] - p["host_syncs"],
                        speculative_steps=z.get("speculative_steps", 0) - p.get("speculative_steps", 0),
                        replayed_steps=z.get("replayed_steps", 0) - p.get("replayed_steps", 0),
+                       # Decode's waits for its routers' choices (the device work queued
+                       # before each), and the share of read bytes kept on the host for the
+                       # GPU to read in place (CUDA managed memory; reader.rs).
+                       decode_router_wait_s=z.get("router_wait_seconds", 0.0) - p.get("router_wait_seconds", 0.0),
+                       decode_array_s=z.get("array_seconds", 0.0) - p.get("array_seconds", 0.0),
+                       host_staged=z.get("host_staged_bytes", 0) / max(1, z["bytes_read"]),
                        decode_read_ahead=z["prefetch_issued"] - p["prefetch_issued"],
                        decode_read_ahead_used=z["prefetch_used"] - p["prefetch_used"],
                        io=z["io_mode"], disk_vs_os=(z["os_read_bytes"] or 0) / max(1, z["disk_bytes_read"]),

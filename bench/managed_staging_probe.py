@@ -17,6 +17,7 @@ and then read by one GPU evaluation (x + 0 for each, evaluated together, as a po
 the same buffers every round. Ways of holding them:
   managed   as MLX hands them out (what the server does)
   prefetch  the same, prefetched to the GPU after the write (cuMemPrefetchAsync)
+  both-ways the same, also prefetched back to the host (and waited for) before the write
   host      the same, advised to stay on the host and be read by the GPU in place
             (cuMemAdvise: preferred location host, accessed by the device)
   device    arrays the GPU made (device memory; no CPU write: the launch-and-evaluate floor)
@@ -65,13 +66,18 @@ class Driver:
         if status != 0:
             raise RuntimeError(f"{what} returned CUDA error {status}")
 
-    def prefetch_to_device(self, ptr, size):
+    def prefetch(self, ptr, size, to_host=False):
+        """Queues the range's migration on the legacy default stream."""
         if self.located:
-            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), MemLocation(LOCATION_DEVICE, 0),
-                                        ctypes.c_uint(0), ctypes.c_void_p(0))
+            where = MemLocation(LOCATION_HOST, 0) if to_host else MemLocation(LOCATION_DEVICE, 0)
+            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), where, ctypes.c_uint(0), ctypes.c_void_p(0))
         else:
-            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_int(0), ctypes.c_void_p(0))
+            status = self.prefetch_call(ctypes.c_uint64(ptr), ctypes.c_size_t(size), ctypes.c_int(DEVICE_CPU if to_host else 0),
+                                        ctypes.c_void_p(0))
         self.check(status, "cuMemPrefetchAsync")
+
+    def wait(self):
+        self.check(self.lib.cuStreamSynchronize(ctypes.c_void_p(0)), "cuStreamSynchronize")
 
     def advise(self, ptr, size, advice, on_host):
         if self.located:
@@ -90,10 +96,12 @@ def host_buffers(n, size):
     return arrays, [np.asarray(a).__array_interface__["data"][0] for a in arrays]
 
 
-def rounds(arrays, ptrs, src, n_rounds, after_write=None):
+def rounds(arrays, ptrs, src, n_rounds, after_write=None, before_write=None):
     writes, uses = [], []
     for _ in range(n_rounds):
         t0 = time.perf_counter()
+        if before_write:
+            before_write()
         for p in ptrs:
             ctypes.memmove(p, src, len(src))
         if after_write:
@@ -130,9 +138,15 @@ def main():
 
     def prefetch():
         for p in ptrs:
-            cuda.prefetch_to_device(p, a.size)
+            cuda.prefetch(p, a.size)
+
+    def fetch_back():
+        for p in ptrs:
+            cuda.prefetch(p, a.size, to_host=True)
+        cuda.wait()
 
     results["prefetch"] = rounds(arrays, ptrs, src, a.rounds, prefetch)
+    results["both-ways"] = rounds(arrays, ptrs, src, a.rounds, prefetch, fetch_back)
 
     arrays, ptrs = host_buffers(a.buffers, a.size)
     for p in ptrs:

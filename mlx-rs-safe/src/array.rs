@@ -170,6 +170,21 @@ impl Array {
         true
     }
 
+    /// The evaluated array's buffer (its first element): for handing the
+    /// memory itself to a driver call, never for reading past a copy.
+    pub(crate) fn data_ptr(&self) -> Result<*const u8> {
+        init();
+        // SAFETY: live handle.
+        check(unsafe { sys::mlx_array_eval(self.raw) })?;
+        // SAFETY: the array is evaluated; mlx-c returns its data pointer (or null
+        // after reporting an error).
+        let ptr = unsafe { sys::mlx_array_data_uint8(self.raw) };
+        if ptr.is_null() {
+            return Err(Error::Mlx(take_last_error().unwrap_or_else(|| "no data".into())));
+        }
+        Ok(ptr)
+    }
+
     /// Copies the elements out, in row-major order, evaluating first.
     ///
     /// Only this array is evaluated (as Python's `item()` / `tolist()` do): an
@@ -200,12 +215,7 @@ impl Array {
         if n == 0 {
             return Ok(Vec::new());
         }
-        // SAFETY: the array is evaluated; mlx-c returns its data pointer (or null
-        // after reporting an error).
-        let ptr = unsafe { sys::mlx_array_data_uint8(c.raw) };
-        if ptr.is_null() {
-            return Err(Error::Mlx(take_last_error().unwrap_or_else(|| "no data".into())));
-        }
+        let ptr = c.data_ptr()?;
         // SAFETY: `c` is evaluated, row-contiguous (checked, or made so), of
         // dtype T::DTYPE (checked above) and holds `n` elements from its data
         // pointer on; MLX aligns buffers for any element type; we copy before

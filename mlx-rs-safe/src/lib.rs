@@ -18,6 +18,7 @@ pub mod ext;
 pub mod fast;
 pub mod io;
 pub mod kernels;
+pub mod managed_memory;
 pub mod memory;
 pub mod ops;
 pub mod process_heap;

@@ -49,6 +49,9 @@ pub struct ExpertCounters {
     /// arrays, summed over threads.
     pub(super) array_seconds: Counter<f64, AtomicU64>,
     router_wait_seconds: Counter<f64, AtomicU64>,
+    /// Bytes of read slabs advised to stay in host memory for the GPU to
+    /// read in place (CUDA; 0 where host and GPU share memory, or none).
+    pub(super) host_staged_bytes: Counter,
     host_syncs: Counter,
     prefetch_issued: Counter,
     prefetch_used: Counter,
@@ -108,6 +111,12 @@ impl ExpertCounters {
             "Time streamed MoE layers waited for their router's choice to reach the host (the device work queued before it)",
             Unit::Seconds,
             self.router_wait_seconds.clone(),
+        );
+        r.register_with_unit(
+            "expert_host_staged",
+            "Bytes of expert reads kept in host memory for the GPU to read in place (CUDA managed memory advised host-preferred and GPU-mapped, so neither side's copy migrates its pages); 0 on the CPU and on Apple silicon's shared memory",
+            Unit::Bytes,
+            self.host_staged_bytes.clone(),
         );
         r.register(
             "expert_host_syncs",
@@ -259,6 +268,7 @@ impl ExpertCounters {
             "read_call_seconds": self.read_call_seconds.get(),
             "array_seconds": self.array_seconds.get(),
             "router_wait_seconds": self.router_wait_seconds.get(),
+            "host_staged_bytes": self.host_staged_bytes.get(),
             "host_syncs": self.host_syncs.get(),
             "speculative_steps": self.speculative_steps.get(),
             "speculative_passes": self.speculative_passes.get(),

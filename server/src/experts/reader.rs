@@ -4,6 +4,13 @@
 //! float tensors for NaN/infinity (the load-time check streamed experts skip),
 //! and hands back MLX arrays. The byte and read counters are updated here from
 //! what each read call returned, nowhere else.
+//!
+//! On CUDA each array's buffer is advised to stay in host memory, mapped for
+//! the GPU ([`managed_memory::keep_on_host`]): it is written here once and
+//! read once, by the kernel that copies it into its layer's pool or staging
+//! set. Left to migrate, its pages fault back to the host for this copy and
+//! over to the GPU for that one (`MLX_SERVE_EXPERT_STAGING=managed` leaves
+//! them so, for comparison).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use mlx_rs_safe::io::uncached::{self, DIRECT_IO_ALIGN};
-use mlx_rs_safe::{Array, Dtype};
+use mlx_rs_safe::{managed_memory, Array, Dtype};
 
 use super::counters::{add_seconds, ExpertCounters};
 use crate::error::{Error, Result};
@@ -92,6 +99,7 @@ impl ExpertReader {
             IoMode::Buffered => IoMode::Buffered,
         };
         counters.set_io_mode(mode.name());
+        let keep_on_host = keep_slabs_on_host();
         let (tx, rx) = mpsc::channel::<Task>();
         let rx = Arc::new(Mutex::new(rx));
         let workers = (0..threads.max(1))
@@ -100,7 +108,7 @@ impl ExpertReader {
                 let counters = counters.clone();
                 std::thread::Builder::new()
                     .name(format!("expert-reader-{i}"))
-                    .spawn(move || Worker { mode, counters, files: HashMap::new(), buf: Vec::new() }.run(&rx))
+                    .spawn(move || Worker { mode, keep_on_host, counters, files: HashMap::new(), buf: Vec::new() }.run(&rx))
                     .map_err(|e| Error::Startup(format!("starting an expert reader thread: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -198,8 +206,26 @@ fn aligned(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
     &mut buf[shift..shift + len]
 }
 
+/// Whether read slabs are advised to stay in host memory (CUDA), unless
+/// `MLX_SERVE_EXPERT_STAGING=managed` asks to leave them where MLX puts them.
+fn keep_slabs_on_host() -> bool {
+    match std::env::var("MLX_SERVE_EXPERT_STAGING").as_deref() {
+        Ok("managed") => {
+            log::info!("expert streaming: MLX_SERVE_EXPERT_STAGING=managed: read slabs left to migrate between host and GPU");
+            false
+        }
+        Ok("host") | Err(_) => true,
+        Ok(other) => {
+            log::warn!("MLX_SERVE_EXPERT_STAGING={other:?} is neither host nor managed; keeping read slabs on the host");
+            true
+        }
+    }
+}
+
 struct Worker {
     mode: IoMode,
+    /// [`keep_slabs_on_host`].
+    keep_on_host: bool,
     counters: ExpertCounters,
     files: HashMap<Arc<PathBuf>, Arc<File>>,
     /// Reused between reads: the aligned bounce buffer.
@@ -270,6 +296,9 @@ impl Worker {
             let bytes = &aligned(&mut buf, span)[skip..skip + len];
             check_finite(bytes, job.dtype)?;
             let array = Array::from_bytes(bytes, &job.shape, job.dtype).map_err(|e| e.to_string());
+            if let (Ok(a), true) = (&array, self.keep_on_host) {
+                self.stage_on_host(a, len);
+            }
             add_seconds(&self.counters.array_seconds, read.elapsed().as_secs_f64());
             array
         });
@@ -282,6 +311,20 @@ impl Worker {
             let _ = uncached::drop_cached(&f, from, to - from);
         }
         result
+    }
+
+    /// [`managed_memory::keep_on_host`] for a slab just read, counted. The
+    /// advice only moves pages, so a failure costs speed, not the read: it
+    /// is logged (once) and the slab handed back as it is.
+    fn stage_on_host(&self, array: &Array, len: usize) {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        match managed_memory::keep_on_host(array) {
+            Ok(true) => {
+                self.counters.host_staged_bytes.inc_by(len as u64);
+            }
+            Ok(false) => {}
+            Err(e) => WARNED.call_once(|| log::warn!("expert streaming: read slabs stay in migrating managed memory: {e}")),
+        }
     }
 }
 
@@ -335,6 +378,40 @@ mod tests {
         assert!(check_finite(&0x3c00u16.to_le_bytes(), Dtype::Float16).is_ok());
         // Packed integers are not floats: every bit pattern is valid.
         assert!(check_finite(&u32::MAX.to_le_bytes(), Dtype::Uint32).is_ok());
+    }
+
+    /// Slabs come back as the file holds them, read by a kernel on the
+    /// default device (the GPU's read of a host-kept buffer, on CUDA), twice
+    /// (the second time into buffers MLX's cache hands back); on CUDA every
+    /// slab of at least 16 KiB is counted as kept on the host, elsewhere none.
+    #[test]
+    fn slabs_read_back_exactly_and_stay_on_the_host_only_on_cuda() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("experts.bin");
+        let slab = 64 * 1024;
+        let bytes: Vec<u8> = (0..3 * slab).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let counters = ExpertCounters::default();
+        let reader = ExpertReader::start(std::slice::from_ref(&path), IoMode::Buffered, 2, counters.clone()).unwrap();
+        let file = Arc::new(path);
+        let job = |i: usize, len: usize| ReadJob {
+            region: Region { file: file.clone(), offset: (i * slab) as u64, len },
+            shape: vec![len as i32],
+            dtype: Dtype::Uint8,
+            what: format!("slab {i}"),
+        };
+        for _ in 0..2 {
+            let jobs = vec![job(0, slab), job(1, slab), job(2, 1024)];
+            let arrays = reader.read_all(jobs.clone()).unwrap();
+            for (a, j) in arrays.iter().zip(&jobs) {
+                let on_device = mlx_rs_safe::ops::add(a, &Array::from_slice(&[0u8], &[1]).unwrap()).unwrap();
+                let from = j.region.offset as usize;
+                assert_eq!(on_device.to_vec::<u8>().unwrap(), &bytes[from..from + j.region.len], "{}", j.what);
+            }
+        }
+        let expected = if mlx_rs_safe::kernels::gpu_backend() == Some("cuda") { 2 * 2 * slab as u64 } else { 0 };
+        assert_eq!(counters.host_staged_bytes.get(), expected, "slabs kept on the host");
+        assert_eq!(counters.bytes_read(), 2 * (2 * slab + 1024) as u64);
     }
 
     #[test]
