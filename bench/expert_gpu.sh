@@ -19,15 +19,19 @@
 #            twice (H200: 69-72% -> 96-103% of the serial bound, BENCHMARKS.md)
 #   pools    resident and 100% (every expert in device-made pools), alternating, twice: does
 #            the resident model decode slower (one call measured 69 vs 103 tok/s)?
-#   readback where a 75% decode layer's wait for its router goes (session 42's trace: 0.70 ms
-#            plus ~0.85 ms an expert the layer before installed): bench/managed_staging_probe.py
-#            (the reader's managed-memory staging), then a traced 75% run with MLX's CUDA
-#            graphs on and off (MLX_USE_CUDA_GRAPHS), each grouped into passes
+#   readback where a 75% decode layer's wait for its router goes: bench/managed_staging_probe.py
+#            (what the reader's slabs cost in managed memory and kept on the host), then traced
+#            75% runs with the slabs kept on the host (the default since session 43) and left
+#            to migrate (MLX_SERVE_EXPERT_STAGING=managed), each grouped into passes (session
+#            42, migrating: 0.70 ms plus ~0.85 ms an expert the layer before installed;
+#            session 43, on the host: 0.6-0.9 ms whatever it installed)
+#   graphs   traced 75% runs with MLX's CUDA graphs on and off (MLX_USE_CUDA_GRAPHS): is the
+#            ~0.6 ms a read-back left at 75% MLX's graph per evaluation?
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
 #            with our quantized-matmul kernel and without (MLX_SERVE_QMM_KERNEL=0): what
 #            the first use of each kernel costs (compiled by NVRTC in every process)
 # Rough durations on an H200 with a ~1 GB/s disk: model 40 s, warm 150 s, disk 30 s, chunks
-# ~6 min, readers ~8 min, budgets ~5 min (over 7 on a slow host), readback ~5 min. A device
+# ~6 min, readers ~8 min, budgets ~5 min (over 7 on a slow host), readback ~5 min, graphs ~4 min. A device
 # call may run 10 minutes, so split them, e.g. `warm disk chunks`, then `warm readers`, then
 # `warm budgets` (the model stays on a machine kept warm between calls; `warm` again in case
 # MLX's compiled kernels do not).
@@ -92,6 +96,14 @@ for stage in "$@"; do
         --out "$OUT/pools.json" | grep --line-buffered -E '"run"' | cut -c1-200 ;;
     readback)
       python3 bench/managed_staging_probe.py
+      for staging in host managed; do
+        echo "-- MLX_SERVE_EXPERT_STAGING=$staging"
+        MLX_SERVE_EXPERT_STAGING=$staging MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 75% --prompt-tokens 2048 \
+          --gen-tokens 24 --out "$OUT/readback-$staging.json" > "$OUT/readback-$staging.log"
+        grep -E '"run"' "$OUT/readback-$staging.log" | cut -c1-300
+        python3 bench/expert_timeline.py "$OUT/readback-$staging.log" | tail -12
+      done ;;
+    graphs)
       for graphs in 1 0; do
         echo "-- MLX_USE_CUDA_GRAPHS=$graphs"
         MLX_USE_CUDA_GRAPHS=$graphs MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 75% --prompt-tokens 2048 \
