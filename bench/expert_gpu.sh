@@ -63,6 +63,16 @@ bench() {
     --temp 0 "$@" 2>&1 | grep --line-buffered -v '^$'
 }
 
+# One traced 75% decode run with environment variable $1 set to $2, its log and JSON named
+# $3 under $OUT, grouped into passes (the router wait by the misses of the layer before).
+traced_75() {
+  echo "-- $1=$2"
+  ( export "$1=$2" MLX_SERVE_LOG_LEVEL=trace
+    bench --no-probe --runs 75% --prompt-tokens 2048 --gen-tokens 24 --out "$OUT/$3.json" > "$OUT/$3.log" )
+  grep -E '"run"' "$OUT/$3.log" | cut -c1-300
+  python3 bench/expert_timeline.py "$OUT/$3.log" | tail -12
+}
+
 for stage in "$@"; do
   echo "== $stage"
   case $stage in
@@ -96,21 +106,11 @@ for stage in "$@"; do
         --out "$OUT/pools.json" | grep --line-buffered -E '"run"' | cut -c1-200 ;;
     readback)
       python3 bench/managed_staging_probe.py
-      for staging in host managed; do
-        echo "-- MLX_SERVE_EXPERT_STAGING=$staging"
-        MLX_SERVE_EXPERT_STAGING=$staging MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 75% --prompt-tokens 2048 \
-          --gen-tokens 24 --out "$OUT/readback-$staging.json" > "$OUT/readback-$staging.log"
-        grep -E '"run"' "$OUT/readback-$staging.log" | cut -c1-300
-        python3 bench/expert_timeline.py "$OUT/readback-$staging.log" | tail -12
-      done ;;
+      traced_75 MLX_SERVE_EXPERT_STAGING host readback-host
+      traced_75 MLX_SERVE_EXPERT_STAGING managed readback-managed ;;
     graphs)
-      for graphs in 1 0; do
-        echo "-- MLX_USE_CUDA_GRAPHS=$graphs"
-        MLX_USE_CUDA_GRAPHS=$graphs MLX_SERVE_LOG_LEVEL=trace bench --no-probe --runs 75% --prompt-tokens 2048 \
-          --gen-tokens 24 --out "$OUT/readback-graphs$graphs.json" > "$OUT/readback-graphs$graphs.log"
-        grep -E '"run"' "$OUT/readback-graphs$graphs.log" | cut -c1-300
-        python3 bench/expert_timeline.py "$OUT/readback-graphs$graphs.log" | tail -12
-      done ;;
+      traced_75 MLX_USE_CUDA_GRAPHS 1 readback-graphs1
+      traced_75 MLX_USE_CUDA_GRAPHS 0 readback-graphs0 ;;
     timeline)
       for qmm in 1 0; do
         echo "-- MLX_SERVE_QMM_KERNEL=$qmm"

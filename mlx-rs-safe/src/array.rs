@@ -170,14 +170,11 @@ impl Array {
         true
     }
 
-    /// The evaluated array's buffer (its first element): for handing the
-    /// memory itself to a driver call, never for reading past a copy.
+    /// An evaluated array's buffer (its first element): callers evaluate
+    /// first (`to_vec` already has, on its read-back path).
     pub(crate) fn data_ptr(&self) -> Result<*const u8> {
-        init();
-        // SAFETY: live handle.
-        check(unsafe { sys::mlx_array_eval(self.raw) })?;
-        // SAFETY: the array is evaluated; mlx-c returns its data pointer (or null
-        // after reporting an error).
+        // SAFETY: live handle, evaluated by the caller; mlx-c returns its data
+        // pointer (or null after reporting an error).
         let ptr = unsafe { sys::mlx_array_data_uint8(self.raw) };
         if ptr.is_null() {
             return Err(Error::Mlx(take_last_error().unwrap_or_else(|| "no data".into())));

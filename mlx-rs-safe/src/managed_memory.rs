@@ -170,6 +170,7 @@ pub fn keep_on_host(array: &Array) -> Result<bool> {
     if len < MIN_ADVISED_BYTES {
         return Ok(false);
     }
+    array.eval()?;
     let ptr = array.data_ptr()? as u64;
     let device = driver.current_device()?;
     if !driver.is_managed(ptr)? {
