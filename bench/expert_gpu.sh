@@ -26,7 +26,8 @@
 #            42, migrating: 0.70 ms plus ~0.85 ms an expert the layer before installed;
 #            session 43, on the host: 0.6-0.9 ms whatever it installed)
 #   graphs   traced 75% runs with MLX's CUDA graphs on and off (MLX_USE_CUDA_GRAPHS): is the
-#            ~0.6 ms a read-back left at 75% MLX's graph per evaluation?
+#            ~0.6 ms a read-back left at 75% MLX's graph per evaluation? (session 44: at most
+#            ~0.15 ms of it; the decode rate the same either way)
 #   timeline one 25% run with the trace log, grouped into passes (bench/expert_timeline.py),
 #            with our quantized-matmul kernel and without (MLX_SERVE_QMM_KERNEL=0): what
 #            the first use of each kernel costs (compiled by NVRTC in every process)

@@ -20,7 +20,9 @@ from tokenizers import Tokenizer
 
 import serving
 
-# The server's default --prefill-size: prompt tokens a stream prefills per turn.
+# The server's smallest default --prefill-size (the CPU's; a GPU's is 2048): prompt tokens a
+# stream prefills per turn. Sizing the streams' extra tokens by it keeps every stream decoding
+# until the last has prefilled on either backend (on a GPU, with tokens to spare).
 PREFILL_CHUNK = 512
 
 FLAGS = {"fp16": [], "balanced": ["--turbo-kv", "balanced"], "compact": ["--turbo-kv", "compact"],
