@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use mlx_rs_safe::{async_eval, eval, memory, Array};
 
-use super::batch::{DecodeBatch, Joining};
+use super::batch::{DecodeBatch, Joining, StepHostTime};
 use super::token_mask::{MaskRows, KEPT_ROWS_BYTES};
 use super::policy::Policy;
 use super::request::{Event, PromptProgress, Request};
@@ -258,9 +258,16 @@ impl Engine {
         let start = Instant::now();
         self.admit();
         let start = self.lap("admit", start);
-        let handing = self.decode();
+        let (handing, host) = self.decode();
         // The tokens' hand-off was counted on its own ("tokens").
         let start = self.lap("decode", start + handing);
+        // The step's host time by part goes in after the decode part that
+        // holds it: a client whose last token was handed over may read
+        // /metrics before this turn ends, and must not see the parts of a
+        // step whose decode time is not yet counted.
+        if let Some(h) = host {
+            self.metrics.record_decode_host(h.build, h.launch, h.wait);
+        }
         if !self.ready.is_empty() {
             // No prefill this turn: the sequences joining now get their first
             // token at the next step, not after another prompt's chunk.
@@ -567,9 +574,10 @@ impl Engine {
     }
 
     /// One decode step of the batch. Returns the time its tokens' hand-off
-    /// to their sequences took (recorded as "tokens").
-    fn decode(&mut self) -> Duration {
-        let Some(batch) = self.batch.as_mut() else { return Duration::ZERO };
+    /// to their sequences took (recorded as "tokens") and the step's host
+    /// time by part (None: no step ran, or it failed).
+    fn decode(&mut self) -> (Duration, Option<StepHostTime>) {
+        let Some(batch) = self.batch.as_mut() else { return (Duration::ZERO, None) };
         self.decode_turns += 1;
         if self.decode_turns.is_multiple_of(CLEAR_CACHE_EVERY) {
             if let Err(e) = memory::clear_cache() {
@@ -596,9 +604,10 @@ impl Engine {
         });
         metrics.record_engine_time("tokens", handing.as_secs_f64());
         metrics.record_kv_compressions("decode", std::mem::take(&mut batch.compressed) as u64);
+        let mut host = None;
         match result {
             Ok(outcome) => {
-                metrics.record_decode_host(outcome.host.build, outcome.host.launch, outcome.host.wait);
+                host = Some(outcome.host);
                 if let Some(m) = outcome.masks {
                     metrics.record_grammar_masks(m.seconds, m.rows.uploaded as u64, m.rows.reused as u64);
                 }
@@ -615,7 +624,7 @@ impl Engine {
         if self.batch.as_ref().is_some_and(DecodeBatch::is_empty) {
             self.batch = None;
         }
-        handing
+        (handing, host)
     }
 
     /// Stores the KV of a prompt's first tokens, at a checkpoint.
