@@ -341,24 +341,41 @@ pub fn window_moves(src: i32, keep: i32) -> Result<Array> {
     in_device_memory(&[src, keep], &[0, 0])
 }
 
-/// Blocks an attention call aims for: two per multiprocessor of an H100.
-/// Measured there (Llama-3.1-8B shape, 1 row, 32K and 64K positions): 256
-/// blocks beat 384 and 768 (each block rotates its queries and leaves a
-/// partial for the merge, so fewer, longer splits pay off once the GPU is
-/// covered). `MLX_SERVE_TURBO_BLOCKS` overrides it (kernel development on a
-/// GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
-fn target_blocks() -> i32 {
-    static BLOCKS: OnceLock<i32> = OnceLock::new();
-    *BLOCKS.get_or_init(|| crate::kernel_check::tuned("MLX_SERVE_TURBO_BLOCKS", 256))
+/// Blocks a split-K attention call aims for: two per multiprocessor of an
+/// H100. Measured there with an earlier TurboQuant kernel (Llama-3.1-8B
+/// shape, 1 row, 32K and 64K positions): 256 blocks beat 384 and 768 (each
+/// block rotates its queries and leaves a partial for the merge, so fewer,
+/// longer splits paid off once the GPU was covered).
+const BLOCKS: i32 = 256;
+/// Blocks CUDA's `turbo_attend` aims for at head dim 128 with up to 4 query
+/// heads per KV head, where it takes 128 registers a thread and 48 KB of
+/// shared memory, so 4 blocks share a multiprocessor: with the KV heads'
+/// window splits on top, one wave of 4 blocks an SM on a 132-SM H100 or
+/// H200 (the Llama-3.1-8B shape: 480 blocks). On an H200 (Nsight Compute,
+/// BENCHMARKS.md, session 45) a launch took 61 µs at 64K positions instead
+/// of 72 with [`BLOCKS`] (288 blocks: 2 warps a scheduler, waiting on their
+/// own latency), and 39 instead of 43 at 32K; 544 blocks (past one wave)
+/// were no faster at 64K and slower at 32K.
+const BLOCKS_FOUR_PER_SM: i32 = 448;
+
+/// `default`, or `MLX_SERVE_TURBO_BLOCKS` where it is set (kernel
+/// development on a GPU machine, like `MLX_SERVE_TURBO_KERNELS`).
+fn target_blocks(default: i32) -> i32 {
+    static OVERRIDE: OnceLock<i32> = OnceLock::new();
+    match *OVERRIDE.get_or_init(|| crate::kernel_check::tuned("MLX_SERVE_TURBO_BLOCKS", 0)) {
+        0 => default,
+        n => n,
+    }
 }
 /// Positions a split takes at least, so the query's rotation at the start of
 /// each block stays a small part of its work.
 const MIN_SPLIT: i32 = 256;
 
 /// Splits of each row's `positions` when `heads` (rows × KV heads) blocks
-/// work on every split: at most 256 (a merge thread per split).
-fn splits(positions: i32, heads: i32) -> i32 {
-    let by_blocks = (target_blocks() + heads - 1) / heads.max(1);
+/// work on every split, aiming at `blocks` blocks in all (see
+/// [`target_blocks`]): at most 256 (a merge thread per split).
+fn splits(positions: i32, heads: i32, blocks: i32) -> i32 {
+    let by_blocks = (target_blocks(blocks) + heads - 1) / heads.max(1);
     let by_len = (positions.max(1) + MIN_SPLIT - 1) / MIN_SPLIT;
     by_blocks.min(by_len).clamp(1, 256)
 }
@@ -418,9 +435,11 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let hkv = sinks[0].dim(1)?;
     let rep = hq / hkv;
     let (kfmt, kbits) = key_code(codec);
-    // The merge takes at most 256 splits; the window takes the last ones.
-    let ns = splits(cut - SINKS, b * hkv).min(256 - WINDOW_SPLITS) + WINDOW_SPLITS;
     let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
+    let cuda = lang == KernelLanguage::Cuda;
+    let blocks = if cuda && d == 128 && rep <= 4 { BLOCKS_FOUR_PER_SM } else { BLOCKS };
+    // The merge takes at most 256 splits; the window takes the last ones.
+    let ns = splits(cut - SINKS, b * hkv, blocks).min(256 - WINDOW_SPLITS) + WINDOW_SPLITS;
     let threads = attend_threads(lang, rep);
     let t = codec.tables();
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype())), ("S".to_string(), TemplateArg::Dtype(codec.dtype))];
@@ -437,7 +456,7 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
         return Err(Error::Internal("the recent window's dtype is not the codec's"));
     }
     let inputs = [q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params];
-    if lang == KernelLanguage::Cuda {
+    if cuda {
         let call = split_call([b, hq, hkv, ns, d], threads, template, Some(q.dtype()));
         let name = if d == 128 && rep > 4 { "turbo_attend_bounded" } else { "turbo_attend" };
         return launch_merged(name, &inputs, counts, b * hkv, &call);
@@ -694,7 +713,7 @@ fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group
     let hkv = kv[0].dim(1)?;
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
     template.extend(ints(&[("D", d), ("REP", hq / hkv), ("BITS", bits), ("GS", group_size)]));
-    let call = split_call([b, hq, hkv, splits(written, b * hkv), d], DENSE_THREADS, template, Some(q.dtype()));
+    let call = split_call([b, hq, hkv, splits(written, b * hkv, BLOCKS), d], DENSE_THREADS, template, Some(q.dtype()));
     let [k, v, ks, kb, vs, vb] = kv;
     launch_merged("dense_attend", &[q, k, v, params, ks, kb, vs, vb], counts, b * hkv, &call)
 }
