@@ -10,8 +10,10 @@
 # several times that).
 # MLX's CUDA bundle comes from ../shared/tools/cuda-bundle.sh (same .device/).
 #
-# On the GPU machine (device tool, carry [".device"]):
-#   source .device/cuda-env.sh && .device/run-tests.sh   (unpacks .device/bin.tar.xz)
+# On the GPU machine (device tool, carry [".device"]), from the repository root:
+#   .device/run-tests.sh                  (every packed test executable)
+#   source .device/prelude.sh; $B/...     (a command's own runs: MLX's CUDA environment, the
+#                                          executables unpacked into $B, on the loader's path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.device
@@ -50,15 +52,24 @@ echo "$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no
 # CUDA bundle in the 64 MiB a call carries (the GPU machine unpacks bin.tar.xz first).
 strip --strip-debug "$out"/bin/*
 tar -C "$out" -cJf "$out/bin.tar.xz" bin && rm -rf "$out/bin"
+cat >"$out/prelude.sh" <<'PRELUDE'
+# Sourced from the repository root on the GPU machine before anything runs there:
+# MLX's CUDA environment (cuda-env.sh), the packed executables unpacked into $B and
+# put on the loader's path (libmlxc.so is among them), and the repository linked at
+# the path it had where they were built (the tests find their fixtures there).
+source .device/cuda-env.sh
+[ -d .device/bin ] || tar -C .device -xJf .device/bin.tar.xz
+built_at=$(cat .device/built-at)
+[ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; }
+B=$PWD/.device/bin
+export LD_LIBRARY_PATH=$B:${LD_LIBRARY_PATH:-} PYTHONUNBUFFERED=1
+PRELUDE
 cat >"$out/run-tests.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs every packed test executable (those .device/tests.txt names); prints a
 # summary line per executable.
 cd "$(dirname "$0")/.."
-[ -d .device/bin ] || tar -C .device -xJf .device/bin.tar.xz
-# The tests find the repository at the path it had where they were built.
-built_at=$(cat .device/built-at)
-[ -e "$built_at" ] || { mkdir -p "$(dirname "$built_at")" && ln -s "$PWD" "$built_at"; }
+source .device/prelude.sh
 export MLX_SERVE_PYTHON=${MLX_SERVE_PYTHON:-python3}
 export MLX_SERVE_BIN=$PWD/.device/bin/mlx-serve
 fail=0
