@@ -349,13 +349,14 @@ pub fn window_moves(src: i32, keep: i32) -> Result<Array> {
 const BLOCKS: i32 = 256;
 /// Blocks CUDA's `turbo_attend` aims for at head dim 128 with up to 4 query
 /// heads per KV head, where it takes 128 registers a thread and 48 KB of
-/// shared memory, so 4 blocks share a multiprocessor: with the KV heads'
-/// window splits on top, one wave of 4 blocks an SM on a 132-SM H100 or
-/// H200 (the Llama-3.1-8B shape: 480 blocks). On an H200 (Nsight Compute,
+/// shared memory, so 4 blocks share a multiprocessor: the splits of the
+/// codes, which run long, in one wave of 4 an SM on a 132-SM H100 or H200
+/// (the recent window's splits come on top and are short; one row of the
+/// Llama-3.1-8B shape: 448 + 32 = 480 blocks). On an H200 (Nsight Compute,
 /// BENCHMARKS.md, session 45) a launch took 61 µs at 64K positions instead
 /// of 72 with [`BLOCKS`] (288 blocks: 2 warps a scheduler, waiting on their
-/// own latency), and 39 instead of 43 at 32K; 544 blocks (past one wave)
-/// were no faster at 64K and slower at 32K.
+/// own latency), and 39 instead of 43 at 32K; 544 (512 targeted, past one
+/// wave) took 59-60 µs at 64K but 42 at 32K.
 const BLOCKS_FOUR_PER_SM: i32 = 448;
 
 /// `default`, or `MLX_SERVE_TURBO_BLOCKS` where it is set (kernel
