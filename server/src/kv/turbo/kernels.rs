@@ -373,8 +373,9 @@ fn target_blocks(default: i32) -> i32 {
 const MIN_SPLIT: i32 = 256;
 
 /// Splits of each row's `positions` when `heads` (rows × KV heads) blocks
-/// work on every split, aiming at `blocks` blocks in all (see
-/// [`target_blocks`]): at most 256 (a merge thread per split).
+/// work on every split, aiming at `blocks` blocks over the positions (see
+/// [`target_blocks`]; a caller's window splits come on top): at most 256 (a
+/// merge thread per split).
 fn splits(positions: i32, heads: i32, blocks: i32) -> i32 {
     let by_blocks = (target_blocks(blocks) + heads - 1) / heads.max(1);
     let by_len = (positions.max(1) + MIN_SPLIT - 1) / MIN_SPLIT;
