@@ -63,14 +63,14 @@ def wrap(name, header, body, inputs, outputs, template):
     return src + body + "\n}\n}\n"
 
 
-def compile_one(lib, includes, name, src):
+def compile_one(lib, includes, name, src, arch="compute_90"):
     """(NVRTC's result, its log, the PTX when it compiled) of one wrapped kernel source."""
     prog = ctypes.c_void_p()
     names = list(MLX_OP_STUBS)
     headers = (ctypes.c_char_p * len(names))(*[MLX_OP_STUBS[n].encode() for n in names])
     include_names = (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
     assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), len(names), headers, include_names) == 0
-    opts = [b"--gpu-architecture=compute_90", b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     res = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

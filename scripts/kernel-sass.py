@@ -1,4 +1,4 @@
-"""Compiles one instance of a CUDA kernel of metal-kernels/ for sm_90 without a GPU and
+"""Compiles one instance of a CUDA kernel of metal-kernels/ for sm_90a without a GPU and
 shows what the GPU would run: registers, shared memory and spills (ptxas), and the
 instruction mix of each loop of its SASS (nvdisasm). Kernel work between GPU calls: a
 change's instruction count per loop iteration shows before any device time is spent.
@@ -6,12 +6,18 @@ change's instruction count per loop iteration shows before any device time is sp
 The kernel is wrapped as MLX wraps it (scripts/check-cuda-kernels.py's `wrap`), compiled
 to PTX by NVRTC, then to SASS by ptxas. Tools from PyPI wheels (unzip them anywhere):
 nvidia-cuda-nvrtc-cu12 (libnvrtc), nvidia-cuda-runtime-cu12 and nvidia-cuda-cccl-cu12
-(headers), nvidia-cuda-nvcc-cu12 (ptxas), nvidia-cuda-nvdisasm (nvdisasm).
+(headers), nvidia-cuda-nvcc-cu12 (ptxas), nvidia-cuda-nvdisasm (nvdisasm); or CUDA 13's,
+as the GPU machine's MLX uses (nvidia-cuda-nvrtc, -runtime, -cccl, -nvcc ==13.0.*, all under
+nvidia/cu13/: --include nvidia/cu13/include --include nvidia/cu13/include/cccl; an unzipped
+ptxas needs its execute bit). With CUDA 13.0's the counts are the H200's (session 45: 128
+registers for turbo_attend's Llama instance, 130 for an edit of it, as ncu read them there).
 
 usage: python scripts/kernel-sass.py --nvrtc LIB --ptxas BIN --nvdisasm BIN --include DIR [--include DIR]
-           [--template '{"D": 128, "REP": 4}'] [--source FILE] [--sass OUT.sass] [turbo_attend]
+           [--template '{"D": 128, "REP": 4}'] [--source FILE] [--min-blocks N] [--sass OUT.sass] [turbo_attend]
 The template starts from turbo_attend's Llama-3.1-8B `balanced` instance (bf16, head dim
 128, 4 query heads per KV head, 8-bit keys, 3-bit values); --template overrides entries.
+--min-blocks compiles it with launch bounds for N blocks a multiprocessor, as kernels.rs's
+`turbo_attend_bounded` (TURBO_MIN_BLOCKS in turbo_common.cuh).
 """
 
 import argparse, collections, ctypes, importlib.util, json, re, subprocess, tempfile
@@ -58,6 +64,7 @@ def main():
     ap.add_argument("--include", action="append", required=True)
     ap.add_argument("--template", default="{}")
     ap.add_argument("--source", help="the kernel body (default: metal-kernels/KERNEL.cu)")
+    ap.add_argument("--min-blocks", type=int, help="launch bounds for this many blocks a multiprocessor")
     ap.add_argument("--sass", help="also write the SASS here")
     a = ap.parse_args()
     io, template = KERNELS[a.kernel]
@@ -65,13 +72,20 @@ def main():
     inputs, outputs = io(template["T"][1:])
     body = Path(a.source).read_text() if a.source else (check.KERNELS / f"{a.kernel}.cu").read_text()
     header = (check.KERNELS / "turbo_common.cuh").read_text()
+    if a.min_blocks:
+        header = f"#define TURBO_MIN_BLOCKS {a.min_blocks}\n{header}"
     src = check.wrap(a.kernel, header, body, inputs, outputs, template)
-    res, log, ptx = check.compile_one(ctypes.CDLL(a.nvrtc), a.include, a.kernel, src)
+    # NVRTC opens its builtins library by name: loaded first from beside it, it is found.
+    for builtins in Path(a.nvrtc).parent.glob("libnvrtc-builtins.so*"):
+        ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+        break
+    # sm_90a, as MLX compiles for a Hopper GPU (its spills differ from sm_90's).
+    res, log, ptx = check.compile_one(ctypes.CDLL(a.nvrtc), a.include, a.kernel, src, arch="compute_90a")
     if res != 0:
         raise SystemExit(log)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "k.ptx").write_bytes(ptx)
-        info = subprocess.run([a.ptxas, "-arch=sm_90", "-v", "-o", f"{tmp}/k.cubin", f"{tmp}/k.ptx"], capture_output=True, text=True, check=True)
+        info = subprocess.run([a.ptxas, "-arch=sm_90a", "-v", "-o", f"{tmp}/k.cubin", f"{tmp}/k.ptx"], capture_output=True, text=True, check=True)
         sass = subprocess.run([a.nvdisasm, "-c", f"{tmp}/k.cubin"], capture_output=True, text=True, check=True).stdout
     print(json.dumps(template))
     for line in info.stderr.splitlines():
@@ -82,9 +96,16 @@ def main():
     total, found = loops(sass)
     print(f"{total} instructions; the largest backward-branch spans (loops, and the spans of shuffles'")
     print("divergence fallbacks, which jump back over whole loops):")
-    for first, last, body in sorted(found[:8]):
-        mix = collections.Counter(body)
-        print(f"loop {first}..{last}: {len(body)} instructions;", ", ".join(f"{op} {n}" for op, n in mix.most_common(12)))
+    show = lambda first, last, body: print(f"loop {first}..{last}: {len(body)} instructions;",
+                                           ", ".join(f"{op} {n}" for op, n in collections.Counter(body).most_common(12)))
+    for span in sorted(found[:8]):
+        show(*span)
+    # The attention kernels' chunk loop is the smallest span holding their
+    # tensor-core instructions: its count is the instructions a chunk takes.
+    mma = sorted((span for span in found if "HMMA" in span[2]), key=lambda f: len(f[2]))
+    if mma:
+        print("the smallest span with tensor-core instructions (HMMA):")
+        show(*mma[0])
 
 
 if __name__ == "__main__":
