@@ -4,7 +4,7 @@
 # Nsight Compute's GPU time of every kernel a step runs (and, optionally, a full profile of one
 # attention launch). Variant kernel sources (MLX_SERVE_TURBO_KERNELS folders) run one after
 # another with the same tests and bench, so versions compare on one warm machine.
-# Run from the project root after `source .device/cuda-env.sh`, with $BIN_DIR holding
+# Run from the project root after `source .device/prelude.sh` (scripts/device-bundle.sh), with $BIN_DIR holding
 # mlx_serve_lib (the server crate's unit-test executable), kv_attend and libmlxc.so (and
 # mlx-serve for the whole model): `scripts/device-bundle.sh --bench` packs them.
 #
@@ -14,7 +14,8 @@
 #      SHAPE (kv_attend's shape flags, default the Llama-3.1-8B shape; the Qwen3-30B-A3B shape:
 #      SHAPE="--layers 48 --kv-heads 4 --heads 32", where host time decides: BENCHMARKS.md; the
 #      ncu runs keep their own few layers: kv_attend takes a flag's first value),
-#      NCU=1 (per-kernel GPU times of each version, at each of NCU_CONTEXTS, default 32768),
+#      NCU=1 (per-kernel GPU times of each version, at each of NCU_CONTEXTS, default 32768, and
+#      each of BLOCKS; with the GPU's own clocks, as the timed runs have them),
 #      NCU_FULL=1 (one attention launch in full),
 #      TESTS=0 (skip the unit tests of the built-in kernels, e.g. already run on this build),
 #      MODEL=1 (then bench/turbo_bench.py on a Llama-3.1-8B-shaped 4-bit model, built once
@@ -47,16 +48,21 @@ for version in "$@"; do
   done
   unset MLX_SERVE_TURBO_BLOCKS
   if [ "${NCU:-0}" = 1 ]; then
-    for c in ${NCU_CONTEXTS:-32768}; do
-      echo "== $tag: GPU time per kernel (ncu), $c tokens, 4 layers"
-      timeout 400 ncu --csv --metrics gpu__time_duration.sum --print-units base \
-        "$BIN_DIR/kv_attend" --contexts $c --formats fp16,balanced --layers 4 --steps 3 $SHAPE >"$OUT/ncu-times-$tag-$c.csv" 2>"$OUT/ncu-times-$tag-$c.err" || status=1
-      python3 bench/ncu_times.py "$OUT/ncu-times-$tag-$c.csv" || status=1
+    for blocks in ${BLOCKS:-default}; do
+      if [ "$blocks" = default ]; then unset MLX_SERVE_TURBO_BLOCKS; else export MLX_SERVE_TURBO_BLOCKS=$blocks; fi
+      for c in ${NCU_CONTEXTS:-32768}; do
+        echo "== $tag: GPU time per kernel (ncu, the GPU's own clocks), $c tokens, 4 layers, attention blocks $blocks"
+        f="$OUT/ncu-times-$tag-$blocks-$c"
+        timeout 400 ncu --clock-control none --csv --metrics gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size \
+          --print-units base "$BIN_DIR/kv_attend" --contexts $c --formats fp16,balanced --layers 4 --steps 3 $SHAPE >"$f.csv" 2>"$f.err" || status=1
+        python3 bench/ncu_times.py "$f.csv" || status=1
+      done
     done
+    unset MLX_SERVE_TURBO_BLOCKS
   fi
   if [ "$first" = 1 ] && [ "${NCU_FULL:-0}" = 1 ]; then
     echo "== $tag: one attention launch in full (ncu)"
-    timeout 300 ncu --kernel-name regex:turbo_attend --launch-skip 8 --launch-count 1 \
+    timeout 300 ncu --clock-control none --kernel-name regex:turbo_attend --launch-skip 8 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       "$BIN_DIR/kv_attend" --contexts 32768 --formats balanced --layers 2 --steps 3 $SHAPE >"$OUT/ncu-full-$tag.txt" 2>&1 || status=1
