@@ -439,7 +439,14 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let (kfmt, kbits) = key_code(codec);
     let lang = language().ok_or(Error::Internal("TurboQuant kernels without a GPU backend"))?;
     let cuda = lang == KernelLanguage::Cuda;
-    let blocks = if cuda && d == 128 && rep <= 4 { BLOCKS_FOUR_PER_SM } else { BLOCKS };
+    // The kernel for the shape and the blocks it aims for: at head dim 128 on
+    // CUDA, bounded to 3 blocks an SM past 4 query heads per KV head; with
+    // at most 4 it holds 4 an SM as it is.
+    let (name, blocks) = match (cuda, d, rep) {
+        (true, 128, r) if r > 4 => ("turbo_attend_bounded", BLOCKS),
+        (true, 128, _) => ("turbo_attend", BLOCKS_FOUR_PER_SM),
+        _ => ("turbo_attend", BLOCKS),
+    };
     // The merge takes at most 256 splits; the window takes the last ones.
     let ns = splits(cut - SINKS, b * hkv, blocks).min(256 - WINDOW_SPLITS) + WINDOW_SPLITS;
     let threads = attend_threads(lang, rep);
@@ -460,11 +467,10 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let inputs = [q, rows, params, &t.signs, &t.key_centroids, &t.value_centroids, &sinks[0], &sinks[1], window.buffer, window.params];
     if cuda {
         let call = split_call([b, hq, hkv, ns, d], threads, template, Some(q.dtype()));
-        let name = if d == 128 && rep > 4 { "turbo_attend_bounded" } else { "turbo_attend" };
         return launch_merged(name, &inputs, counts, b * hkv, &call);
     }
     let call = split_call([b, hq, hkv, ns, d], threads, template, None);
-    let parts = with_kernel("turbo_attend", |kern| Ok(kern.apply(&inputs, &call)?))?;
+    let parts = with_kernel(name, |kern| Ok(kern.apply(&inputs, &call)?))?;
     merge(&parts, q.dtype(), &t.signs)
 }
 
