@@ -314,52 +314,70 @@ if (!early) {
 
 // Two positions' value codes of this lane's coordinates D / 8 * lg ..
 // + D / 8, merged once so that each coordinate's pair index (the tables'
-// index above) is one field: e[] holds the even coordinates', o[] the odd
-// ones' (4-bit: a byte each; 2- and 3-bit: a nibble each, the third bits
-// then in h0, h1 by coordinate).
+// index above) is one byte, read out by one byte permute: x[w][] are the
+// coordinates of w-th word of codes. 4-bit codes: x[w][0] holds the even
+// coordinates' indices, x[w][1] the odd ones'. 2- and 3-bit codes: byte m
+// of x[w][k] holds coordinate 16w + 4m + k's index times 4 (its byte offset
+// in a table of 4-byte entries; the index is 6 bits), the low bits' pairs
+// from the word-packed plane, a 3-bit code's third bits from the bit plane.
 constexpr int VB2 = VBITS == 4 ? 4 : 2;  // bits of a code's word-packed part
 constexpr int NB = DPL * VB2 / 8;       // its bytes per row for the lane group
 constexpr int VW = (NB + 3) / 4;
+constexpr int NX = VB2 == 4 ? 2 : 4;
 struct VPair {
-  uint32_t e[VW];
-  uint32_t o[VW];
-  uint32_t h0, h1;
+  uint32_t x[VW][NX];
+};
+// The low 16 bits of x moved to the even bits (bit i to bit 2i).
+auto spread = [](uint32_t x) {
+  x = __byte_perm(x, 0u, 0x4140u);      // byte 1 to byte 2
+  x = (x | (x << 4)) & 0x0F0F0F0Fu;
+  x = (x | (x << 2)) & 0x33333333u;
+  return (x | (x << 1)) & 0x55555555u;
 };
 auto vpair = [&](const uint8_t* r0, const uint8_t* r1) {
   VPair v;
   const int at = KB + NB * lg;
-#pragma unroll
-  for (int i = 0; i < VW; ++i) {
-    const uint32_t w0 = NB >= 4 ? *reinterpret_cast<const uint32_t*>(r0 + at + 4 * i) : (uint32_t)*reinterpret_cast<const uint16_t*>(r0 + at);
-    const uint32_t w1 = NB >= 4 ? *reinterpret_cast<const uint32_t*>(r1 + at + 4 * i) : (uint32_t)*reinterpret_cast<const uint16_t*>(r1 + at);
-    if (VB2 == 4) {
-      v.e[i] = (w0 & 0x0F0F0F0Fu) | ((w1 << 4) & 0xF0F0F0F0u);
-      v.o[i] = ((w0 >> 4) & 0x0F0F0F0Fu) | (w1 & 0xF0F0F0F0u);
-    } else {
-      v.e[i] = (w0 & 0x33333333u) | ((w1 << 2) & 0xCCCCCCCCu);
-      v.o[i] = ((w0 >> 2) & 0x33333333u) | (w1 & 0xCCCCCCCCu);
-    }
-  }
-  v.h0 = v.h1 = 0;
+  uint32_t h0 = 0, h1 = 0;
   if (VBITS == 3) {
     const int hat = KB + D / 4 + (DPL / 8) * lg;
     auto bits = [&](const uint8_t* r) {
       return DPL >= 32 ? *reinterpret_cast<const uint32_t*>(r + hat) : DPL == 16 ? (uint32_t)*reinterpret_cast<const uint16_t*>(r + hat) : (uint32_t)r[hat];
     };
-    v.h0 = bits(r0);
-    v.h1 = bits(r1);
+    h0 = bits(r0);
+    h1 = bits(r1);
+  }
+#pragma unroll
+  for (int i = 0; i < VW; ++i) {
+    const uint32_t w0 = NB >= 4 ? *reinterpret_cast<const uint32_t*>(r0 + at + 4 * i) : (uint32_t)*reinterpret_cast<const uint16_t*>(r0 + at);
+    const uint32_t w1 = NB >= 4 ? *reinterpret_cast<const uint32_t*>(r1 + at + 4 * i) : (uint32_t)*reinterpret_cast<const uint16_t*>(r1 + at);
+    if (VB2 == 4) {
+      v.x[i][0] = (w0 & 0x0F0F0F0Fu) | ((w1 << 4) & 0xF0F0F0F0u);
+      v.x[i][1] = ((w0 >> 4) & 0x0F0F0F0Fu) | (w1 & 0xF0F0F0F0u);
+    } else {
+      // e: nibble n is coordinate 2n's low bits (first position, then
+      // second); o: coordinate 2n + 1's. Byte m of e: coordinates 4m, 4m + 2.
+      const uint32_t e = (w0 & 0x33333333u) | ((w1 << 2) & 0xCCCCCCCCu);
+      const uint32_t o = ((w0 >> 2) & 0x33333333u) | (w1 & 0xCCCCCCCCu);
+      // Byte m of hh: coordinates 4m .. 4m + 3's third bits, two each.
+      const uint32_t hh = VBITS == 3 ? spread(h0 >> (16 * i)) | spread(h1 >> (16 * i)) << 1 : 0u;
+      v.x[i][0] = ((e << 2) & 0x3C3C3C3Cu) | ((hh << 6) & 0xC0C0C0C0u);
+      v.x[i][1] = ((o << 2) & 0x3C3C3C3Cu) | ((hh << 4) & 0xC0C0C0C0u);
+      v.x[i][2] = ((e >> 2) & 0x3C3C3C3Cu) | ((hh << 2) & 0xC0C0C0C0u);
+      v.x[i][3] = ((o >> 2) & 0x3C3C3C3Cu) | (hh & 0xC0C0C0C0u);
+    }
   }
   return v;
 };
-// The pair index of coordinate j (0 .. D / 8 - 1) of the lane's.
-auto vidx = [&](const VPair& v, int j) -> uint32_t {
-  constexpr int DPW = 32 / VB2;         // coordinates a word
-  const uint32_t w = (j % 2 == 0 ? v.e : v.o)[j / DPW];
-  uint32_t f = (w >> (2 * VB2 * ((j % DPW) / 2))) & ((1u << (2 * VB2)) - 1u);
-  if (VBITS == 3) {
-    f |= ((v.h0 >> j) & 1u) << 4 | ((v.h1 >> j) & 1u) << 5;
+// The byte offset of coordinate j's (0 .. D / 8 - 1 of the lane's) pair in
+// a value table, and that table's entry there.
+auto voff = [&](const VPair& v, int j) -> uint32_t {
+  if (VB2 == 4) {
+    return __byte_perm(v.x[j / 8][j % 2], 0u, 0x4440u | ((j % 8) / 2)) << 2;
   }
-  return f;
+  return __byte_perm(v.x[j / 16][j % 4], 0u, 0x4440u | ((j % 16) / 4));
+};
+auto ventry = [&](int part, uint32_t off) {
+  return *reinterpret_cast<const uint32_t*>(reinterpret_cast<const uint8_t*>(vlut[part]) + off);
 };
 
 for (int k = 0; warp + WARPS * k < nch; ++k) {
@@ -482,13 +500,13 @@ for (int k = 0; warp + WARPS * k < nch; ++k) {
   const VPair v89 = vpair(rows + (2 * lt + 8) * ROW, rows + (2 * lt + 9) * ROW);
 #pragma unroll
   for (int i = 0; i < KS; ++i) {
-    const uint32_t x0 = vidx(v01, 2 * i), x1 = vidx(v01, 2 * i + 1);
-    const uint32_t x2 = vidx(v89, 2 * i), x3 = vidx(v89, 2 * i + 1);
+    const uint32_t x0 = voff(v01, 2 * i), x1 = voff(v01, 2 * i + 1);
+    const uint32_t x2 = voff(v89, 2 * i), x3 = voff(v89, 2 * i + 1);
 #pragma unroll
     for (int part = 0; part < 2; ++part) {
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        turbo_mma(acc[i][n], vlut[part][x0], vlut[part][x1], vlut[part][x2], vlut[part][x3], pf[n][0], pf[n][1]);
+        turbo_mma(acc[i][n], ventry(part, x0), ventry(part, x1), ventry(part, x2), ventry(part, x3), pf[n][0], pf[n][1]);
       }
     }
   }

@@ -568,7 +568,7 @@ __device__ inline void turbo_merge_if_last(const uint32_t* counts, size_t group,
 }
 
 // A kernel whose header starts by defining TURBO_MIN_BLOCKS (kernels.rs
-// `turbo_attend_bounded`) asks ptxas for registers that let that many
+// `turbo_attend_bounded` and `turbo_attend_four`) asks ptxas for registers that let that many
 // 128-thread blocks share an SM. MLX writes the kernel's signature
 // (`__global__ void name(`) right after this header and takes no launch
 // bounds of its own, so the bound comes in through `__global__`.

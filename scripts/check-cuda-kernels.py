@@ -111,9 +111,11 @@ def main():
             if rep * d > 1024:
                 continue
             cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t, WS=4)))
-            if d == 128 and rep > 4:
-                # kernels.rs `turbo_attend_bounded`: launch bounds through the header.
-                cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t, WS=4), "#define TURBO_MIN_BLOCKS 3\n" + header))
+            if d == 128:
+                # kernels.rs `turbo_attend_bounded` (more than 4 query heads a KV head) and
+                # `turbo_attend_four`: launch bounds through the header.
+                bound = 3 if rep > 4 else 4
+                cases.append(("turbo_attend", *turbo_attend_io(t[1:]), dict(common, REP=rep, S=t, WS=4), f"#define TURBO_MIN_BLOCKS {bound}\n" + header))
     for t, d, rep, (bits, gs) in itertools.product(["@bf16", "@f16", "@f32"], [64, 128, 256], [1, 4, 8], [(0, 32), (8, 64), (4, 32), (8, 128)]):
         if bits and d % gs:
             continue  # affine_applies: a row is whole scale groups

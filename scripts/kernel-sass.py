@@ -17,7 +17,8 @@ usage: python scripts/kernel-sass.py --nvrtc LIB --ptxas BIN --nvdisasm BIN --in
 The template starts from turbo_attend's Llama-3.1-8B `balanced` instance (bf16, head dim
 128, 4 query heads per KV head, 8-bit keys, 3-bit values); --template overrides entries.
 --min-blocks compiles it with launch bounds for N blocks a multiprocessor, as kernels.rs's
-`turbo_attend_bounded` (TURBO_MIN_BLOCKS in turbo_common.cuh).
+`turbo_attend_four` (4, the Llama instance as it runs) and `turbo_attend_bounded` (3)
+(TURBO_MIN_BLOCKS in turbo_common.cuh).
 """
 
 import argparse, collections, ctypes, importlib.util, json, re, subprocess, tempfile

@@ -228,7 +228,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
                     let inputs: &[&str] = &["k", "v", "signs", "kbounds", "kcent", "vbounds", "vcent", "win", "moves"];
                     (inputs, &["o", "nwin"], source(1)?)
                 }
-                "turbo_attend" | "turbo_attend_bounded" if cuda => {
+                "turbo_attend" | "turbo_attend_bounded" | "turbo_attend_four" if cuda => {
                     let inputs: &[&str] = &["q", "kv", "params", "signs", "kcent", "vcent", "sink_k", "sink_v", "win", "win_params", "counts"];
                     (inputs, &["part_o", "part_ml", "out"], source(2)?)
                 }
@@ -245,6 +245,7 @@ fn with_kernel<R>(name: &'static str, f: impl FnOnce(&CustomKernel) -> Result<R>
             let header = match name {
                 "turbo_encode_step" => Cow::Owned(format!("#define TURBO_ENCODE_STEP 1\n{}", sources[0])),
                 "turbo_attend_bounded" => Cow::Owned(format!("#define TURBO_MIN_BLOCKS {BOUNDED_BLOCKS}\n{}", sources[0])),
+                "turbo_attend_four" => Cow::Owned(format!("#define TURBO_MIN_BLOCKS {FOUR_BLOCKS}\n{}", sources[0])),
                 _ => Cow::Borrowed(sources[0].as_ref()),
             };
             let src = KernelSource { header: &header, ..KernelSource::new(name, inputs, outputs, source) };
@@ -347,8 +348,9 @@ pub fn window_moves(src: i32, keep: i32) -> Result<Array> {
 /// block rotates its queries and leaves a partial for the merge, so fewer,
 /// longer splits paid off once the GPU was covered).
 const BLOCKS: i32 = 256;
-/// Blocks CUDA's `turbo_attend` aims for at head dim 128 with up to 4 query
-/// heads per KV head, where it takes 128 registers a thread and 48 KB of
+/// Blocks CUDA's attention kernel aims for at head dim 128 with up to 4 query
+/// heads per KV head (`turbo_attend_four`: launch bounds of 4 blocks an SM,
+/// [`FOUR_BLOCKS`]), where it takes 128 registers a thread and 48 KB of
 /// shared memory, so 4 blocks share a multiprocessor: the splits of the
 /// codes, which run long, in one wave of 4 an SM on a 132-SM H100 or H200
 /// (the recent window's splits come on top and are short; one row of the
@@ -408,6 +410,12 @@ fn in_device_memory(head: &[i32], rest: &[i32]) -> Result<Array> {
 /// 56-57 µs a layer instead of 65 on an H200 (Qwen3-30B-A3B shape, BENCHMARKS.md).
 const BOUNDED_BLOCKS: i32 = 3;
 
+/// The launch bound of `turbo_attend_four` (head dim 128, at most 4 query
+/// heads per KV head), which [`BLOCKS_FOUR_PER_SM`] counts on: ptxas gives
+/// the kernel 128 registers built in, but 130 after the byte-index value
+/// decode (session 46) without the bound, which would leave 3 blocks an SM.
+const FOUR_BLOCKS: i32 = 4;
+
 /// Splits (blocks per row and KV head) that attend the recent window, a slice
 /// each: on CUDA a warp reads two of its 16-bit positions at a time (head dim
 /// 128; `turbo_lane_attend` in turbo_common.cuh), so one block over the whole
@@ -441,10 +449,10 @@ pub fn attend(codec: &Codec, q: &Array, sinks: &[Array; 2], rows: &Array, params
     let cuda = lang == KernelLanguage::Cuda;
     // The kernel for the shape and the blocks it aims for: at head dim 128 on
     // CUDA, bounded to 3 blocks an SM past 4 query heads per KV head; with
-    // at most 4 it holds 4 an SM as it is.
+    // at most 4, to 4.
     let (name, blocks) = match (cuda, d, rep) {
         (true, 128, r) if r > 4 => ("turbo_attend_bounded", BLOCKS),
-        (true, 128, _) => ("turbo_attend", BLOCKS_FOUR_PER_SM),
+        (true, 128, _) => ("turbo_attend_four", BLOCKS_FOUR_PER_SM),
         _ => ("turbo_attend", BLOCKS),
     };
     // The merge takes at most 256 splits; the window takes the last ones.
