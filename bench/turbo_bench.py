@@ -5,12 +5,13 @@ hits them alike; the table shows the median of the runs.
 One stream runs `mlx-serve generate` (once untimed first, `--warmup`: GPU kernels compile per
 shape, then the timed generation). N > 1 streams start the server with the configuration's
 flags and send N chat requests of the prompt length at once, twice (the first wave warms
-up); tok/s is then the aggregate while every stream decodes (`serving.steady_decode_tps`)
+up; `--warm-context T` makes its prompts T tokens, which nearly halves a long cell's time:
+four 64K-token prompts a wave did not finish in 260 s on an H200, session 46); tok/s is then the aggregate while every stream decodes (`serving.steady_decode_tps`)
 and peak memory MLX's peak during the timed wave (the server's /health).
 
 usage: python bench/turbo_bench.py --model DIR --mlx-serve BIN --out FILE.json
            [--contexts 4096,16384,32768,65536] [--configs fp16,balanced,compact]
-           [--streams 1] [--gen-tokens 128] [--runs 2]
+           [--streams 1] [--gen-tokens 128] [--runs 2] [--warm-context T]
 """
 
 import argparse, json, statistics, subprocess, sys, tempfile, time
@@ -46,10 +47,14 @@ def serve(binary, model, waves, gen, flags, env, work):
     warm, timed = waves
     server = serving.Server(f"turbo-{len(timed)}", "ours", serving.ours_argv(binary, model, flags), env, work)
     try:
-        server.start()
+        serving.log(f"  server up in {server.start():.1f} s")
+        t0 = time.perf_counter()
         serving.run_wave(server.url, warm, gen)
+        serving.log(f"  warm-up wave of {len(warm)} in {time.perf_counter() - t0:.1f} s")
         server.reset_peaks()
+        t0 = time.perf_counter()
         w = serving.run_wave(server.url, timed, gen)
+        serving.log(f"  timed wave of {len(timed)} in {time.perf_counter() - t0:.1f} s")
         bad = [r for r in w["requests"] if not serving.request_ok(r)]
         if bad:
             return {"error": f"{len(bad)} of {len(timed)} requests failed: {bad[0]['status']} {bad[0]['error'] or ''}"[:200]}
@@ -74,6 +79,8 @@ def main():
     ap.add_argument("--streams", default="1", help="stream counts, e.g. 1,4,16")
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--warm-context", type=int, default=0,
+                    help="N-stream cells: the warm-up wave's prompt tokens (default: the cell's)")
     a = ap.parse_args()
     configs = a.configs.split(",")
     if any(c not in FLAGS for c in configs) or not Path(a.model, "config.json").exists():
@@ -88,8 +95,8 @@ def main():
         if streams == 1:
             prompt = serving.make_text(tok, ctx, f"turbo-{ctx}")
         else:
-            waves = [[[{"role": "user", "content": serving.make_text(tok, ctx, f"{tag}-{ctx}-{i}")}] for i in range(streams)]
-                     for tag in ("warm", "timed")]
+            waves = [[[{"role": "user", "content": serving.make_text(tok, n, f"{tag}-{ctx}-{i}")}] for i in range(streams)]
+                     for tag, n in (("warm", a.warm_context or ctx), ("timed", ctx))]
         gen = a.gen_tokens if streams == 1 else a.gen_tokens + streams * -(-ctx // PREFILL_CHUNK)
         runs = {c: [] for c in configs}
         for _ in range(a.runs):
