@@ -5,9 +5,10 @@ hits them alike; the table shows the median of the runs.
 One stream runs `mlx-serve generate` (once untimed first, `--warmup`: GPU kernels compile per
 shape, then the timed generation). N > 1 streams start the server with the configuration's
 flags and send N chat requests of the prompt length at once, twice (the first wave warms
-up; `--warm-context T` makes its prompts T tokens, which nearly halves a long cell's time:
-four 64K-token prompts a wave did not finish in 260 s on an H200, session 46); tok/s is then the aggregate while every stream decodes (`serving.steady_decode_tps`)
-and peak memory MLX's peak during the timed wave (the server's /health).
+up; `--warm-context T` makes its prompts T tokens, for long cells); tok/s is then the
+aggregate while every stream decodes (`serving.steady_decode_tps`) and peak memory MLX's
+peak during the timed wave (the server's /health). Each server's start and wave is logged
+with its time: on a fresh GPU machine a server's first start compiles kernels for minutes.
 
 usage: python bench/turbo_bench.py --model DIR --mlx-serve BIN --out FILE.json
            [--contexts 4096,16384,32768,65536] [--configs fp16,balanced,compact]
