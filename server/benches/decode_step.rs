@@ -55,7 +55,7 @@
 //! MLX's quantized kernels with ours (the switch is read once a process).
 
 mod common;
-use common::{arg, list, Res};
+use common::{arg, list, median, Res};
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -68,11 +68,6 @@ use mlx_serve::models::{self, LanguageModel};
 
 /// Tokens a prefill chunk takes.
 const PREFILL_CHUNK: usize = 2048;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 fn median_ms(v: Vec<f64>) -> f64 {
     median(v) * 1e3

@@ -19,7 +19,7 @@
 //! TurboQuant rows take the MLX-ops path and the kernel columns are empty.
 
 mod common;
-use common::{arg, Res};
+use common::{arg, median, Res};
 
 use std::time::Instant;
 
@@ -57,11 +57,6 @@ fn time(warmup: usize, steps: usize, mut step: impl FnMut() -> Res<Vec<Array>>) 
         total.push(t.elapsed().as_secs_f64() * 1e3);
     }
     Ok((median(build), median(total)))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// The layers' caches of `ctx` tokens in `format` (None: 16-bit).

@@ -1,4 +1,5 @@
-//! What the benchmarks share: their error type and how they read their flags.
+//! What the benchmarks share: their error type, how they read their flags, and
+//! their median.
 // Each benchmark uses a part of this module.
 #![allow(dead_code)]
 
@@ -16,4 +17,17 @@ pub fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Res
 pub fn list(args: &[String], name: &str, default: &str) -> Res<Vec<i32>> {
     let text: String = arg(args, name, default.to_string())?;
     text.split(',').map(|v| v.trim().parse().map_err(|_| format!("{name}: {v} is not a number").into())).collect()
+}
+
+/// The median of `v`; of an even count, the mean of the middle two (a
+/// median of two passes is then their mean, not the larger).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    assert!(!v.is_empty(), "the median of no values");
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
