@@ -86,6 +86,8 @@ def main():
     configs = a.configs.split(",")
     if any(c not in FLAGS for c in configs) or not Path(a.model, "config.json").exists():
         ap.error(f"configs must be among {sorted(FLAGS)}, and --model a model folder")
+    if a.warm_context < 0:
+        ap.error("--warm-context takes a number of tokens (0: the cell's)")
     tok = Tokenizer.from_file(str(Path(a.model) / "tokenizer.json"))
     env = serving.ours_env(a.mlx_serve, a.python)
     results = {"model": a.model, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv), "cells": []}
