@@ -17,8 +17,8 @@
 // accumulators, the up tiles after the gate's.
 //
 // With a residual (QMM_RESIDUAL 1, dense only): an input `res` shaped as y;
-// y = res + (x @ Wᵀ), the product rounded to T and added by MLX's own Add,
-// as the layer's `h + o_proj(...)` computes it.
+// y = res + (x @ Wᵀ), the product rounded to T and added in T (one rounding,
+// as MLX's Add does), as the layer's `h + o_proj(...)` computes it.
 //
 // Normed (QMM_NORM 1, dense, plain or gated): x is a layer's residual stream
 // and the product takes rms_norm(x, nw, eps) in its place (eps's float bits
@@ -259,7 +259,7 @@ for (int r = 0; r < RT; ++r) {
 #if QMM_GLU
         yp[(size_t)m * N + n] = qmm_swiglu(static_cast<T>(acc[r][mt][i]), static_cast<T>(acc[r + RT][mt][i]));
 #elif QMM_RESIDUAL
-        yp[(size_t)m * N + n] = mlx::core::cu::Add{}(res[(size_t)m * N + n], static_cast<T>(acc[r][mt][i]));
+        yp[(size_t)m * N + n] = res[(size_t)m * N + n] + static_cast<T>(acc[r][mt][i]);
 #else
         yp[(size_t)m * N + n] = static_cast<T>(acc[r][mt][i]);
 #endif

@@ -1,9 +1,5 @@
+#include <cuda/std/cmath>
 #include <cuda/std/type_traits>
-#if QMM_GLU || QMM_RESIDUAL
-// MLX's own elementwise ops, as its kernels call them.
-#include "mlx/backend/cuda/device/binary_ops.cuh"
-#include "mlx/backend/cuda/device/unary_ops.cuh"
-#endif
 
 // Helpers of quant_matmul.cu: unpacking affine-quantized values into pairs of
 // T (bfloat16 or half) and the tensor-core product.
@@ -79,14 +75,28 @@ __device__ inline void qmm_mma(float* c, const uint32_t* a, uint32_t b0, uint32_
 }
 
 #if QMM_GLU
+// sigmoid(x) in T as MLX's elementwise Sigmoid computes it: 1 / (1 + e^|x|)
+// (no overflow), mirrored for x >= 0; e^|x| in T, and each operation with a
+// constant in float and rounded to T, as MLX's operators between T and an
+// integer are.
+template <typename T>
+__device__ inline T qmm_sigmoid(T x) {
+  const T e = cuda::std::exp(cuda::std::abs(x));
+  const T y = static_cast<T>(1.0f / static_cast<float>(static_cast<T>(1.0f + static_cast<float>(e))));
+  return (static_cast<float>(x) < 0.0f) ? y : static_cast<T>(1.0f - static_cast<float>(y));
+}
+
 // silu(gate) * up as MLX's compiled swiglu computes it (mlx-lm's
 // `silu(gate) * x`, silu(g) = g * sigmoid(g)): the same ops, each rounding
-// to T, so the fused kernel's output equals the unfused calls' bit for bit.
+// to T, so the fused kernel's output equals the unfused calls' bit for bit
+// (tests/quant_kernel.rs checks it exactly). Written here rather than taken
+// from MLX's device headers: those live inside libmlx, where only MLX's own
+// compiler sees them, and the kernel cache (mlx-rs-safe `kernels`) compiles
+// our kernels without them.
 template <typename T>
 __device__ inline T qmm_swiglu(T gate, T up) {
-  using namespace mlx::core::cu;
-  const T silu = Multiply{}(gate, Sigmoid{}(gate));
-  return Multiply{}(silu, up);
+  const T silu = gate * qmm_sigmoid(gate);
+  return silu * up;
 }
 #endif
 

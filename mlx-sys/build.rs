@@ -32,7 +32,7 @@ fn main() {
         .clang_arg(format!("-I{}", include.display()))
         .allowlist_function("mlx_.*|mlxs_.*")
         .allowlist_type("mlx_.*")
-        .allowlist_var("MLX_.*")
+        .allowlist_var("MLX_.*|MLXS_.*")
         .prepend_enum_name(false)
         .layout_tests(false)
         .derive_default(true)

@@ -1,7 +1,9 @@
 """Compiles the CUDA kernels of metal-kernels/ with NVRTC (no GPU needed), wrapped
 as MLX's cuda_kernel wraps them: the same generated signature, template
-constants and includes (MLX's own device header stubbed to the types it
-provides). Catches compile errors before a kernel reaches the GPU machine.
+constants and includes, with MLX's utils.cuh replaced by the stand-in that
+compile-once compiles our kernels with (patches/src/cuda_kernel_cache.cpp):
+a kernel that compiles here is one MLX's kernel cache can keep. Catches
+compile errors before a kernel reaches the GPU machine.
 
 usage: python scripts/check-cuda-kernels.py NVRTC_LIB INCLUDE_DIR...
   NVRTC_LIB    libnvrtc.so (PyPI: nvidia-cuda-nvrtc-cu12)
@@ -12,42 +14,26 @@ env CHECK_ONLY=name,name  compiles only those kernels' instances (all 336 take ~
 import ctypes, itertools, os, sys
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parent.parent / "metal-kernels"
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "metal-kernels"
 
-STUB = r"""
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda/std/array>
-#include <cuda/std/cstdint>
-using cuda::std::int32_t; using cuda::std::int64_t; using cuda::std::uint8_t; using cuda::std::uint32_t;
-namespace mlx::core::cu {
-using Shape = cuda::std::array<int32_t, 8>;
-using Strides = cuda::std::array<int64_t, 8>;
-}
-"""
 
-# MLX's elementwise ops that quant_matmul's gated form includes, stubbed with
-# their signatures (the real headers come with MLX's CUDA build).
-MLX_OP_STUBS = {
-    "mlx/backend/cuda/device/binary_ops.cuh": """#pragma once
-namespace mlx::core::cu {
-struct Multiply { template <typename T> __device__ T operator()(T x, T y) { return x * y; } };
-struct Add { template <typename T> __device__ T operator()(T x, T y) { return x + y; } };
-}
-""",
-    "mlx/backend/cuda/device/unary_ops.cuh": """#pragma once
-#include <cuda/std/cmath>
-namespace mlx::core::cu {
-struct Sigmoid { template <typename T> __device__ T operator()(T x) { float y = 1.0f / (1.0f + expf(-static_cast<float>(x))); return static_cast<T>(y); } };
-}
-""",
-}
+def utils_stub():
+    """The stand-in for MLX's utils.cuh that compile-once compiles our kernels
+    with (patches/src/cuda_kernel_cache.cpp, between its stub markers): the
+    types of the signature MLX generates, MAX_NDIM from MLX's shipped config.h."""
+    text = (ROOT / "patches/src/cuda_kernel_cache.cpp").read_text()
+    return text.split('R"stub(', 1)[1].split(')stub"', 1)[0]
+
+
+# MLX's shipped headers (config.h), as MLX's compiler passes them.
+MLX_INCLUDE = ROOT / "vendor/mlx/mlx/include"
 
 CTYPE = {"f32": "float", "f16": "__half", "bf16": "__nv_bfloat16", "u8": "uint8_t", "u32": "uint32_t", "i32": "int32_t"}
 
 
 def wrap(name, header, body, inputs, outputs, template):
-    src = STUB + header + "\nnamespace mlx::core::cu {\n__global__ void " + name + "(\n"
+    src = '#include "mlx/backend/cuda/device/utils.cuh"\n#include <cooperative_groups.h>\n' + header + "\nnamespace mlx::core::cu {\n__global__ void " + name + "(\n"
     params = []
     for n, t in inputs:
         params.append(f"    const {CTYPE[t]}* {n}")
@@ -66,11 +52,10 @@ def wrap(name, header, body, inputs, outputs, template):
 def compile_one(lib, includes, name, src, arch="compute_90"):
     """(NVRTC's result, its log, the PTX when it compiled) of one wrapped kernel source."""
     prog = ctypes.c_void_p()
-    names = list(MLX_OP_STUBS)
-    headers = (ctypes.c_char_p * len(names))(*[MLX_OP_STUBS[n].encode() for n in names])
-    include_names = (ctypes.c_char_p * len(names))(*[n.encode() for n in names])
-    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), len(names), headers, include_names) == 0
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in includes]
+    headers = (ctypes.c_char_p * 1)(utils_stub().encode())
+    include_names = (ctypes.c_char_p * 1)(b"mlx/backend/cuda/device/utils.cuh")
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), f"{name}.cu".encode(), 1, headers, include_names) == 0
+    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"-default-device"] + [f"-I{i}".encode() for i in [MLX_INCLUDE, *includes]]
     arr = (ctypes.c_char_p * len(opts))(*opts)
     res = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

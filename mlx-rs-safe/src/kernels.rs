@@ -165,6 +165,56 @@ enum Handle {
 /// A compiled-on-first-use custom kernel; owns its mlx-c kernel object.
 pub struct CustomKernel {
     handle: Handle,
+    /// CUDA: the instances (template arguments, input and output types) already
+    /// handed to MLX's kernel cache in this process ([`KernelCacheStats`]).
+    cached: std::sync::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// Compile-once on CUDA, this process's count of kernel instances (one per
+/// kernel and set of template arguments and types): those whose compiled
+/// module MLX's kernel cache already held (from an earlier process), those
+/// compiled here and written there, and those it could not keep (MLX
+/// compiled them itself, as without the cache), with the last reason.
+/// MLX keeps its own CUDA kernels in that cache (`MLX_PTX_CACHE_DIR`, else
+/// `<temp>/mlx/<version>/ptx`) but only reads custom kernels from it;
+/// `mlxs_cuda_kernel_cache` (patches/) writes ours there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelCacheStats {
+    pub loaded: u64,
+    pub written: u64,
+    pub failed: u64,
+    pub last_error: Option<String>,
+}
+
+static CACHE_STATS: std::sync::Mutex<KernelCacheStats> =
+    std::sync::Mutex::new(KernelCacheStats { loaded: 0, written: 0, failed: 0, last_error: None });
+
+/// What compile-once has done in this process so far.
+pub fn kernel_cache_stats() -> KernelCacheStats {
+    CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// What makes MLX's source text of a kernel instance differ between calls of
+/// one kernel: template arguments, input types (and which inputs are scalars:
+/// MLX passes shapes only for the others), output types.
+fn instance_key(inputs: &[&Array], call: &KernelCall) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::hash::DefaultHasher::new();
+    for (name, arg) in &call.template {
+        name.hash(&mut h);
+        match arg {
+            TemplateArg::Dtype(d) => (0u8, *d).hash(&mut h),
+            TemplateArg::Int(i) => (1u8, *i).hash(&mut h),
+            TemplateArg::Bool(b) => (2u8, *b).hash(&mut h),
+        }
+    }
+    for a in inputs {
+        (a.dtype(), a.ndim() == 0).hash(&mut h);
+    }
+    for (_, dtype) in &call.outputs {
+        dtype.hash(&mut h);
+    }
+    h.finish()
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
@@ -336,7 +386,7 @@ impl CustomKernel {
             let msg = take_last_error().unwrap_or_else(|| "kernel creation failed".into());
             return Err(Error::Mlx(msg));
         }
-        Ok(CustomKernel { handle })
+        Ok(CustomKernel { handle, cached: Default::default() })
     }
 
     /// A Metal kernel (see [`CustomKernel::new`]).
@@ -361,7 +411,37 @@ impl CustomKernel {
     pub fn apply(&self, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
         match self.handle {
             Handle::Metal(k) => apply_metal(k, inputs, call),
-            Handle::Cuda(k) => apply_cuda(k, inputs, call),
+            Handle::Cuda(k) => {
+                let outs = apply_cuda(k, inputs, call)?;
+                if let Some(out) = outs.first() {
+                    self.keep_compiled(inputs, call, out);
+                }
+                Ok(outs)
+            }
+        }
+    }
+
+    /// The first time this process applies an instance of this CUDA kernel,
+    /// has its compiled module written to MLX's kernel cache (or finds it
+    /// there) before MLX evaluates `out`; counted in [`KernelCacheStats`].
+    /// A failure only counts: MLX then compiles the kernel itself.
+    fn keep_compiled(&self, inputs: &[&Array], call: &KernelCall, out: &Array) {
+        let first = self.cached.lock().unwrap_or_else(|e| e.into_inner()).insert(instance_key(inputs, call));
+        if !first {
+            return;
+        }
+        let mut status = sys::MLXS_KERNEL_NOT_CACHED as i32;
+        // SAFETY: `out` is a live array; `status` is a local the call writes.
+        let result = check(unsafe { sys::mlxs_cuda_kernel_cache(out.raw, &mut status) });
+        let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Err(e) => {
+                stats.failed += 1;
+                stats.last_error = Some(e.to_string());
+            }
+            Ok(()) if status == sys::MLXS_KERNEL_CACHED as i32 => stats.loaded += 1,
+            Ok(()) if status == sys::MLXS_KERNEL_WRITTEN as i32 => stats.written += 1,
+            Ok(()) => {}
         }
     }
 }
@@ -465,6 +545,40 @@ apply_fn!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_instance_is_its_template_and_types() {
+        let f32s = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let i32s = Array::from_slice(&[1i32, 2], &[2]).unwrap();
+        let one = Array::scalar(1.0f32);
+        let call = |n: i32, out: Dtype| KernelCall::new().output(&[2], out).template("N", TemplateArg::Int(n));
+        let key = instance_key(&[&f32s], &call(4, Dtype::Float32));
+        assert_eq!(key, instance_key(&[&f32s], &call(4, Dtype::Float32)), "the same instance");
+        // The launch shape is not part of it: MLX's source text does not change with it.
+        assert_eq!(key, instance_key(&[&f32s], &call(4, Dtype::Float32).grid(64, 1, 1)));
+        for (other, what) in [
+            (instance_key(&[&f32s], &call(8, Dtype::Float32)), "another template value"),
+            (instance_key(&[&i32s], &call(4, Dtype::Float32)), "another input type"),
+            (instance_key(&[&one], &call(4, Dtype::Float32)), "a scalar input (no shape passed)"),
+            (instance_key(&[&f32s], &call(4, Dtype::Int32)), "another output type"),
+            (instance_key(&[&f32s], &KernelCall::new().output(&[2], Dtype::Float32).template("N", TemplateArg::Bool(true))), "another template kind"),
+        ] {
+            assert_ne!(key, other, "{what}");
+        }
+    }
+
+    #[test]
+    fn only_a_cuda_kernels_output_goes_to_the_kernel_cache() {
+        let data = Array::from_slice(&[1.0f32, 2.0], &[2]).unwrap();
+        let sum = crate::ops::add(&data, &data).unwrap();
+        for (a, what) in [(&data, "an array of data"), (&sum, "an op's lazy output")] {
+            let mut status = -1;
+            // SAFETY: a live array; `status` is a local the call writes.
+            check(unsafe { sys::mlxs_cuda_kernel_cache(a.raw, &mut status) }).unwrap();
+            assert_eq!(status, sys::MLXS_KERNEL_NOT_CACHED as i32, "{what}");
+        }
+        assert_eq!(kernel_cache_stats(), KernelCacheStats::default(), "nothing counted without a CUDA kernel");
+    }
 
     #[test]
     fn a_cuda_kernel_goes_to_mlx_as_includes_of_its_files() {

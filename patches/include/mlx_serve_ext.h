@@ -76,6 +76,29 @@ int mlxs_stream_take_error(mlx_stream stream, char* buf, size_t cap);
  * and a watchdog can take it (mlxs_stream_take_error). */
 int mlxs_claim_main_thread(void);
 
+/* What mlxs_cuda_kernel_cache did. */
+enum {
+  /* MLX's kernel cache already held the kernel's compiled module. */
+  MLXS_KERNEL_CACHED = 0,
+  /* Compiled now and written there. */
+  MLXS_KERNEL_WRITTEN = 1,
+  /* Nothing to keep: not the output of a CUDA custom kernel (or a
+   * precompiled one), or MLX keeps no cache folder in this process. */
+  MLXS_KERNEL_NOT_CACHED = 2,
+};
+
+/* Compile-once for CUDA custom kernels. `out` is an output of
+ * mlx_fast_cuda_kernel_apply, not yet evaluated. MLX's CUDA backend reads a
+ * custom kernel's compiled module from its kernel cache folder
+ * (MLX_PTX_CACHE_DIR, else <temp>/mlx/<version>/ptx) but never writes it
+ * there, so every process compiles every custom kernel again. This compiles
+ * the kernel as MLX would and writes it there under MLX's module name, so
+ * MLX loads it at evaluation, in this process and later ones. *status says
+ * what happened. Non-zero (the message through mlx-c's error handler, status
+ * MLXS_KERNEL_NOT_CACHED) when compiling or writing failed: MLX then compiles
+ * the kernel itself at evaluation, as without the cache. */
+int mlxs_cuda_kernel_cache(mlx_array out, int* status);
+
 #ifdef __cplusplus
 }
 #endif

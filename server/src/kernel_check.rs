@@ -2,7 +2,8 @@
 //! (TurboQuant attention, the Gated DeltaNet recurrence, quantized matmul):
 //! its result on a few random inputs against the ops it replaces; the
 //! environment switch (`VAR=0`) that keeps one off, to compare with MLX's ops;
-//! and the environment override of a kernel's tuning constant.
+//! the environment override of a kernel's tuning constant; and what the CUDA
+//! kernel cache did (compile-once: mlx-rs-safe's `KernelCacheStats`).
 
 use crate::error::Result;
 
@@ -64,5 +65,25 @@ mod tests {
             assert_eq!(tuned(var, 7i64), want, "{var}={set:?}");
         }
         std::env::remove_var(var);
+    }
+}
+
+/// Says in the log how this process got its CUDA custom kernels so far
+/// (`when`: e.g. "after warm-up"): loaded from MLX's kernel cache, compiled
+/// and written there, or compiled by MLX alone (the cache could not keep
+/// them: the last reason at warn). Nothing off CUDA.
+pub fn log_cache(when: &str) {
+    let stats = mlx_rs_safe::kernels::kernel_cache_stats();
+    if stats == Default::default() {
+        return;
+    }
+    log::info!(
+        "CUDA kernels {when}: {} loaded from MLX's kernel cache, {} compiled and kept there, {} compiled by MLX alone",
+        stats.loaded,
+        stats.written,
+        stats.failed
+    );
+    if let Some(e) = stats.last_error {
+        log::warn!("the CUDA kernel cache could not keep {} kernel(s); the last: {e}", stats.failed);
     }
 }

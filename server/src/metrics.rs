@@ -44,6 +44,12 @@ struct FormatLabels {
     format: String,
 }
 
+/// Labels of `mlx_serve_cuda_kernels`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KernelSourceLabels {
+    source: &'static str,
+}
+
 /// Labels of `mlx_serve_requests_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -67,6 +73,7 @@ pub struct Metrics {
     kv_cache_bytes: Gauge,
     kv_cache_tokens: Gauge,
     kv_format: Family<FormatLabels, Gauge>,
+    cuda_kernels: Family<KernelSourceLabels, Gauge>,
     kv_bytes_per_token: Gauge<f64, AtomicU64>,
     kv_compressions: Family<PhaseLabels, Counter>,
     prompt_cache_bytes: Gauge,
@@ -111,6 +118,7 @@ impl Metrics {
             kv_cache_bytes: Gauge::default(),
             kv_cache_tokens: Gauge::default(),
             kv_format: Family::default(),
+            cuda_kernels: Family::default(),
             kv_bytes_per_token: Gauge::default(),
             kv_compressions: Family::default(),
             prompt_cache_bytes: Gauge::default(),
@@ -191,6 +199,11 @@ impl Metrics {
             "kv_format",
             "The KV cache's format (16-bit, --kv-bits affine or a --turbo-kv preset): 1 for the one in use",
             self.kv_format.clone(),
+        );
+        r.register(
+            "cuda_kernels",
+            "CUDA custom kernel instances this process got, by source: loaded from MLX's kernel cache (compiled by an earlier process), compiled and kept there, or compiled by MLX alone (the cache could not keep them; the log says why)",
+            self.cuda_kernels.clone(),
         );
         r.register(
             "kv_bytes_per_token",
@@ -345,6 +358,14 @@ impl Metrics {
         self.prompt_cache_bytes.set(gauge(engine.prompt_cache_bytes));
         self.mlx_active_bytes.set(gauge(engine.active_memory));
         self.mlx_peak_bytes.set(gauge(engine.peak_memory));
+    }
+
+    /// How this process got its CUDA custom kernels so far (compile-once).
+    pub fn observe_kernel_cache(&self, stats: &mlx_rs_safe::kernels::KernelCacheStats) {
+        let gauge = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for (source, n) in [("cache", stats.loaded), ("compiled_kept", stats.written), ("compiled_by_mlx", stats.failed)] {
+            self.cuda_kernels.get_or_create(&KernelSourceLabels { source }).set(gauge(n));
+        }
     }
 
     /// The KV format in use and its nominal bytes per token (set once at start).
@@ -632,6 +653,17 @@ mod tests {
             text.contains("# TYPE mlx_serve_kv_cache_bytes gauge\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn cuda_kernels_are_counted_by_where_they_came_from() {
+        let m = Metrics::new();
+        let stats = mlx_rs_safe::kernels::KernelCacheStats { loaded: 7, written: 2, failed: 1, last_error: Some("x".into()) };
+        m.observe_kernel_cache(&stats);
+        let text = m.render();
+        assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"cache\"}"), Some(7.0), "{text}");
+        assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"compiled_kept\"}"), Some(2.0));
+        assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"compiled_by_mlx\"}"), Some(1.0));
     }
 
     #[test]

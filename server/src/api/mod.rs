@@ -283,6 +283,10 @@ async fn metrics_text(req: HttpRequest, state: web::Data<AppState>) -> HttpRespo
     let start = Instant::now();
     let res = state.api_key.require(&req).map(|()| {
         state.metrics.observe_engine(&state.engine.stats.read(), state.engine.queued());
+        let kernels = mlx_rs_safe::kernels::kernel_cache_stats();
+        if kernels != Default::default() {
+            state.metrics.observe_kernel_cache(&kernels);
+        }
         HttpResponse::Ok().content_type(metrics::CONTENT_TYPE).body(state.metrics.render())
     });
     state.finish(&req, "/metrics", start, res)

@@ -106,6 +106,7 @@ impl EngineHandle {
                                 Ok(took) => log::info!("engine: warmed up the GPU kernels in {:.1} s", took.as_secs_f64()),
                                 Err(e) => log::warn!("engine: warming up failed ({e}); kernels compile on first use"),
                             }
+                            crate::kernel_check::log_cache("after warm-up");
                         }
                         let _ = ready_tx.send(Ok(engine.config().clone()));
                         match group {
