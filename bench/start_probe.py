@@ -2,7 +2,8 @@
 answers, then the first request's time to first token, and (mlx-serve) where its CUDA custom
 kernels came from (`mlx_serve_cuda_kernels` of /metrics: MLX's kernel cache, compiled and
 kept there, compiled by MLX alone). Compile-once shows as later starts that load every
-kernel from the cache instead of compiling it.
+kernel from the cache instead of compiling it; --off adds a last mlx-serve start with it off
+(MLX_SERVE_KERNEL_CACHE=0: MLX compiles our kernels, as before compile-once).
 
 Every start uses the kernel cache folder --ptx-dir (MLX_PTX_CACHE_DIR); --fresh empties it
 first, so the first start compiles everything (MLX's own kernels as well as ours). With
@@ -10,7 +11,7 @@ first, so the first start compiles everything (MLX's own kernels as well as ours
 kernels at its first request, which its TTFT then includes).
 
 usage: python bench/start_probe.py --model DIR --mlx-serve BIN [--flags "--turbo-kv balanced"]
-           [--starts 3] [--ptx-dir DIR] [--fresh] [--python PY] [--prompt-tokens 256]
+           [--starts 3] [--off] [--ptx-dir DIR] [--fresh] [--python PY] [--prompt-tokens 256]
 """
 
 import argparse, asyncio, os, re, shutil, sys, tempfile, time
@@ -54,6 +55,7 @@ def main():
     ap.add_argument("--starts", type=int, default=3)
     ap.add_argument("--ptx-dir", default=str(Path.home() / ".cache" / "mlx-ptx-probe"))
     ap.add_argument("--fresh", action="store_true", help="empty --ptx-dir first")
+    ap.add_argument("--off", action="store_true", help="one more mlx-serve start with compile-once off")
     ap.add_argument("--python", help="a Python with mlx-lm: mlx_lm.server starts as well")
     ap.add_argument("--prompt-tokens", type=int, default=256)
     a = ap.parse_args()
@@ -67,15 +69,18 @@ def main():
     serving.fixed_length_model(Path(a.model), model)
     prompt = serving.make_text(Tokenizer.from_file(str(model / "tokenizer.json")), a.prompt_tokens, "start")
     env = dict(serving.ours_env(a.mlx_serve, a.python or sys.executable), MLX_PTX_CACHE_DIR=str(ptx))
-    runs = [("mlx-serve", "ours", serving.ours_argv(a.mlx_serve, model, ["--log-level", "info"] + a.flags.split()))]
+    ours = serving.ours_argv(a.mlx_serve, model, ["--log-level", "info"] + a.flags.split())
+    runs = [("mlx-serve", "ours", ours, env, a.starts)]
+    if a.off:
+        runs.append(("mlx-serve, compile-once off", "ours", ours, dict(env, MLX_SERVE_KERNEL_CACHE="0"), 1))
     if a.python:
-        runs.append(("mlx_lm.server", "ref", serving.ref_argv(a.python, model, [])))
+        runs.append(("mlx_lm.server", "ref", serving.ref_argv(a.python, model, []), env, a.starts))
     print(f"| server | start | cache files before | ready s | first request TTFT s | ok | CUDA kernels: cache / compiled, kept / compiled by MLX |")
     print("|---|---|---|---|---|---|---|")
-    for name, kind, argv in runs:
-        for i in range(a.starts):
+    for name, kind, argv, run_env, starts in runs:
+        for i in range(starts):
             before = cache_files(ptx)
-            r = one_start(f"{name}-{i}", kind, argv, env, work, prompt)
+            r = one_start(f"{name.split(',')[0]}-{'off-' if run_env is not env else ''}{i}", kind, argv, run_env, work, prompt)
             k = r["kernels"]
             shown = f"{k.get('cache', 0)} / {k.get('compiled_kept', 0)} / {k.get('compiled_by_mlx', 0)}" if k else "—"
             print(f"| {name} | {i + 1} | {before} | {r['ready_s']:.1f} | {r['ttft_s']:.2f} | {r['ok']} | {shown} |", flush=True)

@@ -189,6 +189,15 @@ pub struct KernelCacheStats {
 static CACHE_STATS: std::sync::Mutex<KernelCacheStats> =
     std::sync::Mutex::new(KernelCacheStats { loaded: 0, written: 0, failed: 0, last_error: None });
 
+/// Whether compile-once is on: it is unless `MLX_SERVE_KERNEL_CACHE=0`
+/// (read once a process), which leaves every custom kernel to MLX's own
+/// compile, as without it (to compare start times, or should a cached
+/// module ever be suspect).
+pub fn kernel_cache_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_SERVE_KERNEL_CACHE").map_or(true, |v| v != "0"))
+}
+
 /// What compile-once has done in this process so far.
 pub fn kernel_cache_stats() -> KernelCacheStats {
     CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -426,6 +435,9 @@ impl CustomKernel {
     /// there) before MLX evaluates `out`; counted in [`KernelCacheStats`].
     /// A failure only counts: MLX then compiles the kernel itself.
     fn keep_compiled(&self, inputs: &[&Array], call: &KernelCall, out: &Array) {
+        if !kernel_cache_enabled() {
+            return;
+        }
         let first = self.cached.lock().unwrap_or_else(|e| e.into_inner()).insert(instance_key(inputs, call));
         if !first {
             return;

@@ -73,6 +73,10 @@ mod tests {
 /// and written there, or compiled by MLX alone (the cache could not keep
 /// them: the last reason at warn). Nothing off CUDA.
 pub fn log_cache(when: &str) {
+    if !mlx_rs_safe::kernels::kernel_cache_enabled() {
+        log::info!("MLX_SERVE_KERNEL_CACHE=0: MLX compiles the CUDA custom kernels in every process");
+        return;
+    }
     let stats = mlx_rs_safe::kernels::kernel_cache_stats();
     if stats == Default::default() {
         return;
