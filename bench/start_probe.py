@@ -2,8 +2,10 @@
 answers, then the first request's time to first token, and (mlx-serve) where its CUDA custom
 kernels came from (`mlx_serve_cuda_kernels` of /metrics: MLX's kernel cache, compiled and
 kept there, compiled by MLX alone). Compile-once shows as later starts that load every
-kernel from the cache instead of compiling it; --off adds a last mlx-serve start with it off
-(MLX_SERVE_KERNEL_CACHE=0: MLX compiles our kernels, as before compile-once).
+kernel from the cache instead of compiling it; --off adds a last mlx-serve start as every
+process started before compile-once: MLX_SERVE_KERNEL_CACHE=0, with a copy of the cache folder
+that holds MLX's own kernels but none of ours (MLX reads custom kernels from that folder, so
+with ours there even a start with compile-once off would load them).
 
 Every start uses the kernel cache folder --ptx-dir (MLX_PTX_CACHE_DIR); --fresh empties it
 first, so the first start compiles everything (MLX's own kernels as well as ours). With
@@ -72,14 +74,18 @@ def main():
     ours = serving.ours_argv(a.mlx_serve, model, ["--log-level", "info"] + a.flags.split())
     runs = [("mlx-serve", "ours", ours, env, a.starts)]
     if a.off:
-        runs.append(("mlx-serve, compile-once off", "ours", ours, dict(env, MLX_SERVE_KERNEL_CACHE="0"), 1))
+        without_ours = Path(work) / "ptx-without-ours"
+        runs.append(("mlx-serve, compile-once off", "ours", ours, dict(env, MLX_SERVE_KERNEL_CACHE="0", MLX_PTX_CACHE_DIR=str(without_ours)), 1))
     if a.python:
         runs.append(("mlx_lm.server", "ref", serving.ref_argv(a.python, model, []), env, a.starts))
     print(f"| server | start | cache files before | ready s | first request TTFT s | ok | CUDA kernels: cache / compiled, kept / compiled by MLX |")
     print("|---|---|---|---|---|---|---|")
     for name, kind, argv, run_env, starts in runs:
+        folder = Path(run_env["MLX_PTX_CACHE_DIR"])
+        if folder != ptx:  # the folder as it is now, less our kernels' modules
+            shutil.copytree(ptx, folder, ignore=lambda _, names: [n for n in names if n.startswith("custom_kernel_")])
         for i in range(starts):
-            before = cache_files(ptx)
+            before = cache_files(folder)
             r = one_start(f"{name.split(',')[0]}-{'off-' if run_env is not env else ''}{i}", kind, argv, run_env, work, prompt)
             k = r["kernels"]
             shown = f"{k.get('cache', 0)} / {k.get('compiled_kept', 0)} / {k.get('compiled_by_mlx', 0)}" if k else "—"
