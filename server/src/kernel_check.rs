@@ -50,24 +50,6 @@ pub fn tuned<T: std::str::FromStr + PartialOrd + From<u8>>(var: &str, default: T
     std::env::var(var).ok().and_then(|v| v.parse().ok()).filter(|n| *n > T::from(0)).unwrap_or(default)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::tuned;
-
-    #[test]
-    fn a_tuning_override_takes_only_a_positive_integer() {
-        let var = "MLX_SERVE_TEST_TUNED_OVERRIDE";
-        for (set, want) in [(None, 7), (Some("3"), 3), (Some("0"), 7), (Some("-2"), 7), (Some("many"), 7)] {
-            match set {
-                Some(v) => std::env::set_var(var, v),
-                None => std::env::remove_var(var),
-            }
-            assert_eq!(tuned(var, 7i64), want, "{var}={set:?}");
-        }
-        std::env::remove_var(var);
-    }
-}
-
 /// Says in the log how this process got its CUDA custom kernels so far
 /// (`when`: e.g. "after warm-up"): loaded from MLX's kernel cache, compiled
 /// and written there, or compiled by MLX alone (the cache could not keep
@@ -91,3 +73,22 @@ pub fn log_cache(when: &str) {
         log::warn!("the CUDA kernel cache could not keep {} kernel(s); the last: {e}", stats.failed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::tuned;
+
+    #[test]
+    fn a_tuning_override_takes_only_a_positive_integer() {
+        let var = "MLX_SERVE_TEST_TUNED_OVERRIDE";
+        for (set, want) in [(None, 7), (Some("3"), 3), (Some("0"), 7), (Some("-2"), 7), (Some("many"), 7)] {
+            match set {
+                Some(v) => std::env::set_var(var, v),
+                None => std::env::remove_var(var),
+            }
+            assert_eq!(tuned(var, 7i64), want, "{var}={set:?}");
+        }
+        std::env::remove_var(var);
+    }
+}
+
