@@ -62,6 +62,35 @@ fn turbo_sequences_batch_and_decode_as_they_do_alone_in_every_preset() {
     }
 }
 
+/// The GPU warm-up also runs one decode step over a compressed history (so the
+/// compressed cache's kernels compile at start, not in the first request), and
+/// leaves nothing behind: a request afterwards decodes as on an engine that
+/// never warmed up.
+#[test]
+fn the_warm_up_decodes_a_step_over_a_compressed_cache_and_leaves_nothing_behind() {
+    let dir = fixture(FIXTURE, &llama());
+    let r = reference(&dir);
+    let load = LoadOptions::default();
+    let mut kv8 = llama();
+    kv8["kv_bits"] = json!(8);
+    kv8["kv_group_size"] = json!(32);
+    for (name, spec, compressed) in
+        [("16-bit", llama(), false), ("balanced", with_turbo("balanced", 8192), true), ("compact", with_turbo("compact", 8192), true), ("--kv-bits 8", kv8, true)]
+    {
+        let (mut cold, _) = engine(&dir, &dir, &spec, &load);
+        let want = drive(&mut cold, &[(&r.prompt, 16)], &[0], None).remove(0).tokens;
+        let (mut warm, metrics) = engine(&dir, &dir, &spec, &load);
+        let w = warm.warm_up().unwrap();
+        assert_eq!(w.compressed_step, compressed, "{name}");
+        assert_eq!(drive(&mut warm, &[(&r.prompt, 16)], &[0], None).remove(0).tokens, want, "{name}: decodes otherwise after the warm-up");
+        // The warm-up's own cache is not a request's: only the request's compression is
+        // counted (TurboQuant's when decoding starts, `--kv-bits`' during its prefill).
+        let text = metrics.render();
+        let count = |phase: &str| counter_value(&text, &format!("mlx_serve_kv_compressions_total{{phase=\"{phase}\"}}")).unwrap_or(0.0);
+        assert_eq!(count("prefill") + count("decode"), if compressed { 1.0 } else { 0.0 }, "{name}");
+    }
+}
+
 #[test]
 fn a_prompt_past_the_threshold_is_compressed_while_it_is_prefilled() {
     // The 600-token prompt prefills in chunks of 512 and 87. With a threshold

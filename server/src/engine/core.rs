@@ -137,6 +137,19 @@ fn token_row(tokens: &[u32]) -> Result<Array> {
     Ok(Array::from_slice(&ids, &[1, ids.len() as i32])?)
 }
 
+/// The prompt length of the warm-up's compressed decode step: past
+/// TurboQuant's 4 sinks and 128-token recent window, so the step reads codes.
+pub const WARM_HISTORY: usize = 256;
+
+/// What [`Engine::warm_up`] ran.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmUp {
+    /// How long it took.
+    pub took: Duration,
+    /// Whether it also ran a decode step over a compressed history.
+    pub compressed_step: bool,
+}
+
 impl Engine {
     /// An engine over `model`; its KV compression is fitted to the model's
     /// head dimension (an error when the model cannot take it).
@@ -202,9 +215,10 @@ impl Engine {
     /// kernel on the first use of each variant — its quantized matmuls have
     /// variants by the number of rows — and a request would otherwise wait
     /// for it: on an H100 a Gemma-4-26B-A4B server's first prompt-cache hit
-    /// (a ~230-token prefill) waited 124 s for three such kernels. Returns
-    /// how long it took.
-    pub fn warm_up(&mut self) -> Result<Duration> {
+    /// (a ~230-token prefill) waited 124 s for three such kernels. With KV
+    /// compression, also one decode step over a compressed history
+    /// ([`Engine::warm_up_compressed`]).
+    pub fn warm_up(&mut self) -> Result<WarmUp> {
         let started = Instant::now();
         let kinds = self.model.kv_layout().kinds;
         let mut n = self.policy.prefill_size;
@@ -214,8 +228,29 @@ impl Engine {
             eval(&[&logits])?;
             n /= 2;
         }
+        let compressed_step = self.warm_up_compressed()?;
         memory::clear_cache()?;
-        Ok(started.elapsed())
+        Ok(WarmUp { took: started.elapsed(), compressed_step })
+    }
+
+    /// Where the KV cache compresses as decoding starts (TurboQuant, and
+    /// `--kv-bits` past its start), one decode step after a prompt of
+    /// [`WARM_HISTORY`] tokens compressed as a request's would be: the
+    /// compressed cache's kernels (encode, attention, and their per-shape
+    /// start-up check) compile now, not in the first request (on an H200 a
+    /// Llama-3.1-8B `balanced` server's first request waited 33 s for them).
+    /// Whether it ran such a step.
+    fn warm_up_compressed(&mut self) -> Result<bool> {
+        let Some(policy) = self.config.kv_compression.as_ref() else { return Ok(false) };
+        let mut cache = ModelCache::new(&self.model.kv_layout().kinds)?;
+        let logits = self.model.forward(&token_row(&vec![1; WARM_HISTORY])?, &mut cache)?;
+        eval(&[&logits])?;
+        if cache.compress(Some(policy), Phase::Decode)? == 0 {
+            return Ok(false);
+        }
+        let logits = self.model.forward(&token_row(&[1])?, &mut cache)?;
+        eval(&[&logits])?;
+        Ok(true)
     }
 
     /// Queues a request; its events arrive on `request.events` as turns run.

@@ -103,7 +103,11 @@ impl EngineHandle {
                         let on_gpu = mlx_rs_safe::kernels::current_gpu_backend().is_some();
                         if on_gpu && group.as_ref().is_none_or(|g| g.size() <= 1) {
                             match engine.warm_up() {
-                                Ok(took) => log::info!("engine: warmed up the GPU kernels in {:.1} s", took.as_secs_f64()),
+                                Ok(w) => log::info!(
+                                    "engine: warmed up the GPU kernels in {:.1} s{}",
+                                    w.took.as_secs_f64(),
+                                    if w.compressed_step { " (with a decode step over a compressed cache)" } else { "" }
+                                ),
                                 Err(e) => log::warn!("engine: warming up failed ({e}); kernels compile on first use"),
                             }
                             crate::kernel_check::log_cache("after warm-up");

@@ -12,7 +12,7 @@ mod stats;
 mod stop;
 mod token_mask;
 
-pub use self::core::{Engine, EngineConfig};
+pub use self::core::{Engine, EngineConfig, WarmUp, WARM_HISTORY};
 pub use handle::{Arriving, EngineHandle, Failure, SubmitError};
 pub use lockstep::follow;
 pub use policy::Policy;
