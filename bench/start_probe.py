@@ -72,21 +72,22 @@ def main():
     prompt = serving.make_text(Tokenizer.from_file(str(model / "tokenizer.json")), a.prompt_tokens, "start")
     env = dict(serving.ours_env(a.mlx_serve, a.python or sys.executable), MLX_PTX_CACHE_DIR=str(ptx))
     ours = serving.ours_argv(a.mlx_serve, model, ["--log-level", "info"] + a.flags.split())
-    runs = [("mlx-serve", "ours", ours, env, a.starts)]
+    # (the table's name, its logs' name, kind, argv, environment, starts)
+    runs = [("mlx-serve", "mlx-serve", "ours", ours, env, a.starts)]
     if a.off:
         without_ours = Path(work) / "ptx-without-ours"
-        runs.append(("mlx-serve, compile-once off", "ours", ours, dict(env, MLX_SERVE_KERNEL_CACHE="0", MLX_PTX_CACHE_DIR=str(without_ours)), 1))
+        runs.append(("mlx-serve, compile-once off", "mlx-serve-off", "ours", ours, dict(env, MLX_SERVE_KERNEL_CACHE="0", MLX_PTX_CACHE_DIR=str(without_ours)), 1))
     if a.python:
-        runs.append(("mlx_lm.server", "ref", serving.ref_argv(a.python, model, []), env, a.starts))
+        runs.append(("mlx_lm.server", "mlx_lm.server", "ref", serving.ref_argv(a.python, model, []), env, a.starts))
     print(f"| server | start | cache files before | ready s | first request TTFT s | ok | CUDA kernels: cache / compiled, kept / compiled by MLX |")
     print("|---|---|---|---|---|---|---|")
-    for name, kind, argv, run_env, starts in runs:
+    for name, log_name, kind, argv, run_env, starts in runs:
         folder = Path(run_env["MLX_PTX_CACHE_DIR"])
         if folder != ptx:  # the folder as it is now, less our kernels' modules
             shutil.copytree(ptx, folder, ignore=lambda _, names: [n for n in names if n.startswith("custom_kernel_")])
         for i in range(starts):
             before = cache_files(folder)
-            r = one_start(f"{name.split(',')[0]}-{'off-' if run_env is not env else ''}{i}", kind, argv, run_env, work, prompt)
+            r = one_start(f"{log_name}-{i}", kind, argv, run_env, work, prompt)
             k = r["kernels"]
             shown = f"{k.get('cache', 0)} / {k.get('compiled_kept', 0)} / {k.get('compiled_by_mlx', 0)}" if k else "—"
             print(f"| {name} | {i + 1} | {before} | {r['ready_s']:.1f} | {r['ttft_s']:.2f} | {r['ok']} | {shown} |", flush=True)
