@@ -75,6 +75,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# `timeout` ends a bench with SIGTERM: as SystemExit it unwinds through each `finally:
+# server.stop()`, so no server outlives the bench holding the GPU's memory for the next command.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 class Server:
     """One server process: start, wait until it answers /health, read its memory, stop.
     `kind` is "ours" (mlx-serve) or "ref" (mlx_lm.server under the memory probe)."""

@@ -9,6 +9,7 @@ up; `--warm-context T` makes its prompts T tokens, for long cells); tok/s is the
 aggregate while every stream decodes (`serving.steady_decode_tps`) and peak memory MLX's
 peak during the timed wave (the server's /health). Each server's start and wave is logged
 with its time: on a fresh GPU machine a server's first start compiles kernels for minutes.
+--out is rewritten after every run, so a run cut short by a time limit keeps those before it.
 
 usage: python bench/turbo_bench.py --model DIR --mlx-serve BIN --out FILE.json
            [--contexts 4096,16384,32768,65536] [--configs fp16,balanced,compact]
@@ -102,22 +103,31 @@ def main():
                      for tag, n in (("warm", a.warm_context or ctx), ("timed", ctx))]
         gen = a.gen_tokens if streams == 1 else a.gen_tokens + streams * -(-ctx // PREFILL_CHUNK)
         runs = {c: [] for c in configs}
+        done = list(results["cells"])
         for _ in range(a.runs):
             for c in configs:
                 if streams == 1:
-                    runs[c].append(run(a.mlx_serve, a.model, prompt, gen, FLAGS[c], env))
+                    r = run(a.mlx_serve, a.model, prompt, gen, FLAGS[c], env)
                 else:
-                    runs[c].append(serve(a.mlx_serve, a.model, waves, gen, FLAGS[c], env, work))
-        for c, rs in runs.items():
-            good = [r for r in rs if "error" not in r]
-            cell = {"context": ctx, "streams": streams, "config": c, "gen_tokens": gen, "runs": rs,
-                    "generation_tps": statistics.median([r["generation_tps"] for r in good]) if good else None,
-                    "peak_gb": max(r["peak_memory_bytes"] for r in good) / 1e9 if good else None,
-                    "error": None if good else rs[0].get("error")}
-            results["cells"].append(cell)
-            serving.log(f"{streams} x {ctx} {c}: {cell['generation_tps']} tok/s, peak {cell['peak_gb']} GB {cell['error'] or ''}")
-        Path(a.out).write_text(json.dumps(results, indent=1))
+                    r = serve(a.mlx_serve, a.model, waves, gen, FLAGS[c], env, work)
+                runs[c].append(r)
+                serving.log(f"{streams} x {ctx} {c}, run {len(runs[c])}: {r.get('generation_tps')} tok/s {r.get('error') or ''}")
+                # Written after every run, so a run cut short by a time limit keeps the ones before it.
+                results["cells"] = done + [cell(ctx, streams, c, gen, rs) for c, rs in runs.items() if rs]
+                Path(a.out).write_text(json.dumps(results, indent=1))
+        for c in configs:
+            got = cell(ctx, streams, c, gen, runs[c])
+            serving.log(f"{streams} x {ctx} {c}: {got['generation_tps']} tok/s, peak {got['peak_gb']} GB {got['error'] or ''}")
     print(table(results, configs))
+
+
+def cell(ctx, streams, config, gen, rs) -> dict:
+    """One table cell: the median of a configuration's runs at one context and stream count."""
+    good = [r for r in rs if "error" not in r]
+    return {"context": ctx, "streams": streams, "config": config, "gen_tokens": gen, "runs": rs,
+            "generation_tps": statistics.median([r["generation_tps"] for r in good]) if good else None,
+            "peak_gb": max(r["peak_memory_bytes"] for r in good) / 1e9 if good else None,
+            "error": None if good else rs[0].get("error")}
 
 
 def table(results, configs) -> str:
