@@ -9,7 +9,8 @@
 # packs all of them).
 #
 # usage: bash bench/quant_kernel_gpu.sh STAGE...
-#   tests   server/tests/quant_kernel.rs against MLX (dense, every tiling, gathered, fallbacks)
+#   tests   server/tests/quant_kernel.rs against MLX (dense, every tiling, gathered, fallbacks),
+#           each test in SHARDS (default 4) processes at once
 #   steps   benches/decode_step.rs on Llama-3.1-8B and Qwen3-30B-A3B 4-bit, rows 1,2,4,8,16,
 #           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel; then 8 Llama rows of
 #           one length and of other lengths (--ragged) at 128 and 4096 prompt tokens
@@ -48,19 +49,27 @@ for stage in "$@"; do
   echo "== $stage"
   case $stage in
     tests)
-      # One process a test, all at once: each compiles its kernel instances with NVRTC one
-      # after another while the GPU idles (one process took over 280 s; five at once 262 s,
-      # dense_matches_mlx alone: H200, session 34). Summaries print after all have ended.
+      # One process a test and shard, all at once: each compiles its kernel instances with
+      # NVRTC one after another while the GPU idles (one process took over 280 s; five at once
+      # 262 s, dense_matches_mlx alone: H200, session 34), so the tests' loops are split over
+      # SHARDS processes each (MLX_SERVE_TEST_SHARD=K/N; tests without a loop of kernel
+      # instances run whole in every shard). Summaries print after all have ended.
+      shards=${SHARDS:-4}
       tests=$("$BIN_DIR/quant_kernel" --list 2>&1 | sed -n 's/: test$//p')
       [ -n "$tests" ] || { "$BIN_DIR/quant_kernel" --list 2>&1 | tail -3; status=1; }
       for t in $tests; do
-        timeout 600 "$BIN_DIR/quant_kernel" --exact "$t" --nocapture >"$OUT/quant-kernel-$t.txt" 2>&1 &
+        for k in $(seq 0 $((shards - 1))); do
+          MLX_SERVE_TEST_SHARD=$k/$shards timeout 600 "$BIN_DIR/quant_kernel" --exact "$t" --nocapture \
+            >"$OUT/quant-kernel-$t-$k.txt" 2>&1 &
+        done
       done
       wait
       for t in $tests; do
-        echo "-- $t: $(grep -c agrees "$OUT/quant-kernel-$t.txt") products agree"
-        grep -E "panicked|differs|test result" "$OUT/quant-kernel-$t.txt" | head -5
-        grep -q "test result: ok" "$OUT/quant-kernel-$t.txt" || status=1
+        echo "-- $t: $(cat "$OUT"/quant-kernel-$t-*.txt | grep -c agrees) products agree over $shards shards"
+        cat "$OUT"/quant-kernel-$t-*.txt | grep -E "panicked|differs" | head -5
+        for k in $(seq 0 $((shards - 1))); do
+          grep -q "test result: ok" "$OUT/quant-kernel-$t-$k.txt" || { echo "   shard $k did not pass"; status=1; }
+        done
       done ;;
     steps)
       for m in llama-3.1-8b-4bit qwen3-30b-a3b-4bit; do

@@ -40,6 +40,51 @@ fn on_cuda() -> bool {
     true
 }
 
+/// This process's share of a test's cases. On CUDA each kernel instance
+/// compiles with NVRTC at its first use, seconds each, one after another
+/// while the GPU idles, so one test's loop took minutes on the GPU machine;
+/// with `MLX_SERVE_TEST_SHARD=K/N` a process takes cases K, K+N, K+2N, ...
+/// so that N processes share a test (bench/quant_kernel_gpu.sh runs them at
+/// once). Unset, a process takes every case.
+struct Shard {
+    k: usize,
+    n: usize,
+    next: usize,
+}
+
+impl Shard {
+    fn from_env() -> Shard {
+        let Ok(v) = std::env::var("MLX_SERVE_TEST_SHARD") else {
+            return Shard { k: 0, n: 1, next: 0 };
+        };
+        let parsed = v.split_once('/').and_then(|(k, n)| Some((k.parse().ok()?, n.parse().ok()?)));
+        match parsed {
+            Some((k, n)) if k < n => Shard { k, n, next: 0 },
+            _ => panic!("MLX_SERVE_TEST_SHARD={v}: expected K/N with 0 <= K < N"),
+        }
+    }
+
+    /// Whether the next case is this process's.
+    fn mine(&mut self) -> bool {
+        self.next += 1;
+        (self.next - 1) % self.n == self.k
+    }
+}
+
+#[test]
+fn shards_take_every_case_once() {
+    for n in 1..5 {
+        let mut taken = vec![0; 11];
+        for k in 0..n {
+            let mut shard = Shard { k, n, next: 0 };
+            for t in taken.iter_mut() {
+                *t += shard.mine() as i32;
+            }
+        }
+        assert_eq!(taken, vec![1; 11], "{n} shards");
+    }
+}
+
 fn check(what: &str, got: &Array, want: &Array) {
     assert_eq!(got.shape(), want.shape(), "{what}: shape");
     if let Some(why) = disagreement(got, want).unwrap() {
@@ -53,10 +98,13 @@ fn dense_matches_mlx() {
     if !on_cuda() {
         return;
     }
-    let mut cases = 0;
+    let (mut cases, mut shard) = (0, Shard::from_env());
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
             for gs in [32, 64, 128] {
+                if !shard.mine() {
+                    continue;
+                }
                 let spec = QuantSpec::affine(gs, bits);
                 let big = dtype == Dtype::Bfloat16 && gs == 64;
                 let shapes: &[(i32, i32, &[i32])] = if big {
@@ -117,11 +165,15 @@ fn every_tiling_matches_mlx() {
     let spec = QuantSpec::affine(64, 4);
     let (n, k) = (520, 2048);
     let (w, s, b) = weights(&[], n, k, spec, Dtype::Bfloat16, 7);
+    let mut shard = Shard::from_env();
     for (rows, mt) in [(5, 1), (13, 2), (30, 4)] {
         let x = normal(&[rows, k], 3, Dtype::Bfloat16);
         let want = quantized::quantized_matmul(&x, &w, &s, Some(&b), true, 64, 4).unwrap();
         for rt in [1, 2] {
             for wk in [1, 2, 4, 8, 16] {
+                if !shard.mine() {
+                    continue;
+                }
                 let what = format!("{rows} rows, rt {rt} mt {mt} wk {wk}");
                 match quant_kernel::matmul_tiled(&x, &w, &s, Some(&b), spec, Tiles { rt, mt, wk }) {
                     Ok(got) => check(&what, &got, &want),
@@ -139,8 +191,12 @@ fn gathered_matches_mlx() {
         return;
     }
     let (experts, n, k, top) = (16, 768, 2048, 4);
+    let mut shard = Shard::from_env();
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
+            if !shard.mine() {
+                continue;
+            }
             let spec = QuantSpec::affine(64, bits);
             let (w, s, b) = weights(&[experts], n, k, spec, dtype, bits as u64);
             let (wd, sd, bd) = weights(&[experts], k, n, spec, dtype, 10 + bits as u64);
@@ -236,10 +292,13 @@ fn gated_dense_matches_separate_products() {
     if !on_cuda() {
         return;
     }
-    let mut cases = 0;
+    let (mut cases, mut shard) = (0, Shard::from_env());
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
             for gs in [32, 64, 128] {
+                if !shard.mine() {
+                    continue;
+                }
                 let spec = QuantSpec::affine(gs, bits);
                 let (n, k) = (1000, 768);
                 let gate = weights(&[], n, k, spec, dtype, 40 + bits as u64);
@@ -277,8 +336,12 @@ fn gated_gather_matches_separate_products() {
         return;
     }
     let (experts, n, k, top) = (16, 768, 2048, 8);
+    let mut shard = Shard::from_env();
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
+            if !shard.mine() {
+                continue;
+            }
             let spec = QuantSpec::affine(64, bits);
             let gate = weights(&[experts], n, k, spec, dtype, 70 + bits as u64);
             let up = weights(&[experts], n, k, spec, dtype, 80 + bits as u64);
@@ -343,10 +406,13 @@ fn residual_form_matches_product_then_add() {
     if !on_cuda() {
         return;
     }
-    let mut cases = 0;
+    let (mut cases, mut shard) = (0, Shard::from_env());
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
             for gs in [32, 64, 128] {
+                if !shard.mine() {
+                    continue;
+                }
                 let spec = QuantSpec::affine(gs, bits);
                 let (n, k) = (1000, 768);
                 let w = weights(&[], n, k, spec, dtype, 110 + bits as u64);
@@ -402,8 +468,12 @@ fn normed_forms_match_rms_norm_then_product() {
         return;
     }
     let (n, k, eps) = (1000, 768, 1e-5f32);
+    let mut shard = Shard::from_env();
     for dtype in [Dtype::Bfloat16, Dtype::Float16] {
         for bits in [4, 8] {
+            if !shard.mine() {
+                continue;
+            }
             let spec = QuantSpec::affine(64, bits);
             let w = weights(&[], n, k, spec, dtype, 140 + bits as u64);
             let up = weights(&[], n, k, spec, dtype, 150 + bits as u64);
