@@ -9,7 +9,12 @@
 //!
 //!   cargo bench --bench kv_attend -- [--contexts 4096,16384] [--formats fp16,balanced,compact]
 //!       [--layers 32] [--kv-heads 8] [--heads 32] [--head-dim 128] [--rows 1] [--steps 30]
-//!       [--repeats 1]
+//!       [--repeats 1] [--ragged]
+//!
+//! `--ragged` gives row r a history 8·r tokens shorter, as sequences of
+//! other lengths share a batch in the server: the 16-bit cache is then
+//! left-padded and read by our kernel (`dense_attend`) on CUDA instead of
+//! MLX's fused attention (`MLX_SERVE_DENSE_KERNEL=0`: MLX's masked one).
 //!
 //! With --repeats N every format is timed N times, the formats in turn (the
 //! 16-bit cache's own speed drifts from run to run on a lent GPU), and each
@@ -34,6 +39,8 @@ struct Shape {
     heads: i32,
     head_dim: i32,
     rows: i32,
+    /// Row r holds 8·r positions fewer (`--ragged`).
+    ragged: bool,
 }
 
 
@@ -66,7 +73,11 @@ fn caches(s: &Shape, ctx: i32, preset: Option<TurboPreset>) -> Res<Vec<Box<dyn K
         let shape = [s.rows, s.kv_heads, ctx, s.head_dim];
         let (k, v) = (normal(&shape, 10 + 2 * layer as u64)?, normal(&shape, 11 + 2 * layer as u64)?);
         let rows: Vec<KvRow> = (0..s.rows)
-            .map(|b| Ok(KvRow { kind: KvKind::Dense, offset: ctx, columns: vec![ops::slice_axis(&k, 0, b, b + 1)?, ops::slice_axis(&v, 0, b, b + 1)?] }))
+            .map(|b| {
+                let len = if s.ragged { ctx - 8 * b } else { ctx };
+                let row = |x: &Array| -> Res<Array> { Ok(ops::slice_axis(&ops::slice_axis(x, 0, b, b + 1)?, 2, ctx - len, ctx)?) };
+                Ok(KvRow { kind: KvKind::Dense, offset: len, columns: vec![row(&k)?, row(&v)?] })
+            })
             .collect::<Res<_>>()?;
         let dense = KvKind::Dense.store(&rows)?;
         let store = match preset {
@@ -90,7 +101,11 @@ fn main() -> Res<()> {
         heads: arg(&args, "--heads", 32)?,
         head_dim: arg(&args, "--head-dim", 128)?,
         rows: arg(&args, "--rows", 1)?,
+        ragged: args.iter().any(|a| a == "--ragged"),
     };
+    if s.ragged && s.rows < 2 {
+        return Err("--ragged needs --rows 2 or more".into());
+    }
     let steps: usize = arg(&args, "--steps", 30)?;
     let repeats: usize = arg::<usize>(&args, "--repeats", 1)?.max(1);
     let contexts: String = arg(&args, "--contexts", "4096,16384,32768,65536".to_string())?;
@@ -98,8 +113,13 @@ fn main() -> Res<()> {
     let contexts: Vec<i32> = contexts.split(',').map(str::parse).collect::<Result<_, _>>()?;
     println!("backend {:?}; TurboQuant kernels in use: {}", mlx_rs_safe::kernels::gpu_backend(), kernels::usable());
     println!(
-        "{} layers, {} rows, {} query heads, {} KV heads of {}; bfloat16; median of {steps} steps, of {repeats} repeats taking the formats in turn\n",
-        s.layers, s.rows, s.heads, s.kv_heads, s.head_dim
+        "{} layers, {} rows{}, {} query heads, {} KV heads of {}; bfloat16; median of {steps} steps, of {repeats} repeats taking the formats in turn\n",
+        s.layers,
+        s.rows,
+        if s.ragged { " of other lengths (row r 8·r positions shorter)" } else { "" },
+        s.heads,
+        s.kv_heads,
+        s.head_dim
     );
     println!("| context | format | step ms | graph ms | vs fp16 | KV MB read | GB/s | kernels ms (graph) | encode ms (graph) |");
     println!("|---|---|---|---|---|---|---|---|---|");
