@@ -115,9 +115,8 @@ def main():
                 # Written after every run, so a run cut short by a time limit keeps the ones before it.
                 results["cells"] = done + [cell(ctx, streams, c, gen, rs) for c, rs in runs.items() if rs]
                 Path(a.out).write_text(json.dumps(results, indent=1))
-        for c in configs:
-            got = cell(ctx, streams, c, gen, runs[c])
-            serving.log(f"{streams} x {ctx} {c}: {got['generation_tps']} tok/s, peak {got['peak_gb']} GB {got['error'] or ''}")
+        for got in results["cells"][len(done):]:
+            serving.log(f"{streams} x {ctx} {got['config']}: {got['generation_tps']} tok/s, peak {got['peak_gb']} GB {got['error'] or ''}")
     print(table(results, configs))
 
 

@@ -91,4 +91,3 @@ mod tests {
         std::env::remove_var(var);
     }
 }
-
