@@ -28,6 +28,9 @@
 // Outputs: part_o [B, HQ, NS, D], part_ml [B, HQ, NS, 2] (float32); NS is the
 // grid's blocks per (row, KV head); out [B, HQ, 1, D] of type T: the merged
 // attention. 128 threads a block (kernels.rs).
+// Template constants beside T, D, REP, BITS, GS: U, a lane's positions an
+// iteration of turbo_lane_attend's loop, and QS (1: the query read from
+// shared memory at each use; kernels.rs `lane_loop`).
 constexpr int THREADS = 128;
 constexpr int WARPS = THREADS / 32;
 static_assert(REP >= 1 && REP <= 8, "1 to 8 query heads per KV head");
@@ -58,6 +61,6 @@ const int per = (len + NS - 1) / NS;
 const int t0 = first + split * per;
 const int t1 = min(written, t0 + per);
 __syncthreads();
-turbo_lane_attend<T, BITS, GS, D, REP>(qs, k, v, ks, kb, vs, vb, ((size_t)b * HKV + g) * CAP, t0, t1, mw, lw, accw,
+turbo_lane_attend<T, BITS, GS, D, REP, U, QS != 0>(qs, k, v, ks, kb, vs, vb, ((size_t)b * HKV + g) * CAP, t0, t1, mw, lw, accw,
                                         part_o, part_ml, (size_t)(b * HQ + g * REP) * NS + split, NS);
 turbo_merge_if_last<T, D, 0, REP>(counts, (size_t)b * HKV + g, NS, part_o, part_ml, part_ml, out, (size_t)b * HQ + g * REP);

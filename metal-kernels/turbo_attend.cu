@@ -300,7 +300,7 @@ if (window) {
   const int w0 = wfirst + (split - NC) * wper;
   // A head's keys are its 2 * WCAP slots' first half, its values the second.
   const int wcap = win_shape[3];
-  turbo_lane_attend<S, 0, 32, D, REP>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, w0,
+  turbo_lane_attend<S, 0, 32, D, REP, 1, false>(qs, win, win + (size_t)wcap * D, win, win, win, win, head * 2 * wcap, w0,
                                       min(wend, w0 + wper), mw, lw, reinterpret_cast<float*>(stages), part_o, part_ml,
                                       (size_t)(b * HQ + g * REP) * NS + split, NS);
   turbo_merge_if_last<T, D, 1, REP>(counts, head, NS, part_o, part_ml, signs, out, (size_t)b * HQ + g * REP);

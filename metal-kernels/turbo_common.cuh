@@ -203,14 +203,17 @@ __device__ inline float turbo_codebook_encode(
 // A position's key and value rows are read by LPP = D / 8 lanes, 8
 // coordinates each (16 bytes of a 16-bit row, 8 of an 8-bit one; a group
 // holds whole lanes), so a warp reads 32 / LPP consecutive positions at once
-// (one contiguous range, the next ones loaded while these are computed) and
-// each such lane group keeps its own online softmax; the groups' states are
+// (one contiguous range), U such ranges an iteration (their loads issued
+// before any is computed), and each lane group keeps its own online softmax
+// (QSHARED: the query read from qs at each use, not kept in registers, so
+// the caller keeps mw, lw and accw apart from qs); the groups' states are
 // merged at the end (shuffles within a warp, then the 4 warps in turn
 // through shared memory: mw, lw [4 * REP], accw [REP * D], 16-byte aligned,
-// written only after every thread has read qs, so they may overlap it).
+// written only after every thread has read qs, so without QSHARED they may
+// overlap it).
 // Writes head h's partial to part_o[(o + h * NS) * D ..] and
 // part_ml[(o + h * NS) * 2 ..]. 128 threads; every thread calls it.
-template <typename T, int BITS, int GS, int D, int REP>
+template <typename T, int BITS, int GS, int D, int REP, int U, bool QSHARED>
 __device__ inline void turbo_lane_attend(
     const float* qs, const void* k, const void* v, const T* ks, const T* kb, const T* vs, const T* vb,
     size_t base, int t0, int t1, float* mw, float* lw, float* accw, float* part_o, float* part_ml, size_t o, int NS) {
@@ -231,12 +234,16 @@ __device__ inline void turbo_lane_attend(
   const int sub = lane % LPP;           // the lane's coordinates: sub * C ..
   const int pos = lane / LPP;           // its position among the warp's PPW
 
-  float qv[REP][C];
+  // The query's coordinates in registers, or (QSHARED) read from qs at each
+  // use: 8 query heads' would take 64 registers a thread.
+  float qv[QSHARED ? 1 : REP][C];
+  if constexpr (!QSHARED) {
 #pragma unroll
-  for (int h = 0; h < REP; ++h) {
+    for (int h = 0; h < REP; ++h) {
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      qv[h][c] = qs[h * D + sub * C + c];
+      for (int c = 0; c < C; ++c) {
+        qv[h][c] = qs[h * D + sub * C + c];
+      }
     }
   }
   float m[REP], l[REP], acc[REP][C];
@@ -299,47 +306,86 @@ __device__ inline void turbo_lane_attend(
     }
   };
 
-  // The warp's positions, PPW at a time; the next ones are loaded while
-  // these are computed. Every lane runs every iteration (the shuffles need
-  // all 32).
-  Row kr, vr, kn, vn;
-  int t = t0 + warp * PPW + pos;
-  load(t, kr, vr);
-  for (int at = t0 + warp * PPW; at < t1; at += GROUPS) {
-    load(t + GROUPS, kn, vn);
-    const bool valid = t < t1;
-    float kf[C], vf[C];
+  // The warp's positions, U * PPW an iteration: a lane reads its U
+  // positions' rows (GROUPS apart, so each u is one contiguous range of the
+  // block's) before computing any, so U rows of loads are in flight at once,
+  // and its online softmax takes the U scores together (one correction of
+  // the sums an iteration, not one a position). Every lane runs every
+  // iteration (the shuffles need all 32).
+  for (int at = t0 + warp * PPW; at < t1; at += GROUPS * U) {
+    const int t = at + pos;
+    Row kr[U], vr[U];
 #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      kf[c] = coordinate(kr, c);
-      vf[c] = coordinate(vr, c);
+    for (int u = 0; u < U; ++u) {
+      load(t + u * GROUPS, kr[u], vr[u]);
     }
+    float s[REP][U];
 #pragma unroll
-    for (int h = 0; h < REP; ++h) {
-      float s = 0.0f;
+    for (int u = 0; u < U; ++u) {
+      float kf[C];
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        s += qv[h][c] * kf[c];
+        kf[c] = coordinate(kr[u], c);
       }
 #pragma unroll
-      for (int x = LPP / 2; x > 0; x >>= 1) {
-        s += __shfl_xor_sync(0xffffffff, s, x);
-      }
-      if (valid) {
-        const float mn = fmaxf(m[h], s);
-        const float corr = exp2f(m[h] - mn);   // m = -inf at first: 0
-        const float p = exp2f(s - mn);
-        l[h] = l[h] * corr + p;
+      for (int h = 0; h < REP; ++h) {
+        float x = 0.0f;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          acc[h][c] = acc[h][c] * corr + p * vf[c];
+          x += (QSHARED ? qs[h * D + sub * C + c] : qv[h][c]) * kf[c];
+        }
+        s[h][u] = x;
+      }
+    }
+#pragma unroll
+    for (int x = LPP / 2; x > 0; x >>= 1) {
+#pragma unroll
+      for (int h = 0; h < REP; ++h) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          s[h][u] += __shfl_xor_sync(0xffffffff, s[h][u], x);
+        }
+      }
+    }
+    // Position t + u * GROUPS counts where it is below t1; t itself is when
+    // any is (the lane's positions rise with u).
+    if (t < t1) {
+#pragma unroll
+      for (int h = 0; h < REP; ++h) {
+        float mn = m[h];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (t + u * GROUPS < t1) {
+            mn = fmaxf(mn, s[h][u]);
+          }
+        }
+        const float corr = exp2f(m[h] - mn);   // m = -inf at first: 0
+        l[h] *= corr;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          acc[h][c] *= corr;
         }
         m[h] = mn;
       }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool valid = t + u * GROUPS < t1;
+        float vf[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+          vf[c] = coordinate(vr[u], c);
+        }
+#pragma unroll
+        for (int h = 0; h < REP; ++h) {
+          const float p = valid ? exp2f(s[h][u] - m[h]) : 0.0f;
+          l[h] += p;
+#pragma unroll
+          for (int c = 0; c < C; ++c) {
+            acc[h][c] += p * vf[c];
+          }
+        }
+      }
     }
-    kr = kn;
-    vr = vn;
-    t += GROUPS;
   }
 
   // The warp's lane groups merged (all lanes end with the warp's state).

@@ -34,7 +34,7 @@ KERNELS = {
     "turbo_attend": (check.turbo_attend_io, {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3, "WS": 4}),
     "dense_attend": (lambda t: ([("q", t), ("k", t), ("v", t), ("params", "i32")] + [(n, t) for n in ("ks", "kb", "vs", "vb")] + [("counts", "u32")],
                       [("part_o", "f32"), ("part_ml", "f32"), ("out", t)]),
-                     {"T": "@bf16", "D": 128, "REP": 4, "BITS": 0, "GS": 32}),
+                     {"T": "@bf16", "D": 128, "REP": 4, "BITS": 0, "GS": 32, "U": 2, "QS": 0}),
 }
 
 

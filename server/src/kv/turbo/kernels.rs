@@ -727,15 +727,51 @@ fn split_attend(q: &Array, kv: [&Array; 6], params: &Array, written: i32, (group
         return Err(Error::Internal("the step's parameters name other rows than the query's"));
     }
     let hkv = kv[0].dim(1)?;
+    let rep = hq / hkv;
+    let (unroll, query_shared) = lane_loop(rep);
     let mut template = vec![("T".to_string(), TemplateArg::Dtype(q.dtype()))];
-    template.extend(ints(&[("D", d), ("REP", hq / hkv), ("BITS", bits), ("GS", group_size)]));
-    let call = split_call([b, hq, hkv, splits(written, b * hkv, BLOCKS), d], DENSE_THREADS, template, Some(q.dtype()));
+    template.extend(ints(&[("D", d), ("REP", rep), ("BITS", bits), ("GS", group_size), ("U", unroll), ("QS", query_shared as i32)]));
+    let call = split_call([b, hq, hkv, splits(written, b * hkv, DENSE_BLOCKS), d], DENSE_THREADS, template, Some(q.dtype()));
     let [k, v, ks, kb, vs, vb] = kv;
     launch_merged("dense_attend", &[q, k, v, params, ks, kb, vs, vb], counts, b * hkv, &call)
 }
 
 /// Threads of a dense attention block (dense_attend.cu's THREADS).
 const DENSE_THREADS: i32 = 128;
+
+/// `dense_attend`'s lane loop for `rep` query heads a KV head: the positions
+/// a lane reads an iteration (`U` in turbo_common.cuh's `turbo_lane_attend`:
+/// their loads in flight together, one softmax correction for all), and
+/// whether the query is read from shared memory rather than kept in
+/// registers (`QSHARED`: past 4 query heads, their coordinates alone took 64
+/// registers a thread, which held the kernel to 2 blocks a multiprocessor).
+/// Up to 4 query heads: 2 positions, the query in registers (123 registers,
+/// 4 blocks an SM; 4 positions took 144, 3 blocks); past 4: 4 positions, the
+/// query in shared memory (186 registers). On an H200 (BENCHMARKS.md,
+/// session 49) the 16-bit attention of 4 rows of other lengths at 64K took
+/// 3.2-3.3 ms for 8 layers of either the Llama-3.1-8B or the Qwen3-30B-A3B
+/// shape, against 5.6 and 5.3 with one position a lane and the next loaded
+/// meanwhile. `MLX_SERVE_DENSE_UNROLL` and `MLX_SERVE_DENSE_QUERY_REGS` (the
+/// most query heads kept in registers) set them on a GPU machine (kernel
+/// development, like `MLX_SERVE_TURBO_BLOCKS`).
+fn lane_loop(rep: i32) -> (i32, bool) {
+    static KNOBS: OnceLock<(i32, i32)> = OnceLock::new();
+    let (unroll, regs) = *KNOBS.get_or_init(|| {
+        let unroll = crate::kernel_check::tuned("MLX_SERVE_DENSE_UNROLL", 0);
+        (if [1, 2, 4].contains(&unroll) { unroll } else { 0 }, crate::kernel_check::tuned("MLX_SERVE_DENSE_QUERY_REGS", 4))
+    });
+    let query_shared = rep > regs;
+    let unroll = match unroll {
+        0 if query_shared => 4,
+        0 => 2,
+        n => n,
+    };
+    (unroll, query_shared)
+}
+/// Blocks a `dense_attend` call aims for: 512 against 256 took 3.2 ms
+/// instead of 4.2 for the Llama shape's 4 rows at 64K (above; the A3B
+/// shape's 3.3 either way).
+const DENSE_BLOCKS: i32 = 512;
 
 #[cfg(test)]
 mod split_counts_tests {
