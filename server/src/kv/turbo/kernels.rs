@@ -743,11 +743,11 @@ const DENSE_THREADS: i32 = 128;
 /// a lane reads an iteration (`U` in turbo_common.cuh's `turbo_lane_attend`:
 /// their loads in flight together, one softmax correction for all), and
 /// whether the query is read from shared memory rather than kept in
-/// registers (`QSHARED`: past 4 query heads, their coordinates alone took 64
-/// registers a thread, which held the kernel to 2 blocks a multiprocessor).
-/// Up to 4 query heads: 2 positions, the query in registers (123 registers,
-/// 4 blocks an SM; 4 positions took 144, 3 blocks); past 4: 4 positions, the
-/// query in shared memory (186 registers). On an H200 (BENCHMARKS.md,
+/// registers (`QSHARED`: past 4 query heads, their coordinates alone take 64
+/// registers a thread). Up to 4 query heads: 2 positions, the query in
+/// registers (123 registers, 4 blocks an SM; 4 positions took 144, 3
+/// blocks); past 4: 4 positions, their rows in the registers the query
+/// leaves (186, 2 blocks an SM as before). On an H200 (BENCHMARKS.md,
 /// session 49) the 16-bit attention of 4 rows of other lengths at 64K took
 /// 3.2-3.3 ms for 8 layers of either the Llama-3.1-8B or the Qwen3-30B-A3B
 /// shape, against 5.6 and 5.3 with one position a lane and the next loaded
