@@ -768,9 +768,9 @@ fn lane_loop(rep: i32) -> (i32, bool) {
     };
     (unroll, query_shared)
 }
-/// Blocks a `dense_attend` call aims for: 512 against 256 took 3.2 ms
-/// instead of 4.2 for the Llama shape's 4 rows at 64K (above; the A3B
-/// shape's 3.3 either way).
+/// Blocks a `dense_attend` call aims for: with 512 instead of 256 the Llama
+/// shape's 4 rows at 64K took 3.2 ms instead of 4.2 (H200, BENCHMARKS.md,
+/// session 49; the A3B shape's 3.3 either way).
 const DENSE_BLOCKS: i32 = 512;
 
 #[cfg(test)]
