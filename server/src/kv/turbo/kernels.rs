@@ -749,7 +749,7 @@ const DENSE_THREADS: i32 = 128;
 /// blocks); past 4: 4 positions, their rows in the registers the query
 /// leaves (186, 2 blocks an SM as before). On an H200 (BENCHMARKS.md,
 /// session 49) the 16-bit attention of 4 rows of other lengths at 64K took
-/// 3.2-3.3 ms for 8 layers of either the Llama-3.1-8B or the Qwen3-30B-A3B
+/// 3.1-3.3 ms for 8 layers of either the Llama-3.1-8B or the Qwen3-30B-A3B
 /// shape, against 5.6 and 5.3 with one position a lane and the next loaded
 /// meanwhile. `MLX_SERVE_DENSE_UNROLL` and `MLX_SERVE_DENSE_QUERY_REGS` (the
 /// most query heads kept in registers) set them on a GPU machine (kernel
