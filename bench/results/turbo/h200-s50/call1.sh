@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Session 50 call 1 (binary 5d03378: dense_attend's lane loop as built in fd7b346), a fresh
+# H200: issue 19's 4-stream cells on the Llama-3.1-8B shape (4-bit, random weights) through the
+# server again, 16-bit cache against `balanced`, 4 x 32K then 4 x 64K: sessions 47's cells ran
+# the 16-bit side on the dense_attend loop before fd7b346.
+set -u
+source .device/prelude.sh
+O=$OUT; M=/root/llama; mkdir -p ~/.cache/huggingface/hub; export MLX_PTX_CACHE_DIR=/root/ptx
+nvidia-smi --query-gpu=name --format=csv,noheader; date -u; echo "binary $(cat .device/commit); cache files: $(ls /root/ptx 2>/dev/null | wc -l)"
+[ -f $M/config.json ] || timeout 120 python3 bench/make_model.py llama-3.1-8b $M --dtype bfloat16 --bits 4 > /dev/null 2>&1; echo "model at ${SECONDS}s"
+for ctx in 32768 65536; do
+  left=$((590 - SECONDS)); [ $left -lt 100 ] && { echo "no time for 4 x $ctx"; continue; }
+  (cd bench && timeout $left python3 turbo_bench.py --model $M --mlx-serve $B/mlx-serve --python python3 \
+    --out "$O/llama-turbo-streams4-$ctx.json" --gen-tokens 128 --runs 1 --configs fp16,balanced --streams 4 --contexts $ctx \
+    --warm-context 2048) 2>&1 | tee "$O/llama-turbo-streams4-$ctx.txt" | grep -E "^\[|^\|"
+  echo "4 x $ctx ended at ${SECONDS}s"
+done
+echo "ended at ${SECONDS}s"
