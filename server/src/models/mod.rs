@@ -26,6 +26,7 @@ mod qwen2_moe;
 mod qwen3;
 mod qwen3_moe;
 mod qwen3_next;
+mod router_kernel;
 mod rope;
 mod speculative_step;
 mod streamed_switch;

@@ -166,45 +166,12 @@ impl SparseMoe {
     }
 
     fn route(&self, x: &Array) -> Result<Array> {
-        let k = self.spec.top_k;
-        let e = self.spec.num_experts;
+        let (k, norm) = (self.spec.top_k, self.spec.norm_topk_prob);
         let logits = self.gate.forward(x)?;
-        // The last axis of `a` from `from` to `to`.
-        let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
-            let mut stop = a.shape();
-            let n = stop.len();
-            let mut start = vec![0; n];
-            start[n - 1] = from;
-            stop[n - 1] = to;
-            Ok(ops::slice(a, &start, &stop, &vec![1; n])?)
+        let (inds, scores) = match super::router_kernel::route(&logits, self.spec.router, k, norm)? {
+            Some(routed) => routed,
+            None => route_with_ops(&logits, self.spec.router, k, norm)?,
         };
-        let (inds, mut scores) = match self.spec.router {
-            Router::SoftmaxTopKLast => {
-                let gates = ops::softmax(&logits, &[-1], true)?;
-                let inds = last(&ops::argpartition(&gates, -k, -1)?, e - k, e)?;
-                let scores = ops::take_along_axis(&gates, &inds, -1)?;
-                (inds, scores)
-            }
-            Router::SoftmaxTopKFirst => {
-                let gates = ops::softmax(&logits, &[-1], true)?;
-                let inds = last(&ops::argpartition(&ops::negative(&gates)?, k - 1, -1)?, 0, k)?;
-                let scores = ops::take_along_axis(&gates, &inds, -1)?;
-                (inds, scores)
-            }
-            Router::TopKThenSoftmax => {
-                let inds = last(&ops::argpartition(&ops::negative(&logits)?, k - 1, -1)?, 0, k)?;
-                let scores = ops::softmax(&ops::take_along_axis(&logits, &inds, -1)?, &[-1], true)?;
-                (inds, scores)
-            }
-            Router::TopKLastThenSoftmax => {
-                let inds = last(&ops::argpartition(&logits, -k, -1)?, e - k, e)?;
-                let scores = ops::softmax(&ops::take_along_axis(&logits, &inds, -1)?, &[-1], true)?;
-                (inds, scores)
-            }
-        };
-        if self.spec.norm_topk_prob {
-            scores = ops::divide(&scores, &ops::sum(&scores, &[-1], true)?)?;
-        }
         let y = self.experts.forward(x, &inds)?;
         let weighted = ops::multiply(&y, &ops::expand_dims(&scores, &[-1])?)?;
         let mut mixed = ops::astype(&ops::sum(&weighted, &[-2], false)?, y.dtype())?;
@@ -219,6 +186,51 @@ impl SparseMoe {
             }
         }
     }
+}
+
+/// The experts each row of `logits` [..., E] routes to and their scores, by
+/// `router`'s exact op sequence (mlx-lm's), scores divided by their sum when
+/// `norm`: the path everywhere but where the router kernel serves
+/// (`router_kernel`), and that kernel's reference.
+pub fn route_with_ops(logits: &Array, router: Router, k: i32, norm: bool) -> Result<(Array, Array)> {
+    let e = logits.dim(-1)?;
+    // The last axis of `a` from `from` to `to`.
+    let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
+        let mut stop = a.shape();
+        let n = stop.len();
+        let mut start = vec![0; n];
+        start[n - 1] = from;
+        stop[n - 1] = to;
+        Ok(ops::slice(a, &start, &stop, &vec![1; n])?)
+    };
+    let (inds, scores) = match router {
+        Router::SoftmaxTopKLast => {
+            let gates = ops::softmax(logits, &[-1], true)?;
+            let inds = last(&ops::argpartition(&gates, -k, -1)?, e - k, e)?;
+            let scores = ops::take_along_axis(&gates, &inds, -1)?;
+            (inds, scores)
+        }
+        Router::SoftmaxTopKFirst => {
+            let gates = ops::softmax(logits, &[-1], true)?;
+            let inds = last(&ops::argpartition(&ops::negative(&gates)?, k - 1, -1)?, 0, k)?;
+            let scores = ops::take_along_axis(&gates, &inds, -1)?;
+            (inds, scores)
+        }
+        Router::TopKThenSoftmax => {
+            let inds = last(&ops::argpartition(&ops::negative(logits)?, k - 1, -1)?, 0, k)?;
+            let scores = ops::softmax(&ops::take_along_axis(logits, &inds, -1)?, &[-1], true)?;
+            (inds, scores)
+        }
+        Router::TopKLastThenSoftmax => {
+            let inds = last(&ops::argpartition(logits, -k, -1)?, e - k, e)?;
+            let scores = ops::softmax(&ops::take_along_axis(logits, &inds, -1)?, &[-1], true)?;
+            (inds, scores)
+        }
+    };
+    if norm {
+        return Ok((inds, ops::divide(&scores, &ops::sum(&scores, &[-1], true)?)?));
+    }
+    Ok((inds, scores))
 }
 
 /// Hugging Face's fused expert layout, as mlx-lm's sanitize reads it (Gemma 4,

@@ -1,0 +1,137 @@
+// A mixture-of-experts router in one launch: for each row of the router's
+// logits [..., E], the K experts it routes to and their mixing scores, where
+// MLX's ops take five or six (softmax, argpartition, the slice of its last K,
+// take_along_axis, and with normalized scores a sum and a divide); a decode
+// step on CUDA is bound by the host's cost per launch (models/router_kernel.rs).
+// One warp per row: lane l holds experts l, l + 32, ... (PER of them).
+// Template: T the logits' dtype (the scores' too), E experts, K chosen,
+// SOFTMAX_FIRST (true: softmax over all E, then the K largest probabilities;
+// false: the K largest logits, then a softmax over those K), NORM (the K
+// scores divided by their sum). The roundings are MLX's ops': the softmax
+// in float32 rounded to T, the sum rounded to T before the divide.
+// Outputs: inds [..., K] uint32 and scores [..., K] T, largest first (ties:
+// the lower expert first).
+constexpr int PER = (E + 31) / 32;
+const float NEG_INF = __int_as_float(0xff800000);
+size_t rows = 1;
+for (int i = 0; i < logits_ndim - 1; ++i) {
+  rows *= logits_shape[i];
+}
+const size_t row = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;
+const int lane = threadIdx.x % 32;
+if (row >= rows) {
+  return;
+}
+const T* x = logits + row * E;
+
+// The values the experts are chosen by: logits, or their softmax as T.
+float v[PER];
+#pragma unroll
+for (int i = 0; i < PER; ++i) {
+  const int e = lane + 32 * i;
+  v[i] = e < E ? static_cast<float>(x[e]) : NEG_INF;
+}
+if (SOFTMAX_FIRST) {
+  float m = NEG_INF;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    m = fmaxf(m, v[i]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, o));
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    v[i] = lane + 32 * i < E ? expf(v[i] - m) : 0.0f;
+    s += v[i];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffff, s, o);
+  }
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    v[i] = lane + 32 * i < E ? static_cast<float>(static_cast<T>(v[i] / s)) : NEG_INF;
+  }
+}
+
+// K rounds of a warp-wide argmax over the experts not yet chosen. A lane
+// with any left offers its largest (its first left while all are -inf, so
+// every round chooses a real expert); the warp keeps the largest value, the
+// lower expert on ties. NaN counts as -inf, so the order is total and every
+// lane ends a round with the same choice.
+#pragma unroll
+for (int i = 0; i < PER; ++i) {
+  v[i] = isnan(v[i]) ? NEG_INF : v[i];
+}
+uint32_t taken = 0;
+float val[K];
+uint32_t idx[K];
+#pragma unroll
+for (int j = 0; j < K; ++j) {
+  float best = NEG_INF;
+  uint32_t bi = 0xffffffffu;
+#pragma unroll
+  for (int i = 0; i < PER; ++i) {
+    const uint32_t e = lane + 32 * i;
+    if (e < E && !((taken >> i) & 1u) && (bi == 0xffffffffu || v[i] > best)) {
+      best = v[i];
+      bi = e;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffff, best, o);
+    const uint32_t oi = __shfl_xor_sync(0xffffffff, bi, o);
+    if (oi != 0xffffffffu && (bi == 0xffffffffu || ob > best || (ob == best && oi < bi))) {
+      best = ob;
+      bi = oi;
+    }
+  }
+  if (bi % 32 == (uint32_t)lane) {
+    taken |= 1u << (bi / 32);
+  }
+  val[j] = best;
+  idx[j] = bi;
+}
+
+// The scores, as MLX's ops round them.
+float score[K];
+if (SOFTMAX_FIRST) {
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    score[j] = val[j];
+  }
+} else {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    score[j] = expf(val[j] - val[0]);
+    s += score[j];
+  }
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    score[j] = static_cast<float>(static_cast<T>(score[j] / s));
+  }
+}
+if (NORM) {
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    s += score[j];
+  }
+  s = static_cast<float>(static_cast<T>(s));
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    score[j] = score[j] / s;
+  }
+}
+if (lane == 0) {
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    inds[row * K + j] = idx[j];
+    scores[row * K + j] = static_cast<T>(score[j]);
+  }
+}
