@@ -305,6 +305,13 @@ __device__ inline void turbo_lane_attend(
       return static_cast<float>(code) * r.scale + r.bias;
     }
   };
+  // All C of a lane's row part as floats.
+  auto coordinates = [&](const Row& r, float (&f)[C]) {
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      f[c] = coordinate(r, c);
+    }
+  };
 
   // The warp's positions, U * PPW an iteration: a lane reads its U
   // positions' rows (GROUPS apart, so each u is one contiguous range of the
@@ -323,10 +330,7 @@ __device__ inline void turbo_lane_attend(
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float kf[C];
-#pragma unroll
-      for (int c = 0; c < C; ++c) {
-        kf[c] = coordinate(kr[u], c);
-      }
+      coordinates(kr[u], kf);
 #pragma unroll
       for (int h = 0; h < REP; ++h) {
         float x = 0.0f;
@@ -371,10 +375,7 @@ __device__ inline void turbo_lane_attend(
       for (int u = 0; u < U; ++u) {
         const bool valid = t + u * GROUPS < t1;
         float vf[C];
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-          vf[c] = coordinate(vr[u], c);
-        }
+        coordinates(vr[u], vf);
 #pragma unroll
         for (int h = 0; h < REP; ++h) {
           const float p = valid ? exp2f(s[h][u] - m[h]) : 0.0f;
