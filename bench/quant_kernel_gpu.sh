@@ -15,6 +15,9 @@
 #           once with MLX_SERVE_QMM_KERNEL=0 and once with the kernel; then 8 Llama rows of
 #           one length and of other lengths (--ragged) at 128 and 4096 prompt tokens
 #   server  bench/server_bench.py, Llama-3.1-8B 4-bit, 1 and 8 streams, mlx-serve vs mlx_lm.server
+#   router  the MoE router kernel (models/router_kernel.rs): its test against MLX's ops (the
+#           library's unit tests, packed as mlx_serve_lib), then decode_step on Qwen3-30B-A3B
+#           4-bit at 1 and 8 rows with MLX_SERVE_ROUTER_KERNEL=0 and 1 in turn, twice
 #   dense   the 16-bit decode attention kernel for rows of other lengths (on by default;
 #           MLX_SERVE_DENSE_KERNEL=0 turns it off): its test (the library's unit tests, packed as
 #           mlx_serve_lib), then 8 rows of other lengths at 128 and 4 at 8192 prompt tokens with
@@ -100,6 +103,13 @@ for stage in "$@"; do
       python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
         --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/../commit" 2>/dev/null) dense kernel" \
         --out "$OUT/server-llama-3.1-8b-4bit-dense.json" 2>&1 | tail -40 || status=1 ;;
+    router)
+      timeout 300 "$BIN_DIR/mlx_serve_lib" router_kernel --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|routings agree|panicked|disagrees" || status=1
+      dir=$(model qwen3-30b-a3b-4bit)
+      for on in 0 1 0 1; do
+        echo "-- MLX_SERVE_ROUTER_KERNEL=$on"
+        MLX_SERVE_ROUTER_KERNEL=$on timeout 300 "$BIN_DIR/decode_step" "$dir" --rows 1,8 --prompt 128 --steps 64 2>&1 | tail -6 || status=1
+      done ;;
     *) echo "unknown stage $stage"; status=1 ;;
   esac
 done

@@ -58,9 +58,9 @@ if (SOFTMAX_FIRST) {
 }
 
 // K rounds of a warp-wide argmax over the experts not yet chosen. A lane
-// with any left offers its largest (its first left while all are -inf, so
-// every round chooses a real expert); the warp keeps the largest value, the
-// lower expert on ties. NaN counts as -inf, so the order is total and every
+// with any left offers its largest (one of its left while all are -inf, so
+// every round chooses a real expert); the warp keeps the largest value, ties
+// as TIE_HIGH says. NaN counts as -inf, so the order is total and every
 // lane ends a round with the same choice.
 #pragma unroll
 for (int i = 0; i < PER; ++i) {
@@ -76,7 +76,7 @@ for (int j = 0; j < K; ++j) {
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const uint32_t e = lane + 32 * i;
-    if (e < E && !((taken >> i) & 1u) && (bi == 0xffffffffu || v[i] > best)) {
+    if (e < E && !((taken >> i) & 1u) && (bi == 0xffffffffu || v[i] > best || (TIE_HIGH && v[i] == best))) {
       best = v[i];
       bi = e;
     }
@@ -85,7 +85,7 @@ for (int j = 0; j < K; ++j) {
   for (int o = 16; o > 0; o >>= 1) {
     const float ob = __shfl_xor_sync(0xffffffff, best, o);
     const uint32_t oi = __shfl_xor_sync(0xffffffff, bi, o);
-    if (oi != 0xffffffffu && (bi == 0xffffffffu || ob > best || (ob == best && oi < bi))) {
+    if (oi != 0xffffffffu && (bi == 0xffffffffu || ob > best || (ob == best && (TIE_HIGH ? oi > bi : oi < bi)))) {
       best = ob;
       bi = oi;
     }

@@ -112,8 +112,8 @@ def main():
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
     # router_kernel.rs: the experts and top-k of the MoE families (Mixtral, Qwen2-MoE, OLMoE,
     # Qwen3-MoE, Qwen3-Next), either router order, scores normalized or not.
-    for t, (e, k), first, norm in itertools.product(["@bf16", "@f16", "@f32"], [(8, 2), (60, 4), (64, 8), (128, 8), (512, 10)], [0, 1], [0, 1]):
-        cases.append(("moe_router", [("logits", t[1:])], [("inds", "u32"), ("scores", t[1:])], {"T": t, "E": e, "K": k, "SOFTMAX_FIRST": first, "NORM": norm}))
+    for t, (e, k), first, norm, high in itertools.product(["@bf16", "@f16", "@f32"], [(8, 2), (60, 4), (128, 8), (512, 10)], [0, 1], [0, 1], [0, 1]):
+        cases.append(("moe_router", [("logits", t[1:])], [("inds", "u32"), ("scores", t[1:])], {"T": t, "E": e, "K": k, "SOFTMAX_FIRST": first, "NORM": norm, "TIE_HIGH": high}))
     qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
     # form: 0 plain, 1 gated (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only),
     # 3 and 4: plain and gated, normed (QMM_NORM, dense only).

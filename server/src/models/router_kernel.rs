@@ -13,9 +13,11 @@
 //! [`MAX_TOP_K`] chosen) once its start-up check against the ops passed;
 //! `MLX_SERVE_ROUTER_KERNEL=0` keeps the ops (to compare). It rounds as the
 //! ops do (the softmax in float32 rounded to the logits' dtype, the sum
-//! rounded before the divide) and returns the experts largest first (ties:
-//! the lower expert), where argpartition leaves them in its own order: the
-//! weighted sum of the experts' outputs then adds them in another order.
+//! rounded before the divide), takes of equal values the expert
+//! argpartition takes in a stable order (the higher for the last k, the
+//! lower for the first k), and returns the experts largest first, where
+//! argpartition leaves them in its own order: the weighted sum of the
+//! experts' outputs then adds them in another order.
 //! Metal keeps MLX's ops: not written for it (this is issue 15's CUDA work).
 
 use std::sync::OnceLock;
@@ -101,6 +103,8 @@ fn launch(logits: &Array, router: Router, k: i32, norm: bool) -> Result<(Array, 
         .map_err(|_| Error::Config(format!("the MoE router kernel: {rows} rows are too many for one launch")))?;
     *shape.last_mut().expect("logits have an axis") = k;
     let softmax_first = matches!(router, Router::SoftmaxTopKLast | Router::SoftmaxTopKFirst);
+    // argpartition's last k take the higher of equal values (a stable ascending order's).
+    let tie_high = matches!(router, Router::SoftmaxTopKLast | Router::TopKLastThenSoftmax);
     let call = KernelCall {
         outputs: vec![(shape.clone(), Dtype::Uint32), (shape, logits.dtype())],
         grid: (blocks * BLOCK, 1, 1),
@@ -111,6 +115,7 @@ fn launch(logits: &Array, router: Router, k: i32, norm: bool) -> Result<(Array, 
             ("K".to_string(), TemplateArg::Int(k)),
             ("SOFTMAX_FIRST".to_string(), TemplateArg::Int(softmax_first as i32)),
             ("NORM".to_string(), TemplateArg::Int(norm as i32)),
+            ("TIE_HIGH".to_string(), TemplateArg::Int(tie_high as i32)),
         ],
         ..Default::default()
     };
