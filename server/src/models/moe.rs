@@ -15,7 +15,8 @@ use crate::error::Result;
 
 /// How the router turns gate logits into (experts, scores); each variant is
 /// one architecture's exact op sequence (the order of the chosen experts, and so
-/// of the weighted sum, follows it).
+/// of the weighted sum, follows it; on CUDA the router kernel chooses the same
+/// experts and returns them largest first: `router_kernel`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Router {
     /// Qwen3-MoE: softmax over all experts, argpartition(gates, -k)[..., -k:].
@@ -194,15 +195,7 @@ impl SparseMoe {
 /// (`router_kernel`), and that kernel's reference.
 pub fn route_with_ops(logits: &Array, router: Router, k: i32, norm: bool) -> Result<(Array, Array)> {
     let e = logits.dim(-1)?;
-    // The last axis of `a` from `from` to `to`.
-    let last = |a: &Array, from: i32, to: i32| -> Result<Array> {
-        let mut stop = a.shape();
-        let n = stop.len();
-        let mut start = vec![0; n];
-        start[n - 1] = from;
-        stop[n - 1] = to;
-        Ok(ops::slice(a, &start, &stop, &vec![1; n])?)
-    };
+    let last = |a: &Array, from: i32, to: i32| ops::slice_axis(a, -1, from, to);
     let (inds, scores) = match router {
         Router::SoftmaxTopKLast => {
             let gates = ops::softmax(logits, &[-1], true)?;
