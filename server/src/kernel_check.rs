@@ -32,6 +32,13 @@ pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<
     }
 }
 
+/// Whether a kernel serves: not turned off by `var` ([`turned_off`], naming
+/// `instead`) and its start-up check passed ([`passes`]: `what`, `fallback`,
+/// `check`).
+pub fn serves(var: &str, instead: &str, what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<String>>) -> bool {
+    !turned_off(var, instead) && passes(what, fallback, check)
+}
+
 /// Whether the environment switch `var` is `0`, which keeps a kernel (or a
 /// fused path) off so a benchmark can compare it with what it replaces; says
 /// so in the log, naming `instead` (what runs).

@@ -145,11 +145,14 @@ fn kernel_applies(dk: i32) -> bool {
 fn kernel_usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     *USABLE.get_or_init(|| {
-        if crate::kernel_check::turned_off("MLX_SERVE_GDN_KERNEL", "Gated DeltaNet uses the MLX-ops path") {
-            return false;
-        }
         let Some(backend) = gpu_backend() else { return false };
-        crate::kernel_check::passes(&format!("Gated DeltaNet: the {backend} kernel"), "the ops path", self_check)
+        crate::kernel_check::serves(
+            "MLX_SERVE_GDN_KERNEL",
+            "Gated DeltaNet uses the MLX-ops path",
+            &format!("Gated DeltaNet: the {backend} kernel"),
+            "the ops path",
+            self_check,
+        )
     })
 }
 

@@ -549,13 +549,14 @@ fn fused_in_use() -> bool {
 fn usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     *USABLE.get_or_init(|| {
-        if gpu_backend() != Some("cuda") {
-            return false;
-        }
-        if crate::kernel_check::turned_off("MLX_SERVE_QMM_KERNEL", "quantized matmul uses MLX's kernels") {
-            return false;
-        }
-        crate::kernel_check::passes("quantized matmul: the CUDA kernel", "MLX's kernels", self_check)
+        gpu_backend() == Some("cuda")
+            && crate::kernel_check::serves(
+                "MLX_SERVE_QMM_KERNEL",
+                "quantized matmul uses MLX's kernels",
+                "quantized matmul: the CUDA kernel",
+                "MLX's kernels",
+                self_check,
+            )
     })
 }
 

@@ -84,13 +84,14 @@ fn in_use() -> bool {
 fn usable() -> bool {
     static USABLE: OnceLock<bool> = OnceLock::new();
     *USABLE.get_or_init(|| {
-        if gpu_backend() != Some("cuda") {
-            return false;
-        }
-        if crate::kernel_check::turned_off("MLX_SERVE_ROUTER_KERNEL", "the MoE router uses MLX's ops") {
-            return false;
-        }
-        crate::kernel_check::passes("MoE router: the CUDA kernel", "MLX's ops", self_check)
+        gpu_backend() == Some("cuda")
+            && crate::kernel_check::serves(
+                "MLX_SERVE_ROUTER_KERNEL",
+                "the MoE router uses MLX's ops",
+                "MoE router: the CUDA kernel",
+                "MLX's ops",
+                self_check,
+            )
     })
 }
 

@@ -624,8 +624,13 @@ fn dense_usable() -> bool {
         return false;
     }
     *USABLE.get_or_init(|| {
-        !crate::kernel_check::turned_off("MLX_SERVE_DENSE_KERNEL", "16-bit decode attention of rows of other lengths uses MLX's masked attention")
-            && crate::kernel_check::passes("16-bit decode attention: the CUDA kernel", "MLX's attention", || split_attend_check(None))
+        crate::kernel_check::serves(
+            "MLX_SERVE_DENSE_KERNEL",
+            "16-bit decode attention of rows of other lengths uses MLX's masked attention",
+            "16-bit decode attention: the CUDA kernel",
+            "MLX's attention",
+            || split_attend_check(None),
+        )
     })
 }
 
@@ -640,8 +645,7 @@ fn affine_usable() -> bool {
     *USABLE.get_or_init(|| {
         let instead = "--kv-bits decode attention dequantizes each layer's history for MLX's attention";
         let check = || Ok(split_attend_check(Some((64, 8)))?.or(split_attend_check(Some((32, 4)))?));
-        !crate::kernel_check::turned_off("MLX_SERVE_AFFINE_KERNEL", instead)
-            && crate::kernel_check::passes("--kv-bits decode attention: the CUDA kernel", "dequantizing for MLX's attention", check)
+        crate::kernel_check::serves("MLX_SERVE_AFFINE_KERNEL", instead, "--kv-bits decode attention: the CUDA kernel", "dequantizing for MLX's attention", check)
     })
 }
 
