@@ -10,7 +10,9 @@
 //!
 //! The kernel runs where it fits (CUDA, the current device the GPU, bfloat16,
 //! float16 or float32 logits, at most [`MAX_EXPERTS`] experts and
-//! [`MAX_TOP_K`] chosen) once its start-up check against the ops passed;
+//! [`MAX_TOP_K`] chosen) once its check against the ops passed for the
+//! instance asked for (dtype, experts, k, router order, normalized: at a
+//! model's first routing, so the model's own instance is what is checked);
 //! `MLX_SERVE_ROUTER_KERNEL=0` keeps the ops (to compare). It rounds as the
 //! ops do (the softmax in float32 rounded to the logits' dtype, the sum
 //! rounded before the divide), takes of equal values the expert
@@ -20,7 +22,7 @@
 //! experts' outputs then adds them in another order.
 //! Metal keeps MLX's ops: not written for it (this is issue 15's CUDA work).
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelSource, TemplateArg};
 use mlx_rs_safe::{ops, Array, Dtype};
@@ -56,7 +58,7 @@ fn make_kernel() -> Option<CustomKernel> {
 /// the kernel where it serves; None elsewhere (the caller runs
 /// [`route_with_ops`]).
 pub fn route(logits: &Array, router: Router, k: i32, norm: bool) -> Result<Option<(Array, Array)>> {
-    if !fits(logits, k)? || !in_use() {
+    if !fits(logits, k)? || !in_use() || !instance_agrees((logits.dtype(), logits.dim(-1)?, k, router, norm)) {
         return Ok(None);
     }
     launch(logits, router, k, norm).map(Some)
@@ -76,23 +78,38 @@ fn fits(logits: &Array, k: i32) -> Result<bool> {
 }
 
 /// Whether the kernel serves calls on this thread's device: CUDA, the GPU
-/// current, not turned off, and its start-up check passed (once a process).
+/// current, not turned off.
 fn in_use() -> bool {
-    mlx_rs_safe::kernels::current_gpu_backend().is_some() && usable()
+    static ON: OnceLock<bool> = OnceLock::new();
+    mlx_rs_safe::kernels::current_gpu_backend().is_some()
+        && *ON.get_or_init(|| {
+            gpu_backend() == Some("cuda") && !crate::kernel_check::turned_off("MLX_SERVE_ROUTER_KERNEL", "the MoE router uses MLX's ops")
+        })
 }
 
-fn usable() -> bool {
-    static USABLE: OnceLock<bool> = OnceLock::new();
-    *USABLE.get_or_init(|| {
-        gpu_backend() == Some("cuda")
-            && crate::kernel_check::serves(
-                "MLX_SERVE_ROUTER_KERNEL",
-                "the MoE router uses MLX's ops",
-                "MoE router: the CUDA kernel",
-                "MLX's ops",
-                self_check,
-            )
-    })
+/// A routing instance: the logits' dtype, the experts, k, the router order,
+/// and whether the scores are normalized (one kernel instance each).
+type Instance = (Dtype, i32, i32, Router, bool);
+
+/// Whether the kernel agreed with the ops for this instance, checked the
+/// first time it is asked for: a model routes with one, so its start-up pays
+/// for compiling that one only (NVRTC, once a machine), and a fault
+/// particular to one instance leaves that one on the ops.
+fn instance_agrees(instance: Instance) -> bool {
+    static CHECKED: Mutex<Vec<(Instance, bool)>> = Mutex::new(Vec::new());
+    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&(_, ok)) = checked.iter().find(|(i, _)| *i == instance) {
+        return ok;
+    }
+    let (dtype, e, k, router, norm) = instance;
+    let what = format!("MoE router: the CUDA kernel for {e} experts, top {k}, {dtype:?}, {router:?}{}", if norm { ", normalized" } else { "" });
+    let ok = crate::kernel_check::passes(&what, "MLX's ops", || {
+        let logits = random_logits(&[3, 5, e], dtype, e as u64)?;
+        let (inds, scores) = launch(&logits, router, k, norm)?;
+        disagreement(&logits, &inds, &scores, router, k, norm)
+    });
+    checked.push((instance, ok));
+    ok
 }
 
 /// One launch: a warp a row.
@@ -127,27 +144,6 @@ fn launch(logits: &Array, router: Router, k: i32, norm: bool) -> Result<(Array, 
         })?
         .into_iter();
     out.next().zip(out.next()).ok_or(Error::Internal("the MoE router kernel returned too few arrays"))
-}
-
-/// Every router order, with and without normalized scores, for the families'
-/// expert counts (one not a multiple of 32), in bfloat16 and float32, against
-/// the ops; None when the kernel agrees.
-fn self_check() -> Result<Option<String>> {
-    let routers = [Router::SoftmaxTopKLast, Router::SoftmaxTopKFirst, Router::TopKThenSoftmax, Router::TopKLastThenSoftmax];
-    for (seed, (e, k)) in [(8, 2), (60, 4), (128, 8)].into_iter().enumerate() {
-        for dtype in [Dtype::Bfloat16, Dtype::Float32] {
-            let logits = random_logits(&[3, 5, e], dtype, seed as u64)?;
-            for router in routers {
-                for norm in [false, true] {
-                    let (inds, scores) = launch(&logits, router, k, norm)?;
-                    if let Some(why) = disagreement(&logits, &inds, &scores, router, k, norm)? {
-                        return Ok(Some(format!("{e} experts, top {k}, {dtype:?}, {router:?}{}: {why}", if norm { ", normalized" } else { "" })));
-                    }
-                }
-            }
-        }
-    }
-    Ok(None)
 }
 
 /// Router logits spread over several units, as a trained router's are, in
@@ -227,7 +223,6 @@ mod tests {
             assert!(route(&logits, Router::SoftmaxTopKLast, 8, true).unwrap().is_none());
             return;
         }
-        assert!(usable(), "the start-up check failed (the log says why)");
         let routers = [Router::SoftmaxTopKLast, Router::SoftmaxTopKFirst, Router::TopKThenSoftmax, Router::TopKLastThenSoftmax];
         let mut checked = 0;
         for (seed, (e, k)) in [(8, 2), (60, 4), (64, 8), (128, 8), (256, 8), (512, 10)].into_iter().enumerate() {
@@ -236,7 +231,7 @@ mod tests {
                     let logits = random_logits(&shape, dtype, 10 * seed as u64 + shape[1] as u64).unwrap();
                     for router in routers {
                         for norm in [false, true] {
-                            let (inds, scores) = route(&logits, router, k, norm).unwrap().expect("the kernel serves on CUDA");
+                            let (inds, scores) = route(&logits, router, k, norm).unwrap().expect("the kernel serves on CUDA (else its check failed: the log says why)");
                             assert_eq!(inds.shape(), [&shape[..2], &[k]].concat());
                             assert_eq!(scores.dtype(), dtype);
                             let why = disagreement(&logits, &inds, &scores, router, k, norm).unwrap();
