@@ -1,16 +1,19 @@
 // A mixture-of-experts router in one launch: for each row of the router's
 // logits [..., E], the K experts it routes to and their mixing scores, where
-// MLX's ops take five or six (softmax, argpartition, the slice of its last K,
-// take_along_axis, and with normalized scores a sum and a divide); a decode
-// step on CUDA is bound by the host's cost per launch (models/router_kernel.rs).
+// MLX's ops take up to five launches (softmax, argpartition, take_along_axis,
+// and for normalized scores a sum and a divide; argpartition's slice is a
+// view); a decode step on CUDA is bound by the host's cost per launch
+// (models/router_kernel.rs).
 // One warp per row: lane l holds experts l, l + 32, ... (PER of them).
 // Template: T the logits' dtype (the scores' too), E experts, K chosen,
-// SOFTMAX_FIRST (true: softmax over all E, then the K largest probabilities;
-// false: the K largest logits, then a softmax over those K), NORM (the K
-// scores divided by their sum). The roundings are MLX's ops': the softmax
-// in float32 rounded to T, the sum rounded to T before the divide.
-// Outputs: inds [..., K] uint32 and scores [..., K] T, largest first (ties:
-// the lower expert first).
+// SOFTMAX_FIRST (1: softmax over all E, then the K largest probabilities;
+// 0: the K largest logits, then a softmax over those K), NORM (the K scores
+// divided by their sum), TIE_HIGH (of equal values the higher expert counts
+// as larger, as argpartition's last K of a stable ascending order take it;
+// 0: the lower, as its first K of the negated values do). The roundings are
+// MLX's ops': the softmax in float32 rounded to T, the sum rounded to T
+// before the divide.
+// Outputs: inds [..., K] uint32 and scores [..., K] T, largest first.
 constexpr int PER = (E + 31) / 32;
 const float NEG_INF = __int_as_float(0xff800000);
 size_t rows = 1;
