@@ -32,6 +32,29 @@ pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<
     }
 }
 
+/// Checks run once per key (a kernel instance, a shape): each key's check
+/// runs through [`passes`] the first time it is asked for and its verdict is
+/// kept, so a fault particular to one key leaves only that key on the
+/// fallback.
+pub struct CheckedOnce<K>(std::sync::Mutex<Vec<(K, bool)>>);
+
+impl<K: PartialEq> CheckedOnce<K> {
+    pub const fn new() -> CheckedOnce<K> {
+        CheckedOnce(std::sync::Mutex::new(Vec::new()))
+    }
+
+    /// [`passes`] for `key`, run the first time (`what` names it in the log).
+    pub fn passes(&self, key: K, what: impl FnOnce() -> String, fallback: &str, check: impl FnOnce() -> Result<Option<String>>) -> bool {
+        let mut checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&(_, ok)) = checked.iter().find(|(k, _)| *k == key) {
+            return ok;
+        }
+        let ok = passes(&what(), fallback, check);
+        checked.push((key, ok));
+        ok
+    }
+}
+
 /// Whether a kernel serves: not turned off by `var` ([`turned_off`], naming
 /// `instead`) and its start-up check passed ([`passes`]: `what`, `fallback`,
 /// `check`).

@@ -22,7 +22,7 @@
 //! experts' outputs then adds them in another order.
 //! Metal keeps MLX's ops: not written for it (this is issue 15's CUDA work).
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use mlx_rs_safe::kernels::{gpu_backend, CustomKernel, KernelCall, KernelSource, TemplateArg};
 use mlx_rs_safe::{ops, Array, Dtype};
@@ -96,20 +96,18 @@ type Instance = (Dtype, i32, i32, Router, bool);
 /// for compiling that one only (NVRTC, once a machine), and a fault
 /// particular to one instance leaves that one on the ops.
 fn instance_agrees(instance: Instance) -> bool {
-    static CHECKED: Mutex<Vec<(Instance, bool)>> = Mutex::new(Vec::new());
-    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, ok)) = checked.iter().find(|(i, _)| *i == instance) {
-        return ok;
-    }
+    static CHECKED: crate::kernel_check::CheckedOnce<Instance> = crate::kernel_check::CheckedOnce::new();
     let (dtype, e, k, router, norm) = instance;
-    let what = format!("MoE router: the CUDA kernel for {e} experts, top {k}, {dtype:?}, {router:?}{}", if norm { ", normalized" } else { "" });
-    let ok = crate::kernel_check::passes(&what, "MLX's ops", || {
-        let logits = random_logits(&[3, 5, e], dtype, e as u64)?;
-        let (inds, scores) = launch(&logits, router, k, norm)?;
-        disagreement(&logits, &inds, &scores, router, k, norm)
-    });
-    checked.push((instance, ok));
-    ok
+    CHECKED.passes(
+        instance,
+        || format!("MoE router: the CUDA kernel for {e} experts, top {k}, {dtype:?}, {router:?}{}", if norm { ", normalized" } else { "" }),
+        "MLX's ops",
+        || {
+            let logits = random_logits(&[3, 5, e], dtype, e as u64)?;
+            let (inds, scores) = launch(&logits, router, k, norm)?;
+            disagreement(&logits, &inds, &scores, router, k, norm)
+        },
+    )
 }
 
 /// One launch: a warp a row.

@@ -172,17 +172,13 @@ pub fn applies(codec: &Codec, rep: i32) -> bool {
 
 /// Whether [`shape_check`] passed for this shape (run once per shape).
 fn shape_agrees(format: super::TurboFormat, d: i32, rep: i32) -> bool {
-    type Checked = Vec<((super::TurboFormat, i32, i32), bool)>;
-    static CHECKED: std::sync::Mutex<Checked> = std::sync::Mutex::new(Vec::new());
-    let mut checked = CHECKED.lock().unwrap_or_else(|e| e.into_inner());
-    let key = (format, d, rep);
-    if let Some(&(_, ok)) = checked.iter().find(|(k, _)| *k == key) {
-        return ok;
-    }
-    let what = format!("TurboQuant: the kernels for {format:?} at head dim {d}, {rep} query heads per KV head");
-    let ok = crate::kernel_check::passes(&what, "the MLX-ops path for that shape", || shape_check(format, d, rep));
-    checked.push((key, ok));
-    ok
+    static CHECKED: crate::kernel_check::CheckedOnce<(super::TurboFormat, i32, i32)> = crate::kernel_check::CheckedOnce::new();
+    CHECKED.passes(
+        (format, d, rep),
+        || format!("TurboQuant: the kernels for {format:?} at head dim {d}, {rep} query heads per KV head"),
+        "the MLX-ops path for that shape",
+        || shape_check(format, d, rep),
+    )
 }
 
 thread_local! {
