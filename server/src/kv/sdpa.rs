@@ -15,10 +15,8 @@ use super::store::AttendArgs;
 use crate::error::Result;
 
 /// Keys up to which a prefill chunk attends through composed ops on CUDA
-/// unless `MLX_SERVE_UNFUSED_PREFILL_KEYS` says otherwise (0: never). Their
-/// scores are float32 ([`unfused`]): over 4096 keys they take the bytes
-/// 16-bit scores took over 8192, the limit before they were float32.
-const UNFUSED_PREFILL_KEYS: i32 = 4096;
+/// unless `MLX_SERVE_UNFUSED_PREFILL_KEYS` says otherwise (0: never).
+const UNFUSED_PREFILL_KEYS: i32 = 8192;
 
 /// Set once a process loads a model whose experts are streamed: see [`attend_prefill_fused`].
 static FUSED_PREFILL: AtomicBool = AtomicBool::new(false);
@@ -30,8 +28,8 @@ static FUSED_PREFILL: AtomicBool = AtomicBool::new(false);
 /// shape. A served prompt is nearly always a new shape: each prompt length,
 /// and each chunk of a prompt whose cache has another capacity. Composed ops
 /// need no plan and cost 5-20% more per chunk than a plan already built (up
-/// to 8K keys with 16-bit scores, bench/results/prefill/h200-s36); their
-/// scores array grows with the keys, so longer histories keep the fused kernel. None where
+/// to 8K keys, bench/results/prefill/h200-s36); their scores array grows with
+/// the keys, so longer histories keep the fused kernel. None where
 /// [`attend_prefill_fused`] was called (unless the variable says).
 pub fn unfused_prefill_keys() -> i32 {
     static FROM_ENV: OnceLock<Option<i32>> = OnceLock::new();
@@ -227,32 +225,26 @@ fn masked_softmax(mut scores: Array, mask: &AttentionMask, sinks: Option<&Array>
     })
 }
 
-/// [`dense`]'s attention through composed ops, which need no per-shape plan,
-/// with the fused kernel's arithmetic: the scores in float32 (there products
-/// of 16-bit queries and keys accumulate in float32 and are scaled and
-/// softmaxed without a rounding to 16 bits), grouped heads folded into a
-/// repeat axis, a masked precise softmax, the weights rounded to the values'
-/// dtype for the weighted sum. MLX's own composed attention rounds the
-/// scaled queries and the scores to the inputs' dtype; with it, bf16 models
-/// of four families gave greedy tokens other than mlx-lm's fused attention
-/// on CUDA (H200, bench/results/qmm/h200-router-s51).
+/// [`dense`]'s attention through composed ops (MLX's unfused attention:
+/// scaled queries, grouped heads folded into a repeat axis, scores, masked
+/// precise softmax, weighted sum), which need no per-shape plan.
 pub fn unfused(q: &Array, keys: &Array, values: &Array, scale: f32, mask: &AttentionMask, sinks: Option<&Array>) -> Result<Array> {
     let qs = q.shape();
     let (b, n_q, l, d) = (qs[0], qs[1], qs[2], qs[3]);
     let n_kv = keys.dim(1)?;
     let repeats = n_q / n_kv;
-    let mut q = ops::astype(q, Dtype::Float32)?;
-    let (mut k, mut v) = (ops::astype(keys, Dtype::Float32)?, values.clone());
+    let mut q = ops::multiply(q, &ops::scalar_as(scale, q.dtype())?)?;
+    let (mut k, mut v) = (keys.clone(), values.clone());
     if repeats > 1 {
         q = ops::reshape(&q, &[b, n_kv, repeats, l, d])?;
         k = ops::expand_dims(&k, &[2])?;
         v = ops::expand_dims(&v, &[2])?;
     }
-    let scores = ops::multiply(&ops::matmul(&q, &ops::swapaxes(&k, -1, -2)?)?, &Array::scalar(scale))?;
+    let scores = ops::matmul(&q, &ops::swapaxes(&k, -1, -2)?)?;
     // The scores, their masked copy and the weights: a prompt chunk's
-    // largest temporaries (a 2048-token chunk's over 4K keys, 32 heads: 1 GB each).
+    // largest temporaries (a 2048-token chunk's over 4K keys, 32 heads: 0.5 GB each).
     let temporaries = 3 * scores.nbytes() as u64;
-    let weights = ops::astype(&masked_softmax(scores, mask, sinks, n_kv, repeats)?, values.dtype())?;
+    let weights = masked_softmax(scores, mask, sinks, n_kv, repeats)?;
     let out = ops::matmul(&weights, &v)?;
     crate::pacer::pace(temporaries, &out)?;
     Ok(if repeats > 1 { ops::reshape(&out, &[b, n_q, l, values.dim(-1)?])? } else { out })
@@ -302,30 +294,6 @@ mod tests {
             assert_eq!(ours.shape(), fused.shape());
             let diff = max_diff(&ours, &fused);
             assert!(diff < 1e-5, "{q_heads}/{kv_heads} heads, {len} queries over {keys_len} keys, {mask:?}: differs by {diff}");
-        }
-    }
-
-    // With 16-bit inputs the composed attention keeps its scores in float32,
-    // as the fused kernel does on CUDA: nearer the exact attention of those
-    // inputs than MLX's composed attention in the inputs' dtype (its scaled
-    // queries and scores rounded to bf16), which gave other greedy tokens than
-    // mlx-lm on CUDA.
-    #[test]
-    fn unfused_attention_of_16_bit_inputs_keeps_float32_scores() {
-        let bf16 = |x: &Array| ops::astype(x, Dtype::Bfloat16).unwrap();
-        let f32 = |x: &Array| ops::astype(x, Dtype::Float32).unwrap();
-        let mean_error = |x: &Array, exact: &Array| ops::mean_all(&ops::abs(&ops::subtract(&f32(x), exact).unwrap()).unwrap(), false).unwrap().item::<f32>().unwrap();
-        for (heads, len, keys_len, d) in [(4, 16, 64, 64), (8, 32, 200, 128)] {
-            let (q, k, v) = (bf16(&normal(&[2, heads, len, d], 1)), bf16(&normal(&[2, heads, keys_len, d], 2)), bf16(&normal(&[2, heads, keys_len, d], 3)));
-            let scale = (d as f32).powf(-0.5);
-            let exact = unfused(&f32(&q), &f32(&k), &f32(&v), scale, &AttentionMask::Causal, None).unwrap();
-            let ours = unfused(&q, &k, &v, scale, &AttentionMask::Causal, None).unwrap();
-            assert_eq!(ours.dtype(), Dtype::Bfloat16);
-            let q_scaled = ops::multiply(&q, &ops::scalar_as(scale, Dtype::Bfloat16).unwrap()).unwrap();
-            let rounded_scores = ops::matmul(&q_scaled, &ops::swapaxes(&k, -1, -2).unwrap()).unwrap();
-            let in_bf16 = ops::matmul(&masked_softmax(rounded_scores, &AttentionMask::Causal, None, heads, 1).unwrap(), &v).unwrap();
-            let (ours_error, bf16_error) = (mean_error(&ours, &exact), mean_error(&in_bf16, &exact));
-            assert!(ours_error < 0.8 * bf16_error, "{heads} heads, {len} queries over {keys_len} keys: mean error {ours_error} against {bf16_error} with bf16 scores");
         }
     }
 

@@ -240,7 +240,7 @@ impl Working {
 /// values are held. Layers that hold a bounded window or a
 /// recurrent state add nothing that grows. A fused device that attends
 /// chunks over short histories through composed ops (`unfused_keys`: CUDA)
-/// holds those chunks' float32 scores over at most that many keys of `context`.
+/// holds those chunks' scores over at most that many keys of `context`.
 fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bits: u32, compression: Option<&KvCompression>, chunk: usize, sequences: usize, context: u64) -> Working {
     if !layout.kinds.iter().any(|k| matches!(k, KvKind::Dense)) {
         return Working::default();
@@ -271,10 +271,9 @@ fn attention_working(attention: PrefillAttention, layout: &KvLayout, element_bit
     let scores = if !attention.fused || by_matmuls { scores_per_token } else { 0.0 };
     let history = if decoded { decoded_per_token(element) } else { 0.0 };
     // A fused device's chunks of several tokens over short histories (up to
-    // `unfused_keys`, within the context) hold the float32 scores of those keys.
+    // `unfused_keys`, within the context) hold the scores of those keys.
     let short_keys = attention.unfused_keys.max(0).min(context.min(i32::MAX as u64) as i32);
-    let float32_scores_per_token = SCORES_COPIES * layout.query_heads as f64 * chunk as f64 * 4.0;
-    let short_history_scores = if scores == 0.0 && chunk > 1 { float32_scores_per_token * short_keys as f64 } else { 0.0 };
+    let short_history_scores = if scores == 0.0 && chunk > 1 { scores_per_token * short_keys as f64 } else { 0.0 };
     Working { per_token: scores + history, fixed: short_history_scores }
 }
 

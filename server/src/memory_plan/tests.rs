@@ -106,9 +106,9 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     let history: f64 = 2.0 * 2.0 * 8.0 * 128.0 * 2.0;
     let by_matmuls = plan(&metal(20 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
     assert_eq!(by_matmuls.attention_working_bytes, (scores * by_matmuls.context as f64).ceil() as u64, "{}", by_matmuls.describe());
-    // (CUDA's chunks over up to 4096 keys attend through composed ops: their float32 scores too.)
+    // (CUDA's chunks over up to 8192 keys attend through composed ops: their scores too.)
     let dequantized = plan(&cuda(12 * GIB, 64 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
-    assert_eq!(dequantized.attention_working_bytes, (history * dequantized.context as f64 + 2.0 * scores * 4096.0).ceil() as u64, "{}", dequantized.describe());
+    assert_eq!(dequantized.attention_working_bytes, (history * dequantized.context as f64 + scores * 8192.0).ceil() as u64, "{}", dequantized.describe());
     check_within_budget(&dequantized);
     let compact = plan(&metal(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
     assert_eq!(compact.attention_working_bytes, (history * compact.context as f64).ceil() as u64, "{}", compact.describe());
@@ -138,9 +138,9 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     assert!(gpu.fuses_prefill_attention(128, 16) && !gpu.fuses_prefill_attention(256, 16) && !gpu.fuses_prefill_attention(128, 32));
     assert!(metal(GIB).fuses_prefill_attention(64, 32) && !metal(GIB).fuses_prefill_attention(256, 16) && !cpu(GIB).fuses_prefill_attention(128, 16));
     assert!(!gpu.prefill_attention(128, 16).quantized_matmuls && metal(GIB).prefill_attention(128, 16).quantized_matmuls && cpu(GIB).prefill_attention(128, 16) == PrefillAttention::CPU);
-    // On CUDA the composed chunks' float32 scores span at most the context.
-    let short_cuda = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(2048))).unwrap();
-    assert_eq!(short_cuda.attention_working_bytes, (2.0 * scores * 2048.0).ceil() as u64, "{}", short_cuda.describe());
+    // On CUDA the composed chunks' scores span at most the context.
+    let short_cuda = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(4096))).unwrap();
+    assert_eq!(short_cuda.attention_working_bytes, (scores * 4096.0).ceil() as u64, "{}", short_cuda.describe());
     // A shorter context bounds it: the pool gives up only that context's working memory.
     let short = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
     let free = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
@@ -152,12 +152,12 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
 #[test]
 fn layers_past_gpu_layers_plan_the_cpus_unfused_attention_in_host_memory() {
     // 16-bit attention of head dim 128 is fused on CUDA: nothing grows on the device
-    // (a chunk's float32 scores over the first 4096 keys, attended through composed ops, are fixed;
+    // (a chunk's scores over the first 8192 keys, attended through composed ops, are fixed;
     // one-token chunks have none).
     // The CPU's layers attend unfused: their scores come out of host memory.
     let wants = |prefill_size| Wants { gpu_layers: Some(16), context: Some(32_768), prefill_size, ..Wants::default() };
     let (one, chunked) = (plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(1)).unwrap(), plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(512)).unwrap());
-    let short_history = |chunk: f64| (1.25 * 32.0 * chunk * 4.0 * 4096.0) as u64;
+    let short_history = |chunk: f64| (1.25 * 32.0 * chunk * 2.0 * 8192.0) as u64;
     assert_eq!((one.attention_working_bytes, chunked.attention_working_bytes), (0, short_history(512.0)));
     assert_eq!((one.attention_working_bytes_per_token, chunked.attention_working_bytes_per_token), (0.0, 0.0));
     // Host memory binds here (half of each token's KV, 64 KiB): a 512-token chunk's scores
