@@ -488,13 +488,8 @@ impl LoadArgs {
         asked.unwrap_or(if gpu || self.stream_experts { WIDE_PREFILL_SIZE } else { PREFILL_SIZE }).max(1)
     }
 
-    /// How the model is loaded. A model whose experts are streamed also makes
-    /// this process's prefill chunks attend through the fused kernel
-    /// (`kv::attend_prefill_fused`), before any memory plan counts them.
+    /// How the model is loaded.
     pub fn options(&self) -> crate::error::Result<crate::models::LoadOptions> {
-        if self.stream_experts {
-            crate::kv::attend_prefill_fused();
-        }
         let experts = match self.stream_experts {
             true => Some(crate::experts::ExpertOptions {
                 budget: self.expert_cache_bytes.as_deref().map(crate::experts::CacheBudget::parse).transpose()?,

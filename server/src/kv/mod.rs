@@ -27,7 +27,7 @@ pub use mask::{causal_mask, AttentionMask, StepMemo};
 /// Tokens a cache grows by at a time.
 pub const KV_STEP: usize = padded::STEP as usize;
 pub use prompt_cache::{PromptCache, PromptCacheHit};
-pub use sdpa::{attend_prefill_fused, quantized_matmuls_run, unfused_prefill_keys};
+pub use sdpa::{quantized_matmuls_run, unfused_prefill_keys};
 pub use recurrent::RecurrentStore;
 pub use snapshot::KvSnapshot;
 pub use store::{AttendArgs, KvKind, KvRow, KvStore, UndoPoint};

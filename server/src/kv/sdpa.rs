@@ -1,10 +1,9 @@
 //! Attention over what a store holds: MLX's fused scaled-dot-product attention
 //! for plain keys and values (composed ops for a prefill chunk over a short
-//! history on CUDA), and mlx-lm's quantized attention for affine-quantized ones
-//! (dequantized first where the device has no quantized matmuls for attention:
-//! CUDA).
+//! history on CUDA where `MLX_SERVE_UNFUSED_PREFILL_KEYS` asks), and mlx-lm's
+//! quantized attention for affine-quantized ones (dequantized first where the
+//! device has no quantized matmuls for attention: CUDA).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use mlx_rs_safe::fast::{self, SdpaMask};
@@ -14,49 +13,28 @@ use super::mask::{causal_mask, AttentionMask};
 use super::store::AttendArgs;
 use crate::error::Result;
 
-/// Keys up to which a prefill chunk attends through composed ops on CUDA
-/// unless `MLX_SERVE_UNFUSED_PREFILL_KEYS` says otherwise (0: never).
-const UNFUSED_PREFILL_KEYS: i32 = 8192;
-
-/// Set once a process loads a model whose experts are streamed: see [`attend_prefill_fused`].
-static FUSED_PREFILL: AtomicBool = AtomicBool::new(false);
-
 /// How many keys a prefill chunk may attend to through composed ops rather
-/// than MLX's fused kernel on CUDA. There the fused kernel for several
-/// queries is cuDNN's, and MLX builds a cuDNN plan for every new shape and
-/// stride of queries and keys (40-80 ms each on an H200) and keeps it by exact
-/// shape. A served prompt is nearly always a new shape: each prompt length,
-/// and each chunk of a prompt whose cache has another capacity. Composed ops
-/// need no plan and cost 5-20% more per chunk than a plan already built (up
-/// to 8K keys, bench/results/prefill/h200-s36); their scores array grows with
-/// the keys, so longer histories keep the fused kernel. None where
-/// [`attend_prefill_fused`] was called (unless the variable says).
+/// than MLX's fused kernel on CUDA: `MLX_SERVE_UNFUSED_PREFILL_KEYS`, 0 (never)
+/// unless it says. There the fused kernel for several queries is cuDNN's, and
+/// MLX builds a cuDNN plan for every new shape and stride of queries and keys
+/// (40-80 ms each on an H200) and keeps it by exact shape; a served prompt is
+/// often a new shape. Composed ops need no plan and cost 5-20% more per chunk
+/// than a plan already built (up to 8K keys, bench/results/prefill/h200-s36),
+/// but they round otherwise than cuDNN: bf16 models of four families gave
+/// greedy tokens other than mlx-lm's on CUDA through them, and mlx-lm's
+/// through the fused kernel (H200, bench/results/qmm/h200-router-s51; float32
+/// scores moved them further still). So the fused kernel is the default, as
+/// mlx-lm has it, and the variable trades that equality for the time to
+/// first token of prompt lengths not seen before.
 pub fn unfused_prefill_keys() -> i32 {
-    static FROM_ENV: OnceLock<Option<i32>> = OnceLock::new();
-    let set = *FROM_ENV.get_or_init(|| {
-        let v = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS").ok()?;
-        let keys = v.trim().parse().ok();
-        if keys.is_none() {
-            log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: ignored, the default applies");
-        }
-        keys
-    });
-    match set {
-        Some(keys) => keys,
-        None if FUSED_PREFILL.load(Ordering::Relaxed) => 0,
-        None => UNFUSED_PREFILL_KEYS,
-    }
-}
-
-/// Every prefill chunk of this process attends through MLX's fused kernel:
-/// a model whose experts are streamed. Its memory bound (the expert cache
-/// beside the other weights, the KV and ~1 GB) has no room for a 2048-token
-/// chunk's scores (0.8 GB a layer over 2K keys, 32 heads), and its prefill
-/// waits on the disk for seconds, against a cuDNN plan's 40-80 ms. On an
-/// H200 the Qwen3-30B-A3B shape at 75% peaked at 14.07 GB with it against
-/// 14.38 without (bound 14.31), the same tokens (BENCHMARKS.md).
-pub fn attend_prefill_fused() {
-    FUSED_PREFILL.store(true, Ordering::Relaxed);
+    static FROM_ENV: OnceLock<i32> = OnceLock::new();
+    *FROM_ENV.get_or_init(|| {
+        let Ok(v) = std::env::var("MLX_SERVE_UNFUSED_PREFILL_KEYS") else { return 0 };
+        v.trim().parse().unwrap_or_else(|_| {
+            log::warn!("MLX_SERVE_UNFUSED_PREFILL_KEYS={v:?} is not a number of keys: ignored, prefill attends through the fused kernel");
+            0
+        })
+    })
 }
 
 /// Whether `q` ([B, heads, L, D]) attends to `keys` through composed ops

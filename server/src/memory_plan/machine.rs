@@ -22,6 +22,10 @@ pub struct Machine {
     pub runtime_bytes: u64,
     /// The MLX backend that runs the model.
     pub backend: Backend,
+    /// Keys up to which a prefill chunk attends through composed ops where
+    /// the backend fuses attention (CUDA: `kv::unfused_prefill_keys`, 0 by
+    /// default), holding their scores.
+    pub unfused_prefill_keys: i32,
 }
 
 /// An MLX backend.
@@ -49,8 +53,9 @@ impl Machine {
                     host_bytes: Some(host.0),
                     runtime_bytes: CUDA_RUNTIME_BYTES,
                     backend: Backend::Cuda,
+                    unfused_prefill_keys: crate::kv::unfused_prefill_keys().max(0),
                 },
-                None => Machine { backend: Backend::Cuda, ..on_host },
+                None => Machine { backend: Backend::Cuda, unfused_prefill_keys: crate::kv::unfused_prefill_keys().max(0), ..on_host },
             },
             Some("metal") => {
                 let metal = Machine { backend: Backend::Metal, ..on_host };
@@ -65,7 +70,7 @@ impl Machine {
 
     /// A machine whose model runs in host memory of `(bytes, source)`.
     fn host((bytes, source): (u64, String)) -> Machine {
-        Machine { device_bytes: bytes, device_source: source, host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu }
+        Machine { device_bytes: bytes, device_source: source, host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu, unfused_prefill_keys: 0 }
     }
 
     /// Whether MLX attends a prefill chunk in one fused kernel for heads of
@@ -91,7 +96,7 @@ impl Machine {
             quantized_matmuls: self.backend != Backend::Cuda,
             // kv::turbo::blocked::applies_here: the CPU, unfused.
             blocked_history: self.backend == Backend::Cpu,
-            unfused_keys: if self.backend == Backend::Cuda { crate::kv::unfused_prefill_keys().max(0) } else { 0 },
+            unfused_keys: if self.backend == Backend::Cuda { self.unfused_prefill_keys } else { 0 },
         }
     }
 }
@@ -108,7 +113,7 @@ pub struct PrefillAttention {
     /// time (bounded working memory) rather than decoded whole.
     pub blocked_history: bool,
     /// Where `fused`, a chunk over a history of up to this many keys still
-    /// attends through composed ops (CUDA: `kv::sdpa::unfused_prefill_keys`),
+    /// attends through composed ops ([`Machine::unfused_prefill_keys`]),
     /// holding their scores.
     pub unfused_keys: i32,
 }

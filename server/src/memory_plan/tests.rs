@@ -26,11 +26,17 @@ fn moe() -> ModelShape {
 }
 
 fn cpu(bytes: u64) -> Machine {
-    Machine { device_bytes: bytes, device_source: "simulated RAM".into(), host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu }
+    Machine { device_bytes: bytes, device_source: "simulated RAM".into(), host_bytes: None, runtime_bytes: 0, backend: Backend::Cpu, unfused_prefill_keys: 0 }
 }
 
 fn cuda(gpu: u64, host: u64) -> Machine {
-    Machine { device_bytes: gpu, device_source: "simulated GPU".into(), host_bytes: Some(host), runtime_bytes: GIB, backend: Backend::Cuda }
+    Machine { device_bytes: gpu, device_source: "simulated GPU".into(), host_bytes: Some(host), runtime_bytes: GIB, backend: Backend::Cuda, unfused_prefill_keys: 0 }
+}
+
+/// A CUDA machine whose prefill chunks over up to 8192 keys attend through
+/// composed ops (`MLX_SERVE_UNFUSED_PREFILL_KEYS=8192`).
+fn cuda_composed(gpu: u64, host: u64) -> Machine {
+    Machine { unfused_prefill_keys: 8192, ..cuda(gpu, host) }
 }
 
 fn check_within_budget(p: &MemoryPlan) {
@@ -106,10 +112,13 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     let history: f64 = 2.0 * 2.0 * 8.0 * 128.0 * 2.0;
     let by_matmuls = plan(&metal(20 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
     assert_eq!(by_matmuls.attention_working_bytes, (scores * by_matmuls.context as f64).ceil() as u64, "{}", by_matmuls.describe());
-    // (CUDA's chunks over up to 8192 keys attend through composed ops: their scores too.)
     let dequantized = plan(&cuda(12 * GIB, 64 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
-    assert_eq!(dequantized.attention_working_bytes, (history * dequantized.context as f64 + scores * 8192.0).ceil() as u64, "{}", dequantized.describe());
+    assert_eq!(dequantized.attention_working_bytes, (history * dequantized.context as f64).ceil() as u64, "{}", dequantized.describe());
     check_within_budget(&dequantized);
+    // Where CUDA's chunks over up to 8192 keys attend through composed ops, their scores too.
+    let composed = plan(&cuda_composed(12 * GIB, 64 * GIB), &llama8b(), Some(131_072), &wants(kv8(), None)).unwrap();
+    assert_eq!(composed.attention_working_bytes, (history * composed.context as f64 + scores * 8192.0).ceil() as u64, "{}", composed.describe());
+    check_within_budget(&composed);
     let compact = plan(&metal(10 * GIB), &llama8b(), Some(131_072), &wants(turbo(), None)).unwrap();
     assert_eq!(compact.attention_working_bytes, (history * compact.context as f64).ceil() as u64, "{}", compact.describe());
     assert!(compact.context < 131_072, "{}", compact.describe());
@@ -138,9 +147,11 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
     assert!(gpu.fuses_prefill_attention(128, 16) && !gpu.fuses_prefill_attention(256, 16) && !gpu.fuses_prefill_attention(128, 32));
     assert!(metal(GIB).fuses_prefill_attention(64, 32) && !metal(GIB).fuses_prefill_attention(256, 16) && !cpu(GIB).fuses_prefill_attention(128, 16));
     assert!(!gpu.prefill_attention(128, 16).quantized_matmuls && metal(GIB).prefill_attention(128, 16).quantized_matmuls && cpu(GIB).prefill_attention(128, 16) == PrefillAttention::CPU);
-    // On CUDA the composed chunks' scores span at most the context.
-    let short_cuda = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(4096))).unwrap();
+    // On CUDA the composed chunks' scores span at most the context; fused, there are none.
+    let short_cuda = plan(&cuda_composed(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(4096))).unwrap();
     assert_eq!(short_cuda.attention_working_bytes, (scores * 4096.0).ceil() as u64, "{}", short_cuda.describe());
+    let fused_cuda = plan(&cuda(80 * GIB, 256 * GIB), &llama8b(), Some(131_072), &wants(None, Some(4096))).unwrap();
+    assert_eq!(fused_cuda.attention_working_bytes, 0, "{}", fused_cuda.describe());
     // A shorter context bounds it: the pool gives up only that context's working memory.
     let short = plan(&cpu(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
     let free = plan(&metal(40 * GIB), &llama8b(), Some(131_072), &wants(None, Some(8192))).unwrap();
@@ -152,11 +163,11 @@ fn attention_that_grows_with_the_context_is_planned_beside_the_cache() {
 #[test]
 fn layers_past_gpu_layers_plan_the_cpus_unfused_attention_in_host_memory() {
     // 16-bit attention of head dim 128 is fused on CUDA: nothing grows on the device
-    // (a chunk's scores over the first 8192 keys, attended through composed ops, are fixed;
-    // one-token chunks have none).
+    // (where a chunk's scores over the first 8192 keys are attended through composed ops,
+    // they are fixed; one-token chunks have none).
     // The CPU's layers attend unfused: their scores come out of host memory.
     let wants = |prefill_size| Wants { gpu_layers: Some(16), context: Some(32_768), prefill_size, ..Wants::default() };
-    let (one, chunked) = (plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(1)).unwrap(), plan(&cuda(80 * GIB, 12 * GIB), &llama8b(), None, &wants(512)).unwrap());
+    let (one, chunked) = (plan(&cuda_composed(80 * GIB, 12 * GIB), &llama8b(), None, &wants(1)).unwrap(), plan(&cuda_composed(80 * GIB, 12 * GIB), &llama8b(), None, &wants(512)).unwrap());
     let short_history = |chunk: f64| (1.25 * 32.0 * chunk * 2.0 * 8192.0) as u64;
     assert_eq!((one.attention_working_bytes, chunked.attention_working_bytes), (0, short_history(512.0)));
     assert_eq!((one.attention_working_bytes_per_token, chunked.attention_working_bytes_per_token), (0.0, 0.0));
