@@ -18,6 +18,11 @@
 #   router  the MoE router kernel (models/router_kernel.rs): its test against MLX's ops (the
 #           library's unit tests, packed as mlx_serve_lib), then decode_step on Qwen3-30B-A3B
 #           4-bit at 1 and 8 rows with MLX_SERVE_ROUTER_KERNEL=0 and 1 in turn, twice
+#   parity  the parity suite's tests whose mlx-lm reference can be compared on CUDA (the float32
+#           MoE fixtures with MLX_ENABLE_TF32=0, as MLX runs float32 matmuls as TF32 otherwise;
+#           the 16-bit dense ones), each alone with every kernel on, three at a time; those that
+#           fail run again with every kernel off (a test failing both ways differs by MLX's CUDA
+#           arithmetic, not ours). Needs the parity test packed as parity (`--bench` does).
 #   dense   the 16-bit decode attention kernel for rows of other lengths (on by default;
 #           MLX_SERVE_DENSE_KERNEL=0 turns it off): its test (the library's unit tests, packed as
 #           mlx_serve_lib), then 8 rows of other lengths at 128 and 4 at 8192 prompt tokens with
@@ -103,6 +108,38 @@ for stage in "$@"; do
       python3 bench/server_bench.py --model "$dir" --mlx-serve "$BIN_DIR/mlx-serve" --python python3 \
         --concurrency 1,8 --prompt-tokens 128 --gen-tokens 128 --rounds 1 --label "$(cat "$BIN_DIR/../commit" 2>/dev/null) dense kernel" \
         --out "$OUT/server-llama-3.1-8b-4bit-dense.json" 2>&1 | tail -40 || status=1 ;;
+    parity)
+      export MLX_SERVE_PYTHON=${MLX_SERVE_PYTHON:-python3} MLX_SERVE_BIN=$PWD/$BIN_DIR/mlx-serve
+      float32="qwen3_moe_fp32_greedy_matches_mlx_lm mixtral_fp32_greedy_matches_mlx_lm olmoe_fp32_greedy_matches_mlx_lm
+        qwen2_moe_with_shared_expert_fp32_matches_mlx_lm gpt_oss_fp32_greedy_matches_mlx_lm"
+      # llama_bf16's two tests share a fixture, built under one process's lock: first and last.
+      bf16="llama_bf16_greedy_matches_mlx_lm qwen3_bf16_greedy_matches_mlx_lm qwen2_bf16_greedy_matches_mlx_lm
+        phi3_bf16_with_longrope_matches_mlx_lm llama_bf16_through_the_batching_server_matches_mlx_lm"
+      parity() {  # parity TAG TEST...: each test alone, three at a time; prints the failures
+        local tag=$1; shift
+        printf '%s\n' "$@" | xargs -P 3 -I{} sh -c "timeout 240 $BIN_DIR/parity --exact {} --test-threads 1 >$OUT/parity-$tag-{}.txt 2>&1"
+        for t in "$@"; do
+          grep -q "test result: ok. 1 passed" "$OUT/parity-$tag-$t.txt" && echo "$tag ok     $t" && continue
+          echo "$tag FAILED $t"; grep -A1 -E "panicked" "$OUT/parity-$tag-$t.txt" | head -2
+          grep -E "^ *(left|right):" "$OUT/parity-$tag-$t.txt" | head -2
+          echo "$t" >>"$OUT/parity-$tag-failed"
+        done
+      }
+      # Every kernel and stacked projection of ours off.
+      all_off() {
+        MLX_SERVE_DENSE_KERNEL=0 MLX_SERVE_QMM_KERNEL=0 MLX_SERVE_QMM_FUSED=0 MLX_SERVE_STACK_PROJECTIONS=0 \
+          MLX_SERVE_GDN_KERNEL=0 MLX_SERVE_TURBO_KERNELS=0 MLX_SERVE_AFFINE_KERNEL=0 MLX_SERVE_ROUTER_KERNEL=0 \
+          MLX_SERVE_PROMPT_MATMUL=0 parity off "$@"
+      }
+      failed_of() { for t in "$@"; do grep -qx "$t" "$OUT/parity-on-failed" 2>/dev/null && echo "$t"; done; }
+      rm -f "$OUT"/parity-*-failed
+      MLX_ENABLE_TF32=0 parity on $float32
+      parity on $bf16
+      if [ -s "$OUT/parity-on-failed" ]; then
+        status=1
+        failed=$(failed_of $float32); [ -n "$failed" ] && MLX_ENABLE_TF32=0 all_off $failed
+        failed=$(failed_of $bf16); [ -n "$failed" ] && all_off $failed
+      fi ;;
     router)
       timeout 300 "$BIN_DIR/mlx_serve_lib" router_kernel --test-threads 1 --nocapture 2>&1 | grep -E "^test |test result|routings agree|panicked|disagrees" || status=1
       dir=$(model qwen3-30b-a3b-4bit)
