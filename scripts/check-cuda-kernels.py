@@ -107,7 +107,7 @@ def main():
         codes = "u32" if bits else t[1:]
         inputs = [("q", t[1:]), ("k", codes), ("v", codes), ("params", "i32")] + [(n, t[1:]) for n in ("ks", "kb", "vs", "vb")] + [("counts", "u32")]
         cases.append(("dense_attend", inputs, [("part_o", "f32"), ("part_ml", "f32"), ("out", t[1:])], {"T": t, "D": d, "REP": rep, "BITS": bits, "GS": gs, "U": 4 if rep > 4 else 2, "QS": int(rep > 4)}))  # kernels.rs `lane_loop`
-    for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4)]):
+    for t, (dk, dv, hk, hv) in itertools.product(["@bf16", "@f16", "@f32"], [(128, 128, 16, 32), (64, 32, 2, 4), (256, 64, 4, 4), (32, 32, 2, 4)]):
         inputs = [("q", t[1:]), ("k", t[1:]), ("v", t[1:]), ("g", "f32"), ("beta", t[1:]), ("state_in", "f32")]
         cases.append(("gated_delta", inputs, [("y", t[1:]), ("state_out", "f32")], {"InT": t, "Dk": dk, "Dv": dv, "Hk": hk, "Hv": hv}))
     # router_kernel.rs: the experts and top-k of the MoE families (Mixtral, Qwen2-MoE, OLMoE,

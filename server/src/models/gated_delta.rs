@@ -191,7 +191,9 @@ fn make_kernel() -> Result<CustomKernel> {
 }
 
 /// The rule by the GPU kernel: a warp per (row, value head, value feature),
-/// each lane holding Dk/32 of the state row in registers for all T tokens.
+/// each lane holding its share of the state row in registers for all T tokens
+/// (on CUDA the share MLX's row reduction sums, with mlx-lm's ops' roundings:
+/// `metal-kernels/gated_delta.cu`).
 fn kernel(q: &Array, k: &Array, v: &Array, g: &Array, beta: &Array, state: &Array) -> Result<(Array, Array)> {
     let (qs, vs) = (q.shape(), v.shape());
     let (b, t, hk, dk, hv, dv) = (qs[0], qs[1], qs[2], qs[3], vs[2], vs[3]);
