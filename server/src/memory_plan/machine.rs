@@ -46,17 +46,19 @@ impl Machine {
         let gpu = mlx_rs_safe::kernels::gpu_backend();
         let on_host = Machine::host(host.clone());
         Ok(match gpu {
-            Some("cuda") => match Device::Gpu.info_size(c"free_memory") {
-                Some(free) => Machine {
-                    device_bytes: free as u64,
-                    device_source: "CUDA free memory".into(),
-                    host_bytes: Some(host.0),
-                    runtime_bytes: CUDA_RUNTIME_BYTES,
-                    backend: Backend::Cuda,
-                    unfused_prefill_keys: crate::kv::unfused_prefill_keys().max(0),
-                },
-                None => Machine { backend: Backend::Cuda, unfused_prefill_keys: crate::kv::unfused_prefill_keys().max(0), ..on_host },
-            },
+            Some("cuda") => {
+                let cuda = Machine { backend: Backend::Cuda, unfused_prefill_keys: crate::kv::unfused_prefill_keys().max(0), ..on_host };
+                match Device::Gpu.info_size(c"free_memory") {
+                    Some(free) => Machine {
+                        device_bytes: free as u64,
+                        device_source: "CUDA free memory".into(),
+                        host_bytes: Some(host.0),
+                        runtime_bytes: CUDA_RUNTIME_BYTES,
+                        ..cuda
+                    },
+                    None => cuda,
+                }
+            }
             Some("metal") => {
                 let metal = Machine { backend: Backend::Metal, ..on_host };
                 match Device::Gpu.info_size(c"max_recommended_working_set_size") {
