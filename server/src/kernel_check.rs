@@ -38,6 +38,12 @@ pub fn passes(what: &str, fallback: &str, check: impl FnOnce() -> Result<Option<
 /// fallback.
 pub struct CheckedOnce<K>(std::sync::Mutex<Vec<(K, bool)>>);
 
+impl<K: PartialEq> Default for CheckedOnce<K> {
+    fn default() -> CheckedOnce<K> {
+        CheckedOnce::new()
+    }
+}
+
 impl<K: PartialEq> CheckedOnce<K> {
     pub const fn new() -> CheckedOnce<K> {
         CheckedOnce(std::sync::Mutex::new(Vec::new()))
