@@ -4,9 +4,10 @@
 # executable of `cargo test --release` and libmlxc.so (found through $ORIGIN).
 # With --bench it gets instead the executables the GPU scripts of bench/ name
 # (bench/quant_kernel_gpu.sh, bench/turbo_profile.sh): mlx-serve, libmlxc.so, the
-# library's unit tests as mlx_serve_lib, the quant_kernel, prompt_matmul and parity tests, mlx-rs-safe's
+# library's unit tests as mlx_serve_lib, the quant_kernel, prompt_matmul, parity and
+# expert_streaming tests, mlx-rs-safe's
 # managed_memory test (the CUDA driver calls of streamed experts' staging), and the kv_attend,
-# decode_step and quant_matmul benches (~15 MB packed; every test executable is
+# decode_step and quant_matmul benches (~19 MB packed; every test executable is
 # several times that).
 # MLX's CUDA bundle comes from ../shared/tools/cuda-bundle.sh (same .device/).
 #
@@ -32,14 +33,14 @@ for line in sys.stdin:
 }
 if [ "${1:-}" = --bench ]; then
   cp "$(executables test -p mlx-serve --release --no-run --lib)" "$out/bin/mlx_serve_lib"
-  for test in quant_kernel prompt_matmul parity; do
+  for test in quant_kernel prompt_matmul parity expert_streaming; do
     cp "$(executables test -p mlx-serve --release --no-run --test $test)" "$out/bin/$test"
   done
   cp "$(executables test -p mlx-rs-safe --release --no-run --test managed_memory)" "$out/bin/managed_memory"
   for bench in kv_attend decode_step quant_matmul; do
     cp "$(executables bench -p mlx-serve --no-run --bench $bench)" "$out/bin/$bench"
   done
-  printf '%s\n' mlx_serve_lib quant_kernel prompt_matmul parity managed_memory >"$out/tests.txt"
+  printf '%s\n' mlx_serve_lib quant_kernel prompt_matmul parity expert_streaming managed_memory >"$out/tests.txt"
 else
   executables test --release --no-run >"$out/tests.txt"
   while read -r exe; do cp "$exe" "$out/bin/"; done <"$out/tests.txt"
