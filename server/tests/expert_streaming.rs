@@ -418,7 +418,11 @@ fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() 
     let dir = copy_of(&q4_fixture(), "damaged-speculative");
     let shard = dir.join("model.safetensors");
     let good = std::fs::read(&shard).unwrap();
-    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "10%", "--expert-speculation", "on"]);
+    // Half the experts cached: the experts of the prompt's last token, which
+    // the second request's one-token prefill runs again (not speculating),
+    // are still in their slots then, so its first read is a decode step's. (At
+    // 10% they were evicted by the decode steps after it on CUDA's tokens.)
+    let server = TestServer::start(&dir, &["--stream-experts", "--expert-cache-bytes", "50%", "--expert-speculation", "on"]);
     let prompt = prompt_of(&dir);
     assert_eq!(complete(&server, &prompt[..20], 4).status, 200);
     let before = experts(&server);
@@ -428,7 +432,7 @@ fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() 
     // The same prompt again: its prefill comes from the prompt cache, so the
     // reads that fail are the decode steps'.
     let r = complete(&server, &prompt[..20], 48);
-    assert_ne!(r.status, 200, "decoding 48 tokens from 10% of the experts read nothing: {}", r.body);
+    assert_ne!(r.status, 200, "decoding 48 tokens from half the experts read nothing: {}", r.body);
     for needle in ["model.safetensors", "truncated"] {
         assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
     }
@@ -496,6 +500,7 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
     for (budget, slots) in [("10%", 6), ("50%", 32)] {
         let flags = ["--stream-experts", "--expert-cache-bytes", budget, "--prompt-cache-bytes", "0", "--prefill-size", "128"];
         let server = TestServer::start(&dir, &flags);
+        let ready_rss = server.proc_status_kib("VmRSS") * 1024;
         let r = complete(&server, &prompt, tokens.len());
         assert_eq!(r.status, 200, "{}", r.body);
         assert_eq!(r.json()["choices"][0]["text"], expected.as_str(), "streamed at {budget}: not mlx-lm's greedy text");
@@ -518,7 +523,10 @@ fn streamed_experts_hold_memory_to_the_cap_and_still_give_mlx_lms_tokens() {
         let bound = 8_000_000 + cap + 3 * 64 * expert + 48_000_000;
         eprintln!("{budget}: MLX peak {peak} bytes (bound {bound}, all experts {all_experts}); RSS high-water {} KiB", server.proc_status_kib("VmHWM"));
         assert!(peak <= bound, "{budget}: MLX peak {peak} bytes is above {bound}");
-        assert!(server.proc_status_kib("VmHWM") * 1024 < all_experts, "{budget}: the process held as much memory as all experts");
+        // The host's memory: on CUDA the process holds its runtime and libraries
+        // (~1 GB resident at start), so what the request added is measured there.
+        let held = server.proc_status_kib("VmHWM") * 1024 - if mlx_rs_safe::kernels::gpu_backend() == Some("cuda") { ready_rss } else { 0 };
+        assert!(held < all_experts, "{budget}: the process held {held} bytes, as much memory as all experts");
     }
 
     // A cache that holds every expert reads them at load, a layer at a time,
