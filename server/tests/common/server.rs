@@ -109,10 +109,14 @@ impl TestServer {
                 eprintln!("[server] {line}");
             }
         });
-        let base = match rx.recv_timeout(Duration::from_secs(120)) {
+        // A CUDA machine's first start compiles MLX's kernels and ours for its
+        // start-up checks (~2 min on an H200 with nothing cached, longer while
+        // other tests compile beside it): it gets longer than the CPU.
+        let limit = if mlx_rs_safe::kernels::gpu_backend() == Some("cuda") { 600 } else { 120 };
+        let base = match rx.recv_timeout(Duration::from_secs(limit)) {
             Ok(Ok(addr)) => addr,
             Ok(Err(line)) => panic!("the server failed to start: {line}"),
-            Err(_) => panic!("the server did not start within 120 s"),
+            Err(_) => panic!("the server did not start within {limit} s"),
         };
         TestServer { child, base, stderr: lines }
     }
