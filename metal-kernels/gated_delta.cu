@@ -9,7 +9,9 @@
 // float32 row of Dk (one warp; lane l holds elements r*128 + 4l + j, r-major,
 // j-minor, from 0, adding 0 past Dk; then xor shuffles from 16 down to 1),
 // and the state update S + k·delta is one fused multiply-add, as NVRTC
-// contracts it inside MLX's fused kernel (MLX compiles without --fmad=false).
+// contracts it inside MLX's fused kernel (MLX compiles without --fmad=false;
+// on an H200 the update unfused left mlx-lm's Qwen3.5 tokens at token 18, fused
+// it keeps all 64: bench/results/parity/h200-s52).
 // Inputs: q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv] of type InT, g [B, T, Hv]
 // float32, beta [B, T, Hv] of type InT, state_in [B, Hv, Dv, Dk] float32.
 // Outputs: y [B, T, Hv, Dv] of type InT, state_out like state_in.
