@@ -161,6 +161,9 @@ impl Sequence {
         };
         let piece = self.stop.push(&self.detok.push(tokenizer.inner(), token)?);
         if !self.send(Event::Token { token, text: piece.emit, logprob }) {
+            // The client left after the step checked it was there: cancelled
+            // here, as the step would have counted it a token later.
+            metrics.record_cancelled();
             self.finished = true;
             return Ok(true);
         }
@@ -206,7 +209,43 @@ impl Sequence {
 
 #[cfg(test)]
 mod tests {
-    use super::top_logprobs;
+    use std::time::Instant;
+
+    use super::{top_logprobs, Sequence};
+    use crate::engine::request::{Generation, Request};
+    use crate::engine::sampler::{Sampler, SamplingParams};
+    use crate::metrics::{counter_value, Metrics};
+    use crate::tokenizer::Tokenizer;
+
+    /// A client that leaves between the step's check and its token's send
+    /// ends the sequence as cancelled, as one gone before the check does.
+    #[test]
+    fn a_client_gone_before_its_token_is_sent_is_counted_cancelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        let tokenizer = Tokenizer::load(dir.path(), None).unwrap();
+        let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let params = Generation {
+            prompt: vec![0],
+            sampling: SamplingParams::default(),
+            max_tokens: 8,
+            stop: vec![],
+            logprobs: None,
+            ignore_eos: true,
+            keep_special_tokens: false,
+            guide: None,
+            progress: false,
+            checkpoints: vec![],
+        };
+        let mut seq = Sequence::new(Request { params, arrived: Instant::now(), events }, Sampler::greedy(), &tokenizer, 0, None);
+        let metrics = Metrics::new();
+        assert!(!seq.accept(1, None, &tokenizer, &metrics).unwrap(), "a listened-to token ended the sequence");
+        drop(receiver);
+        assert!(seq.accept(1, None, &tokenizer, &metrics).unwrap(), "a token no one receives should end the sequence");
+        assert!(seq.finished);
+        assert_eq!(counter_value(&metrics.render(), "mlx_serve_cancelled_total"), Some(1.0));
+    }
 
     #[test]
     fn top_logprobs_are_the_largest_in_descending_order() {
