@@ -579,13 +579,9 @@ mod tests {
         assert_eq!(nested_tool(&nested), nested, "nested tools go to the template as sent");
     }
 
-    /// A word-level tokenizer in a temporary model folder (ChatStream reads
-    /// token texts from it only for log-probabilities).
+    /// ChatStream reads token texts from its tokenizer only for log-probabilities.
     fn tokenizer() -> Arc<Tokenizer> {
-        let dir = tempfile::tempdir().unwrap();
-        let json = r#"{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"}}"#;
-        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
-        Arc::new(Tokenizer::load(dir.path(), None).unwrap())
+        Arc::new(Tokenizer::two_words())
     }
 
     fn stream(format: Option<ToolCallFormat>) -> ChatStream {

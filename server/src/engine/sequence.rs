@@ -221,10 +221,7 @@ mod tests {
     /// ends the sequence as cancelled, as one gone before the check does.
     #[test]
     fn a_client_gone_before_its_token_is_sent_is_counted_cancelled() {
-        let dir = tempfile::tempdir().unwrap();
-        let json = r#"{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"}}"#;
-        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
-        let tokenizer = Tokenizer::load(dir.path(), None).unwrap();
+        let tokenizer = Tokenizer::two_words();
         let (events, receiver) = tokio::sync::mpsc::unbounded_channel();
         let params = Generation {
             prompt: vec![0],

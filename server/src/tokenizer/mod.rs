@@ -135,6 +135,17 @@ impl Tokenizer {
         Tokenizer::assemble(&tok_path, &text, tokens, source, eos_ids)
     }
 
+    /// A word-level tokenizer of two words ("a" 0, "b" 1), loaded from a
+    /// temporary model folder: for unit tests that need a tokenizer but not
+    /// its words.
+    #[cfg(test)]
+    pub fn two_words() -> Tokenizer {
+        let dir = tempfile::tempdir().unwrap();
+        let json = r#"{"version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"}}"#;
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        Tokenizer::load(dir.path(), None).unwrap()
+    }
+
     /// A tokenizer from tokenizer.json's text (read from `origin`, named in
     /// errors), its special tokens, chat template and end-of-sequence ids.
     fn assemble(origin: &Path, text: &str, tokens: TemplateTokens, source: Option<String>, mut eos_ids: BTreeSet<u32>) -> Result<Tokenizer> {
