@@ -422,19 +422,25 @@ fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() 
     let prompt = prompt_of(&dir);
     // Every expert tensor runs past the cut: whatever a step lacks fails to read.
     let first = SafetensorsFile::open(&shard).unwrap().info("model.layers.0.mlp.switch_mlp.down_proj.weight").unwrap().offset;
-    // A prompt answered in one token, then decoded again from the damaged
-    // file: its prefill comes from the prompt cache and its last token's pass
-    // (not speculating) finds the experts it read the first time, the most
-    // recent in the cache; the decode steps after it sample their tokens, so
-    // they route to experts the first request did not read (with greedy
-    // tokens, on CUDA, the first failing read of four prompts' requests was
-    // never a speculative step's: session 53). Which read fails first still
-    // follows the tokens, so another prompt is tried while it was the pass's.
+    // A prompt answered in one token twice, then decoded again from the
+    // damaged file. The second answer and the damaged request take their
+    // prefill from the prompt cache and run the same last token's pass (not
+    // speculating), so the damaged request's pass finds the experts the
+    // second answer's read, the most recent in the cache; its decode steps
+    // sample their tokens, so they route to experts no answer read. (Answered
+    // once, greedy, on CUDA the pass missed first in each of four prompts'
+    // damaged requests: session 53.) Which read fails first still follows
+    // the tokens, so another prompt is tried while it was the pass's.
     let mut speculated = false;
     for attempt in 0..4 {
         let ask = &prompt[attempt * 20..attempt * 20 + 20];
         std::fs::write(&shard, &good).unwrap();
-        assert_eq!(complete(&server, ask, 1).status, 200);
+        let mut cached = 0;
+        for _ in 0..2 {
+            let r = complete(&server, ask, 1);
+            assert_eq!(r.status, 200, "{}", r.body);
+            cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        }
         let before = experts(&server);
         std::fs::write(&shard, &good[..first as usize + 100]).unwrap();
         let sampled = json!({"prompt": ask, "max_tokens": 48, "ignore_eos": true, "temperature": 1.0, "seed": attempt});
@@ -444,7 +450,7 @@ fn a_read_failing_in_a_speculative_step_fails_the_request_and_serving_goes_on() 
             assert!(r.body.contains(needle), "the error should name {needle}: {}", r.body);
         }
         let began = n(&experts(&server), "speculative_steps") - n(&before, "speculative_steps");
-        eprintln!("prompt {attempt}: {began} speculative steps began in the failing request");
+        eprintln!("prompt {attempt}: its second answer took {cached} of 20 tokens from the prompt cache; {began} speculative steps began in the failing request");
         if began > 0 {
             speculated = true;
             break;
