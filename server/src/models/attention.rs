@@ -195,7 +195,6 @@ impl Attention {
             }
         }
     }
-
 }
 
 /// `qkv` ([B, L, (heads + 2·KV heads)·D]) as [B, heads, L, D] queries and
