@@ -89,6 +89,12 @@ fn splits() {
     let err = ops::split(&a, 4, 0).unwrap_err();
     assert!(err.to_string().starts_with("mlx: "), "{err}");
     assert_eq!(ops::split(&a, 2, 0).unwrap().len(), 2);
+    // Into a fixed number of parts, to destructure; positions for another count are refused.
+    let [x, y, z] = ops::split_sections_into(&a, &[2, 5], 0).unwrap();
+    assert_eq!((i(&x), i(&y), i(&z)), (vec![0, 1], vec![2, 3, 4], vec![5]));
+    let err = ops::split_sections_into::<2>(&a, &[2, 5], 0).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    assert_eq!(err.to_string(), "invalid argument: 2 split positions give 3 parts, not 2");
 }
 
 #[test]

@@ -164,6 +164,18 @@ pub fn split_sections(a: &Array, indices: &[i32], axis: i32) -> Result<Vec<Array
     })
 }
 
+/// [`split_sections`] into exactly `N` parts, as an array to destructure
+/// (`let [q, k, v] = split_sections_into(&qkv, &[i, j], -1)?`); `indices`
+/// must hold `N - 1` positions.
+pub fn split_sections_into<const N: usize>(a: &Array, indices: &[i32], axis: i32) -> Result<[Array; N]> {
+    if indices.len() + 1 != N {
+        return Err(Error::InvalidArgument(format!("{} split positions give {} parts, not {N}", indices.len(), indices.len() + 1)));
+    }
+    let parts = split_sections(a, indices, axis)?;
+    let got = parts.len();
+    parts.try_into().map_err(|_| Error::Mlx(format!("a split into {N} parts gave {got}")))
+}
+
 /// Splits `a` along `axis` into `num` equal parts.
 pub fn split(a: &Array, num: usize, axis: i32) -> Result<Vec<Array>> {
     let num = c_len(num, "splits")?;

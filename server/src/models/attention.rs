@@ -187,11 +187,8 @@ impl Attention {
             Projections::Fused(qkv) => {
                 let q_pos = self.spec.n_heads * self.spec.head_dim;
                 let k_end = q_pos + self.spec.n_kv_heads * self.spec.head_dim;
-                let mut parts = ops::split_sections(&normed_product(qkv, x, norm)?, &[q_pos, k_end], -1)?.into_iter();
-                match (parts.next(), parts.next(), parts.next()) {
-                    (Some(q), Some(k), Some(v)) => Ok((q, k, v)),
-                    _ => Err(Error::Internal("the fused qkv projection did not split in three")),
-                }
+                let [q, k, v] = ops::split_sections_into(&normed_product(qkv, x, norm)?, &[q_pos, k_end], -1)?;
+                Ok((q, k, v))
             }
         }
     }
@@ -205,16 +202,9 @@ fn rope_queries_and_keys(rope: &Rope, spec: &AttentionSpec, qkv: &Array, positio
     let shape = qkv.shape();
     let (nq, nkv) = (spec.n_heads, spec.n_kv_heads);
     let all = ops::transpose_axes(&ops::reshape(qkv, &[shape[0], shape[1], nq + 2 * nkv, spec.head_dim])?, &[0, 2, 1, 3])?;
-    let mut parts = ops::split_sections(&all, &[nq + nkv], 1)?.into_iter();
-    let (qk, v) = match (parts.next(), parts.next()) {
-        (Some(qk), Some(v)) => (qk, v),
-        _ => return Err(Error::Internal("the fused qkv projection did not split in two")),
-    };
-    let mut turned = ops::split_sections(&rope.forward(&qk, positions)?, &[nq], 1)?.into_iter();
-    match (turned.next(), turned.next()) {
-        (Some(q), Some(k)) => Ok((q, k, v)),
-        _ => Err(Error::Internal("the rotated queries and keys did not split in two")),
-    }
+    let [qk, v] = ops::split_sections_into(&all, &[nq + nkv], 1)?;
+    let [q, k] = ops::split_sections_into(&rope.forward(&qk, positions)?, &[nq], 1)?;
+    Ok((q, k, v))
 }
 
 /// `linear` over `x`, or over `norm.forward(x)` (the norm applied by the
@@ -264,7 +254,7 @@ mod tests {
                 let qkv = random::normal(&[b, l, (nq + 2 * nkv) * d], dtype, 0.0, 1.0, &random::key(7).unwrap()).unwrap();
                 for positions in [Positions::Scalar(5), Positions::PerRow(Array::from_vec(&[3i32, 700]).unwrap())] {
                     let (q, k, v) = rope_queries_and_keys(&rope, &spec, &qkv, &positions).unwrap();
-                    let parts = ops::split_sections(&qkv, &[nq * d, (nq + nkv) * d], -1).unwrap();
+                    let parts: [Array; 3] = ops::split_sections_into(&qkv, &[nq * d, (nq + nkv) * d], -1).unwrap();
                     let heads = |a: &Array, n: i32| ops::transpose_axes(&ops::reshape(a, &[b, l, n, d]).unwrap(), &[0, 2, 1, 3]).unwrap();
                     let want = [
                         rope.forward(&heads(&parts[0], nq), &positions).unwrap(),

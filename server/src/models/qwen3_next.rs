@@ -322,11 +322,8 @@ impl DeltaNet {
                 let qkvz = ops::reshape(&qkvz.forward(x)?, &[b, l, nk, -1])?;
                 let ba = ops::reshape(&ba.forward(x)?, &[b, l, nk, -1])?;
                 let r = nv / nk;
-                let mut parts = ops::split_sections(&qkvz, &[dk, 2 * dk, 2 * dk + r * dv], -1)?.into_iter();
-                let mut next = || parts.next().ok_or(Error::Internal("qwen3_next: a split gave fewer parts"));
-                let (q, k, v, z) = (next()?, next()?, next()?, next()?);
-                let mut gates = ops::split_sections(&ba, &[r], -1)?.into_iter();
-                let (bb, aa) = gates.next().zip(gates.next()).ok_or(Error::Internal("qwen3_next: a split gave fewer parts"))?;
+                let [q, k, v, z] = ops::split_sections_into(&qkvz, &[dk, 2 * dk, 2 * dk + r * dv], -1)?;
+                let [bb, aa] = ops::split_sections_into(&ba, &[r], -1)?;
                 let flat = |t: &Array| ops::reshape(t, &[b, l, -1]);
                 let mixed = ops::concatenate(&[&flat(&q)?, &flat(&k)?, &flat(&ops::reshape(&v, &[b, l, -1, dv])?)?], -1)?;
                 (mixed, ops::reshape(&z, &[b, l, -1, dv])?, ops::reshape(&bb, &[b, l, nv])?, ops::reshape(&aa, &[b, l, nv])?)
@@ -347,11 +344,10 @@ impl DeltaNet {
         let kept = ops::contiguous(&ops::slice_axis(&conv_input, 1, total - (self.kernel - 1), total)?, false)?;
         let conv_out = gated_delta::silu(&ops::conv1d(&conv_input, &self.conv, 1, 0, 1, channels)?)?;
         let key_dim = nk * dk;
-        let mut qkv = ops::split_sections(&conv_out, &[key_dim, 2 * key_dim], -1)?.into_iter();
-        let mut next = || qkv.next().ok_or(Error::Internal("qwen3 hybrid: a split gave fewer parts"));
-        let q = ops::reshape(&next()?, &[b, l, nk, dk])?;
-        let k = ops::reshape(&next()?, &[b, l, nk, dk])?;
-        let v = ops::reshape(&next()?, &[b, l, nv, dv])?;
+        let [q, k, v] = ops::split_sections_into(&conv_out, &[key_dim, 2 * key_dim], -1)?;
+        let q = ops::reshape(&q, &[b, l, nk, dk])?;
+        let k = ops::reshape(&k, &[b, l, nk, dk])?;
+        let v = ops::reshape(&v, &[b, l, nv, dv])?;
         let (q, k) = gated_delta::normalize_qk(&q, &k)?;
         let (out, state) = gated_delta::update(&q, &k, &v, &a, &beta_in, &self.a_log, &self.dt_bias, ssm_state.as_ref())?;
         cache.update(kept, state, l);
