@@ -95,9 +95,13 @@ for (int r = 0; r < RT; ++r) {
 }
 
 // The weights (with their scales and biases) of k-block kb, zeros past K.
-// A warp loads a k-block's weights while it multiplies the one before, so
-// its next loads are in flight during its mma; its first k-block's are
-// issued before the norm prologue, whose barrier they would wait behind.
+// With one tile of rows (AHEAD) a warp loads a k-block's weights while it
+// multiplies the one before, so its next loads are in flight during its
+// mma, and its first k-block's are issued before the norm prologue, whose
+// barrier they would wait behind. With more rows the second set of
+// registers would not fit the block (ptxas: 134-182 registers a thread at
+// MT 2-4 against 82-144; 128 is the most at 512 threads).
+constexpr bool AHEAD = MT == 1;
 uint4 wv[RR][2];
 T sc[RR][2], bi[RR][2];
 auto load_weights = [&](int kb) {
@@ -131,7 +135,9 @@ auto load_weights = [&](int kb) {
     }
   }
 };
-load_weights(warp);
+if (AHEAD) {
+  load_weights(warp);
+}
 
 #if QMM_NORM
 // Each row's 1 / rms: a warp per row, its lanes summing 8 values a load.
@@ -169,6 +175,9 @@ const int nkb = (K + KB - 1) / KB;
 for (int kb = warp; kb < nkb; kb += WK) {
   const int k0 = kb * KB + t * SEG;
   const bool live = k0 < K;
+  if (!AHEAD) {
+    load_weights(kb);
+  }
   uint4 cw[RR][2];
   T cs[RR][2], cb[RR][2];
   #pragma unroll
@@ -180,7 +189,9 @@ for (int kb = warp; kb < nkb; kb += WK) {
       cb[r][h] = bi[r][h];
     }
   }
-  load_weights(kb + WK);
+  if (AHEAD) {
+    load_weights(kb + WK);
+  }
   uint32_t xv[MT][XW];
   #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
