@@ -86,6 +86,26 @@ T* yp = y;
 }
 #endif
 
+#if QMM_NORM
+// Each row's 1 / rms: a warp per row, its lanes summing 8 values a load.
+__shared__ float inv_rms[32];
+for (int m = warp; m < M; m += WK) {
+  float sum = 0.0f;
+  for (int k = lane * 8; k < K; k += 256) {
+    const uint4 v = *reinterpret_cast<const uint4*>(xp + (size_t)m * K + k);
+    sum += qmm_sum_squares<T>(v);
+  }
+  #pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  }
+  if (lane == 0) {
+    inv_rms[m] = rsqrt(sum / K + __int_as_float(EPS_BITS));
+  }
+}
+__syncthreads();
+#endif
+
 // Rows of this lane's A fragments (clamped for loads; stores check N).
 int rows[RT][2];
 #pragma unroll
@@ -94,19 +114,24 @@ for (int r = 0; r < RT; ++r) {
   rows[r][1] = min(row0 + r * 16 + g + 8, N - 1);
 }
 
-// The weights (with their scales and biases) of k-block kb, zeros past K.
-// With one tile of rows (AHEAD) a warp loads a k-block's weights while it
-// multiplies the one before, so its next loads are in flight during its
-// mma, and its first k-block's are issued before the norm prologue, whose
-// barrier they would wait behind. With more rows the second set of
-// registers would not fit the block (ptxas: 134-182 registers a thread at
-// MT 2-4 against 82-144; 128 is the most at 512 threads).
-constexpr bool AHEAD = MT == 1;
-uint4 wv[RR][2];
-T sc[RR][2], bi[RR][2];
-auto load_weights = [&](int kb) {
+float acc[RR][MT][4];
+#pragma unroll
+for (int r = 0; r < RR; ++r) {
+  #pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      acc[r][mt][i] = 0.0f;
+    }
+  }
+}
+
+const int nkb = (K + KB - 1) / KB;
+for (int kb = warp; kb < nkb; kb += WK) {
   const int k0 = kb * KB + t * SEG;
   const bool live = k0 < K;
+  uint4 wv[RR][2];
+  T sc[RR][2], bi[RR][2];
   #pragma unroll
   for (int r = 0; r < RR; ++r) {
     // Tiles past RT are the up projection's, at the same features.
@@ -133,64 +158,6 @@ auto load_weights = [&](int kb) {
         bi[r][h] = static_cast<T>(0.0f);
       }
     }
-  }
-};
-if (AHEAD) {
-  load_weights(warp);
-}
-
-#if QMM_NORM
-// Each row's 1 / rms: a warp per row, its lanes summing 8 values a load.
-__shared__ float inv_rms[32];
-for (int m = warp; m < M; m += WK) {
-  float sum = 0.0f;
-  for (int k = lane * 8; k < K; k += 256) {
-    const uint4 v = *reinterpret_cast<const uint4*>(xp + (size_t)m * K + k);
-    sum += qmm_sum_squares<T>(v);
-  }
-  #pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  }
-  if (lane == 0) {
-    inv_rms[m] = rsqrt(sum / K + __int_as_float(EPS_BITS));
-  }
-}
-__syncthreads();
-#endif
-
-float acc[RR][MT][4];
-#pragma unroll
-for (int r = 0; r < RR; ++r) {
-  #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      acc[r][mt][i] = 0.0f;
-    }
-  }
-}
-
-const int nkb = (K + KB - 1) / KB;
-for (int kb = warp; kb < nkb; kb += WK) {
-  const int k0 = kb * KB + t * SEG;
-  const bool live = k0 < K;
-  if (!AHEAD) {
-    load_weights(kb);
-  }
-  uint4 cw[RR][2];
-  T cs[RR][2], cb[RR][2];
-  #pragma unroll
-  for (int r = 0; r < RR; ++r) {
-    #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      cw[r][h] = wv[r][h];
-      cs[r][h] = sc[r][h];
-      cb[r][h] = bi[r][h];
-    }
-  }
-  if (AHEAD) {
-    load_weights(kb + WK);
   }
   uint32_t xv[MT][XW];
   #pragma unroll
@@ -221,15 +188,15 @@ for (int kb = warp; kb < nkb; kb += WK) {
     for (int r = 0; r < RR; ++r) {
       #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t* words = reinterpret_cast<const uint32_t*>(&cw[r][h]);
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(&wv[r][h]);
         if (BITS == 4) {
           const uint32_t word = words[s / 2];
-          a[r][h] = qmm_dequant4<T>(word >> (8 * (s % 2)), cs[r][h], cb[r][h]);
-          a[r][h + 2] = qmm_dequant4<T>(word >> (8 * (s % 2) + 4), cs[r][h], cb[r][h]);
+          a[r][h] = qmm_dequant4<T>(word >> (8 * (s % 2)), sc[r][h], bi[r][h]);
+          a[r][h + 2] = qmm_dequant4<T>(word >> (8 * (s % 2) + 4), sc[r][h], bi[r][h]);
         } else {
           const uint32_t word = words[s];
-          a[r][h] = qmm_dequant8<T>(word, 0, 2, cs[r][h], cb[r][h]);
-          a[r][h + 2] = qmm_dequant8<T>(word, 1, 3, cs[r][h], cb[r][h]);
+          a[r][h] = qmm_dequant8<T>(word, 0, 2, sc[r][h], bi[r][h]);
+          a[r][h + 2] = qmm_dequant8<T>(word, 1, 3, sc[r][h], bi[r][h]);
         }
       }
     }
