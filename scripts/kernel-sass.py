@@ -18,7 +18,10 @@ The template starts from turbo_attend's Llama-3.1-8B `balanced` instance (bf16, 
 128, 4 query heads per KV head, 8-bit keys, 3-bit values); --template overrides entries.
 --min-blocks compiles it with launch bounds for N blocks a multiprocessor, as kernels.rs's
 `turbo_attend_four` (4, the Llama instance as it runs) and `turbo_attend_bounded` (3)
-(TURBO_MIN_BLOCKS in turbo_common.cuh).
+(TURBO_MIN_BLOCKS in turbo_common.cuh). quant_matmul starts from the gated, normed
+instance a Llama-3.1-8B step runs at one row; its template also takes FORM (0 plain, 1
+gated, 2 with a residual, 3 and 4 plain and gated normed) and GATHER (0 or 1). A block
+of 32 * WK threads fits an SM's 64K registers at up to 65536 / (32 * WK) a thread.
 """
 
 import argparse, collections, ctypes, importlib.util, json, re, subprocess, tempfile
@@ -29,12 +32,38 @@ spec = importlib.util.spec_from_file_location("check", ROOT / "scripts" / "check
 check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 
-# Each kernel's (inputs, outputs) for an element type, and its default template.
+def qmm_io(t, template):
+    """quant_matmul's inputs and outputs, and its defines, for FORM (as check-cuda-kernels.py
+    numbers them: 0 plain, 1 gated, 2 with a residual, 3 and 4 plain and gated normed) and
+    GATHER, which the template carries for this script only."""
+    form, gather = template.pop("FORM"), template.pop("GATHER")
+    glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
+    weight = [("w", "u32"), ("scales", t), ("biases", t)]
+    up = [("w_up", "u32"), ("scales_up", t), ("biases_up", t)] if glu else []
+    inputs = [("x", t)] + ([("nw", t)] if norm else []) + weight + up + ([("res", t)] if residual else []) + ([("idx", "u32")] if gather else [])
+    if norm:
+        template.setdefault("EPS_BITS", 925353388)  # 1e-5
+    if gather:
+        template.setdefault("DIV", 8)
+    defines = f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n#define QMM_NORM {norm}\n"
+    return inputs, [("y", t)], defines + (check.KERNELS / "quant_matmul.cuh").read_text()
+
+
+def turbo_header(min_blocks):
+    header = (check.KERNELS / "turbo_common.cuh").read_text()
+    return f"#define TURBO_MIN_BLOCKS {min_blocks}\n{header}" if min_blocks else header
+
+
+# Each kernel's (inputs, outputs, header) for an element type, template and --min-blocks,
+# and its default template.
 KERNELS = {
-    "turbo_attend": (check.turbo_attend_io, {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3, "WS": 4}),
-    "dense_attend": (lambda t: ([("q", t), ("k", t), ("v", t), ("params", "i32")] + [(n, t) for n in ("ks", "kb", "vs", "vb")] + [("counts", "u32")],
-                      [("part_o", "f32"), ("part_ml", "f32"), ("out", t)]),
+    "turbo_attend": (lambda t, tpl, mb: (*check.turbo_attend_io(t), turbo_header(mb)),
+                     {"T": "@bf16", "S": "@bf16", "D": 128, "REP": 4, "KFMT": 0, "KBITS": 4, "KG": 128, "VBITS": 3, "WS": 4}),
+    "dense_attend": (lambda t, tpl, mb: ([("q", t), ("k", t), ("v", t), ("params", "i32")] + [(n, t) for n in ("ks", "kb", "vs", "vb")] + [("counts", "u32")],
+                                         [("part_o", "f32"), ("part_ml", "f32"), ("out", t)], turbo_header(mb)),
                      {"T": "@bf16", "D": 128, "REP": 4, "BITS": 0, "GS": 32, "U": 2, "QS": 0}),
+    # The Llama-3.1-8B decode step's gate/up product at one row (quant_kernel.rs `Tiles`).
+    "quant_matmul": (lambda t, tpl, mb: qmm_io(t, tpl), {"T": "@bf16", "BITS": 4, "GS": 64, "RT": 1, "MT": 1, "WK": 8, "FORM": 4, "GATHER": 0}),
 }
 
 
@@ -70,11 +99,8 @@ def main():
     a = ap.parse_args()
     io, template = KERNELS[a.kernel]
     template = dict(template, **json.loads(a.template))
-    inputs, outputs = io(template["T"][1:])
+    inputs, outputs, header = io(template["T"][1:], template, a.min_blocks)
     body = Path(a.source).read_text() if a.source else (check.KERNELS / f"{a.kernel}.cu").read_text()
-    header = (check.KERNELS / "turbo_common.cuh").read_text()
-    if a.min_blocks:
-        header = f"#define TURBO_MIN_BLOCKS {a.min_blocks}\n{header}"
     src = check.wrap(a.kernel, header, body, inputs, outputs, template)
     # NVRTC opens its builtins library by name: loaded first from beside it, it is found.
     for builtins in Path(a.nvrtc).parent.glob("libnvrtc-builtins.so*"):
