@@ -78,6 +78,18 @@ def turbo_attend_io(t):
              ("win", t), ("win_params", "i32"), ("counts", "u32")],
             [("part_o", "f32"), ("part_ml", "f32"), ("out", t)])
 
+def quant_matmul_io(t, form, gather):
+    """quant_matmul's (inputs, outputs, defines) for element type t, form (0 plain, 1 gated
+    (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only), 3 and 4: plain and gated, normed
+    (QMM_NORM, dense only)) and gather (QMM_GATHER), as quant_kernel.rs names them."""
+    glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
+    weight = [("w", "u32"), ("scales", t), ("biases", t)]
+    up = [("w_up", "u32"), ("scales_up", t), ("biases_up", t)] if glu else []
+    inputs = [("x", t)] + ([("nw", t)] if norm else []) + weight + up + ([("res", t)] if residual else []) + ([("idx", "u32")] if gather else [])
+    defines = f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n#define QMM_NORM {norm}\n"
+    return inputs, [("y", t)], defines
+
+
 def main():
     lib = ctypes.CDLL(sys.argv[1])
     includes = sys.argv[2:]
@@ -115,22 +127,17 @@ def main():
     for t, (e, k), first, norm, high in itertools.product(["@bf16", "@f16", "@f32"], [(8, 2), (60, 4), (128, 8), (512, 10)], [0, 1], [0, 1], [0, 1]):
         cases.append(("moe_router", [("logits", t[1:])], [("inds", "u32"), ("scores", t[1:])], {"T": t, "E": e, "K": k, "SOFTMAX_FIRST": first, "NORM": norm, "TIE_HIGH": high}))
     qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
-    # form: 0 plain, 1 gated (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only),
-    # 3 and 4: plain and gated, normed (QMM_NORM, dense only).
     for t, bits, gs, rt, mt, wk, gather, form in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1], [0, 1, 2, 3, 4]):
-        glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
+        glu, residual, norm = form in (1, 4), form == 2, form >= 3
         if gather and (mt > 1 or residual or norm) or glu and rt > 1:
             continue
-        weight = [("w", "u32"), ("scales", t[1:]), ("biases", t[1:])]
-        up = [("w_up", "u32"), ("scales_up", t[1:]), ("biases_up", t[1:])] if glu else []
-        inputs = [("x", t[1:])] + ([("nw", t[1:])] if norm else []) + weight + up + ([("res", t[1:])] if residual else []) + ([("idx", "u32")] if gather else [])
+        inputs, outputs, defines = quant_matmul_io(t[1:], form, gather)
         template = {"T": t, "BITS": bits, "GS": gs, "RT": rt, "MT": mt, "WK": wk}
         if gather:
             template["DIV"] = 8
         if norm:
             template["EPS_BITS"] = 925353388  # 1e-5
-        defines = f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n#define QMM_NORM {norm}\n"
-        cases.append(("quant_matmul", inputs, [("y", t[1:])], template, defines + qmm_header))
+        cases.append(("quant_matmul", inputs, outputs, template, defines + qmm_header))
     only = [n for n in os.environ.get("CHECK_ONLY", "").split(",") if n]
     cases = [c for c in cases if not only or c[0] in only]
     for name, inputs, outputs, template, *own in cases:

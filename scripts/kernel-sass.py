@@ -33,20 +33,15 @@ check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(check)
 
 def qmm_io(t, template):
-    """quant_matmul's inputs and outputs, and its defines, for FORM (as check-cuda-kernels.py
-    numbers them: 0 plain, 1 gated, 2 with a residual, 3 and 4 plain and gated normed) and
-    GATHER, which the template carries for this script only."""
+    """quant_matmul's inputs, outputs and header for the template's FORM and GATHER (as
+    check-cuda-kernels.py's `quant_matmul_io` takes them), which it carries for this script only."""
     form, gather = template.pop("FORM"), template.pop("GATHER")
-    glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
-    weight = [("w", "u32"), ("scales", t), ("biases", t)]
-    up = [("w_up", "u32"), ("scales_up", t), ("biases_up", t)] if glu else []
-    inputs = [("x", t)] + ([("nw", t)] if norm else []) + weight + up + ([("res", t)] if residual else []) + ([("idx", "u32")] if gather else [])
-    if norm:
+    if form >= 3:
         template.setdefault("EPS_BITS", 925353388)  # 1e-5
     if gather:
         template.setdefault("DIV", 8)
-    defines = f"#define QMM_GATHER {gather}\n#define QMM_GLU {glu}\n#define QMM_RESIDUAL {residual}\n#define QMM_NORM {norm}\n"
-    return inputs, [("y", t)], defines + (check.KERNELS / "quant_matmul.cuh").read_text()
+    inputs, outputs, defines = check.quant_matmul_io(t, form, gather)
+    return inputs, outputs, defines + (check.KERNELS / "quant_matmul.cuh").read_text()
 
 
 def turbo_header(min_blocks):
