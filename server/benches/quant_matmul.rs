@@ -8,6 +8,12 @@
 //! the timed graphs, after warm-up graphs (the GPU compiles its kernels).
 //!
 //!   cargo bench --bench quant_matmul -- [--rows 1,2,4,8,16] [--bits 4] [--group-size 64] [--graphs 9]
+//!       [--wk 1,2,4,8,16]
+//!
+//! `--wk` adds a line for each dense product with each listed number of warps
+//! splitting a block's reduction (the model's tiling otherwise, `Tiles::choose`;
+//! a split the tiling cannot take is an error): which split a shape's
+//! one-row product wants, as a step's kernels time it under Nsight Compute.
 //!
 //! Prints a Markdown table. Meant for a CUDA machine: elsewhere the kernel
 //! columns are empty.
@@ -155,11 +161,15 @@ fn time(graphs: usize, products: usize, mut build: impl FnMut() -> Res<Vec<Array
 }
 
 /// The decode kernel on a dense product whatever its row count (the model's
-/// threshold is `quant_kernel::MIN_ROWS`), tiled as the model tiles it.
-fn dense_kernel(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> Res<Array> {
+/// threshold is `quant_kernel::MIN_ROWS`), tiled as the model tiles it, or
+/// with `wk` warps splitting each block's reduction instead.
+fn dense_kernel(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, wk: Option<i32>) -> Res<Array> {
     let shape = x.shape();
     let rows = shape[..shape.len() - 1].iter().product();
-    let tiles = quant_kernel::Tiles::choose(rows, w.dim(0)?, shape[shape.len() - 1], spec.bits, 1);
+    let mut tiles = quant_kernel::Tiles::choose(rows, w.dim(0)?, shape[shape.len() - 1], spec.bits, 1);
+    if let Some(wk) = wk {
+        tiles.wk = wk;
+    }
     Ok(quant_kernel::matmul_tiled(x, w, scales, Some(biases), spec, tiles)?)
 }
 
@@ -169,6 +179,7 @@ fn main() -> Res<()> {
     let bits: i32 = arg(&args, "--bits", 4)?;
     let group: i32 = arg(&args, "--group-size", 64)?;
     let graphs: usize = arg(&args, "--graphs", 9)?;
+    let wks: Vec<i32> = if args.iter().any(|a| a == "--wk") { list(&args, "--wk", "")? } else { Vec::new() };
     let spec = QuantSpec::affine(group, bits);
     let kernel = quant_kernel::in_use();
     if args.iter().any(|a| a == "--host-profile") {
@@ -242,7 +253,7 @@ fn main() -> Res<()> {
                         .map(|s| {
                             let y = match (&xg, &idx) {
                                 (Some(xg), Some(idx)) => quant_kernel::gather(xg, &s.w, &s.scales, Some(&s.biases), idx, spec)?,
-                                _ => Some(dense_kernel(&x, &s.w, &s.scales, &s.biases, spec)?),
+                                _ => Some(dense_kernel(&x, &s.w, &s.scales, &s.biases, spec, None)?),
                             };
                             y.ok_or_else(|| "the kernel declined".into())
                         })
@@ -275,6 +286,13 @@ fn main() -> Res<()> {
                 gbs(mlx),
                 mlx_host * 1e6
             );
+            // The same dense product with other reduction splits (`--wk`).
+            for &wk in wks.iter().filter(|_| kernel && c.experts == 1) {
+                let (h, t) = time(graphs, sets.len(), || {
+                    sets.iter().map(|s| dense_kernel(&x, &s.w, &s.scales, &s.biases, spec, Some(wk))).collect()
+                })?;
+                println!("| {} | {} (wk {wk}) | {shape} | {m} | - | - | {:.1} | {:.0} | {:.2}x | - / {:.1} |", c.model, c.name, t * 1e6, gbs(t), mlx / t, h * 1e6);
+            }
         }
     }
     Ok(())
@@ -366,7 +384,7 @@ fn decode_step(spec: QuantSpec, kernel: bool, rows: &[i32], steps: usize) -> Res
             let mm = |h: &Array, w: &Weights| -> Res<Array> {
                 Ok(match path {
                     "MLX" => quantized::quantized_matmul(h, &w.w, &w.scales, Some(&w.biases), true, spec.group_size, spec.bits)?,
-                    _ => dense_kernel(h, &w.w, &w.scales, &w.biases, spec)?,
+                    _ => dense_kernel(h, &w.w, &w.scales, &w.biases, spec, None)?,
                 })
             };
             let step = |x: &Array| -> Res<Vec<Array>> {
