@@ -175,6 +175,19 @@ impl Stream {
         Stream { raw: unsafe { sys::mlx_stream_new_device(dev.0) } }
     }
 
+    /// A new stream on `device` that any thread may queue work on (MLX's
+    /// "thread-unsafe" stream). Other streams are their thread's own: an
+    /// array built on one thread's stream cannot be evaluated on another
+    /// ("There is no Stream(gpu, N) in current thread"). MLX does not lock
+    /// this one: one thread at a time may evaluate on it, while others may
+    /// build graphs on it (building queues nothing).
+    pub fn new_any_thread(device: Device) -> Stream {
+        init();
+        let dev = DeviceHandle(device.to_sys());
+        // SAFETY: creates a stream owned by the returned value.
+        Stream { raw: unsafe { sys::mlx_stream_new_thread_unsafe(dev.0) } }
+    }
+
     /// The device this stream runs on.
     pub fn device(&self) -> Result<Device> {
         // SAFETY: a fresh handle filled below, freed by DeviceHandle.
@@ -193,6 +206,11 @@ impl Stream {
         check(unsafe { sys::mlx_synchronize(self.raw) })
     }
 }
+
+// SAFETY: the handle owns a heap copy of MLX's plain stream value (an index
+// and a device); nothing in it belongs to the thread that made it. Whether a
+// thread may evaluate on the stream is MLX's check, reported as an error.
+unsafe impl Send for Stream {}
 
 impl Clone for Stream {
     fn clone(&self) -> Self {

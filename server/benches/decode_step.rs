@@ -9,7 +9,7 @@
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
-//!       [--warm-prompt N] [--fused on,off]
+//!       [--warm-prompt N] [--fused on,off] [--launch-thread off,on]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -44,6 +44,17 @@
 //! output and down projections: `quant_kernel::set_fused`), for each
 //! `--turbo-kv` configuration.
 //!
+//! `--launch-thread off,on` does the same for where the pipelined steps are
+//! launched: `on` hands each built step to a thread of its own, which
+//! launches it (`async_eval`) and then reads the step before's token, while
+//! this thread builds the next step's graph. A pipelined step then costs the
+//! longer of building and launching instead of their sum, if MLX builds one
+//! graph while it encodes another (an experiment: the engine launches on the
+//! thread that builds). Its pipelined launch and wait columns are the
+//! launcher's; the step column is the builder's. So that two threads can
+//! share its work, the whole bench runs on a stream made for any thread
+//! (`Stream::new_any_thread`): MLX's streams are otherwise their thread's own.
+//!
 //! `--alternate` adds one no-op (the tokens plus zero) in front of every
 //! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
 //! nodes and updates the executable graph of the same key in place; with the
@@ -60,7 +71,7 @@ use common::{arg, list, median, Res};
 use std::path::PathBuf;
 use std::time::Instant;
 
-use mlx_rs_safe::{async_eval, eval, memory, ops, Array};
+use mlx_rs_safe::{async_eval, eval, memory, ops, with_stream, Array, Stream};
 use mlx_serve::kv::{KvCompression, ModelCache, Phase};
 use mlx_serve::models::{self, LanguageModel};
 
@@ -130,10 +141,14 @@ struct Phases {
 impl Phases {
     fn push(&mut self, start: Instant, launched: Instant, waited: Instant) {
         let now = Instant::now();
-        self.build.push((launched - start).as_secs_f64());
-        self.launch.push((waited - launched).as_secs_f64());
-        self.wait.push((now - waited).as_secs_f64());
-        self.step.push((now - start).as_secs_f64());
+        self.record((launched - start).as_secs_f64(), (waited - launched).as_secs_f64(), (now - waited).as_secs_f64(), (now - start).as_secs_f64());
+    }
+
+    fn record(&mut self, build: f64, launch: f64, wait: f64, step: f64) {
+        self.build.push(build);
+        self.launch.push(launch);
+        self.wait.push(wait);
+        self.step.push(step);
     }
 }
 
@@ -154,6 +169,61 @@ fn pipelined(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache, 
         pending = next;
     }
     pending.to_vec::<i32>()?;
+    Ok(phases)
+}
+
+/// `steps` steps as `pipelined`, each launched on a thread of its own (see
+/// `--launch-thread` above): at most one built step waits for the launcher,
+/// which launches step i and then reads step i-1's token while this thread
+/// builds step i+1. `stream` is this thread's current stream, one made for
+/// any thread (`main`): a thread's own stream cannot be evaluated on by
+/// another, and the model's compiled graphs keep the stream they were
+/// traced on, so the whole bench runs on it.
+fn pipelined_on_thread(model: &dyn LanguageModel, tokens: &Array, cache: &mut ModelCache, steps: usize, alternate: bool, stream: &Stream) -> Res<Phases> {
+    let on_launcher = stream.clone();
+    let mut phases = Phases::default();
+    let mut pending = step(model, tokens, cache)?;
+    std::thread::scope(|scope| -> Res<()> {
+        let (to_launcher, built) = std::sync::mpsc::sync_channel::<Array>(1);
+        let (to_builder, reports) = std::sync::mpsc::channel::<(f64, f64)>();
+        let launcher = scope.spawn(move || with_stream(&on_launcher, || -> Result<(), String> {
+            let mut previous: Option<Array> = None;
+            for next in built {
+                let t = Instant::now();
+                async_eval(&[&next]).map_err(|e| e.to_string())?;
+                let launch = t.elapsed().as_secs_f64();
+                if let Some(p) = &previous {
+                    p.to_vec::<i32>().map_err(|e| e.to_string())?;
+                }
+                // The builder reads this step's times unless it has stopped on an error of its own.
+                let _ = to_builder.send((launch, t.elapsed().as_secs_f64() - launch));
+                previous = Some(next);
+            }
+            if let Some(p) = previous {
+                p.to_vec::<i32>().map_err(|e| e.to_string())?;
+            }
+            // Queued work finished before the thread lets go of it (mlx_rs_safe::synchronize).
+            mlx_rs_safe::synchronize().map_err(|e| e.to_string())
+        }));
+        // A send or receive fails only when the launcher has stopped: its own error says why.
+        let mut built_all = || -> Res<()> {
+            to_launcher.send(pending.clone())?;
+            for i in 1..=steps {
+                let start = Instant::now();
+                let next = step(model, &step_input(&pending, i, alternate)?, cache)?;
+                let build = start.elapsed().as_secs_f64();
+                to_launcher.send(next.clone())?;
+                let (launch, wait) = reports.recv()?;
+                phases.record(build, launch, wait, start.elapsed().as_secs_f64());
+                pending = next;
+            }
+            Ok(())
+        };
+        let built_all = built_all();
+        drop(to_launcher);
+        launcher.join().map_err(|_| "the launcher thread panicked")??;
+        built_all
+    })?;
     Ok(phases)
 }
 
@@ -196,12 +266,14 @@ struct Pass<'a> {
     ragged: bool,
     alternate: bool,
     engine_loop: bool,
+    /// The stream every thread works on, when a thread of its own launches the pipelined steps.
+    launch_thread: Option<&'a Stream>,
 }
 
 /// Timings of a pass over `rows` sequences, printed when `report` (with
 /// `label` after the row count) and then its pipelined tok/s returned.
 fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &str) -> Res<Option<f64>> {
-    let Pass { prompt, steps, turbo, fused, ragged, alternate, engine_loop } = *pass;
+    let Pass { prompt, steps, turbo, fused, ragged, alternate, engine_loop, launch_thread } = *pass;
     if let Some(on) = fused {
         models::quant_kernel::set_fused(on);
     }
@@ -241,6 +313,8 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &
     let t = Instant::now();
     let p = if engine_loop {
         pipelined_as_engine(model, &tokens, &mut cache, rows, steps, alternate)?
+    } else if let Some(stream) = launch_thread {
+        pipelined_on_thread(model, &tokens, &mut cache, steps, alternate, stream)?
     } else {
         pipelined(model, &tokens, &mut cache, steps, alternate)?
     };
@@ -290,6 +364,12 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &
 }
 
 fn main() -> Res<()> {
+    // Everything on a stream made for any thread (see `pipelined_on_thread`).
+    let stream = Stream::new_any_thread(mlx_rs_safe::current_device()?);
+    with_stream(&stream, || bench(&stream))
+}
+
+fn bench(stream: &Stream) -> Res<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let dir = args
         .iter()
@@ -305,22 +385,13 @@ fn main() -> Res<()> {
     let engine_loop = args.iter().any(|a| a == "--engine-loop");
     let passes: usize = arg(&args, "--passes", 1)?;
     let warm_prompt: i32 = arg(&args, "--warm-prompt", prompt)?;
-    let fused_names: String = arg(&args, "--fused", String::new())?;
-    let fused: Vec<Option<bool>> = match fused_names.as_str() {
-        "" => vec![None],
-        list => list
-            .split(',')
-            .map(|f| match f.trim() {
-                "on" => Ok(Some(true)),
-                "off" => Ok(Some(false)),
-                other => Err(format!("--fused takes on and off, not {other}")),
-            })
-            .collect::<std::result::Result<_, _>>()?,
-    };
+    let fused = on_off(&args, "--fused")?;
+    let threaded = on_off(&args, "--launch-thread")?;
     let model = models::load(&dir)?.model;
     // Each configuration: its name, its compression (None: the 16-bit
-    // cache) and whether the fused kernel forms are on (None: as set).
-    let mut configs: Vec<(String, Option<KvCompression>, Option<bool>)> = Vec::new();
+    // cache), whether the fused kernel forms are on (None: as set) and
+    // whether a thread of its own launches the pipelined steps.
+    let mut configs: Vec<(String, Option<KvCompression>, Option<bool>, bool)> = Vec::new();
     for name in kv_names.split(',').map(str::trim) {
         let turbo = match name {
             "" | "fp16" => None,
@@ -330,12 +401,17 @@ fn main() -> Res<()> {
             }
         };
         for &f in &fused {
-            let kv = if name.is_empty() { "fp16" } else { name };
-            let label = match f {
-                None => kv.to_string(),
-                Some(on) => format!("{kv} fused {}", if on { "on" } else { "off" }),
-            };
-            configs.push((label, turbo, f));
+            for &t in &threaded {
+                let kv = if name.is_empty() { "fp16" } else { name };
+                let mut label = kv.to_string();
+                if let Some(on) = f {
+                    label += if on { " fused on" } else { " fused off" };
+                }
+                if let Some(on) = t {
+                    label += if on { " launch thread" } else { " one thread" };
+                }
+                configs.push((label, turbo, f, t == Some(true)));
+            }
         }
     }
     let names: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
@@ -350,18 +426,20 @@ fn main() -> Res<()> {
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let base = Pass { prompt, steps, turbo: None, fused: None, ragged, alternate, engine_loop };
+    let base = Pass { prompt, steps, turbo: None, fused: None, ragged, alternate, engine_loop, launch_thread: None };
     let label = |name: &str| if configs.len() > 1 { format!(" {name}") } else { String::new() };
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
-        for (_, turbo, fused) in &configs {
-            run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), fused: *fused, prompt: warm_prompt, ..base }, false, "")?;
+        for (_, turbo, fused, launch_thread) in &configs {
+            let pass = Pass { turbo: turbo.as_ref(), fused: *fused, launch_thread: launch_thread.then_some(stream), prompt: warm_prompt, ..base };
+            run(model.as_ref(), r, &pass, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         for _ in 0..passes {
-            for (i, (name, turbo, fused)) in configs.iter().enumerate() {
-                tps[i].extend(run(model.as_ref(), r, &Pass { turbo: turbo.as_ref(), fused: *fused, ..base }, true, &label(name))?);
+            for (i, (name, turbo, fused, launch_thread)) in configs.iter().enumerate() {
+                let pass = Pass { turbo: turbo.as_ref(), fused: *fused, launch_thread: launch_thread.then_some(stream), ..base };
+                tps[i].extend(run(model.as_ref(), r, &pass, true, &label(name))?);
             }
         }
         if configs.len() > 1 && passes > 0 {
@@ -369,6 +447,22 @@ fn main() -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// The on/off list after `flag` (`--fused on,off`): `[None]` (as set) when absent.
+fn on_off(args: &[String], flag: &str) -> Res<Vec<Option<bool>>> {
+    let names: String = arg(args, flag, String::new())?;
+    if names.is_empty() {
+        return Ok(vec![None]);
+    }
+    names
+        .split(',')
+        .map(|f| match f.trim() {
+            "on" => Ok(Some(true)),
+            "off" => Ok(Some(false)),
+            other => Err(format!("{flag} takes on and off, not {other}").into()),
+        })
+        .collect()
 }
 
 /// Each configuration's median pipelined tok/s over the passes, and the
