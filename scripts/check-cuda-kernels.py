@@ -78,11 +78,16 @@ def turbo_attend_io(t):
              ("win", t), ("win_params", "i32"), ("counts", "u32")],
             [("part_o", "f32"), ("part_ml", "f32"), ("out", t)])
 
-def quant_matmul_io(t, form, gather):
+def quant_matmul_io(t, form, gather, template):
     """quant_matmul's (inputs, outputs, defines) for element type t, form (0 plain, 1 gated
     (QMM_GLU), 2 with a residual (QMM_RESIDUAL, dense only), 3 and 4: plain and gated, normed
-    (QMM_NORM, dense only)) and gather (QMM_GATHER), as quant_kernel.rs names them."""
+    (QMM_NORM, dense only)) and gather (QMM_GATHER), as quant_kernel.rs names them; adds the
+    constants those forms take to `template` (the norm's eps, the gather's rows a pair)."""
     glu, residual, norm = int(form in (1, 4)), int(form == 2), int(form >= 3)
+    if gather:
+        template.setdefault("DIV", 8)
+    if norm:
+        template.setdefault("EPS_BITS", 925353388)  # 1e-5
     weight = [("w", "u32"), ("scales", t), ("biases", t)]
     up = [("w_up", "u32"), ("scales_up", t), ("biases_up", t)] if glu else []
     inputs = [("x", t)] + ([("nw", t)] if norm else []) + weight + up + ([("res", t)] if residual else []) + ([("idx", "u32")] if gather else [])
@@ -128,15 +133,10 @@ def main():
         cases.append(("moe_router", [("logits", t[1:])], [("inds", "u32"), ("scores", t[1:])], {"T": t, "E": e, "K": k, "SOFTMAX_FIRST": first, "NORM": norm, "TIE_HIGH": high}))
     qmm_header = (KERNELS / "quant_matmul.cuh").read_text()
     for t, bits, gs, rt, mt, wk, gather, form in itertools.product(["@bf16", "@f16"], [4, 8], [32, 64, 128], [1, 2], [1, 4], [1, 8], [0, 1], [0, 1, 2, 3, 4]):
-        glu, residual, norm = form in (1, 4), form == 2, form >= 3
-        if gather and (mt > 1 or residual or norm) or glu and rt > 1:
-            continue
-        inputs, outputs, defines = quant_matmul_io(t[1:], form, gather)
+        if gather and (mt > 1 or form >= 2) or form in (1, 4) and rt > 1:
+            continue  # gathers: one row tile, no residual or norm; gated: one feature tile
         template = {"T": t, "BITS": bits, "GS": gs, "RT": rt, "MT": mt, "WK": wk}
-        if gather:
-            template["DIV"] = 8
-        if norm:
-            template["EPS_BITS"] = 925353388  # 1e-5
+        inputs, outputs, defines = quant_matmul_io(t[1:], form, gather, template)
         cases.append(("quant_matmul", inputs, outputs, template, defines + qmm_header))
     only = [n for n in os.environ.get("CHECK_ONLY", "").split(",") if n]
     cases = [c for c in cases if not only or c[0] in only]

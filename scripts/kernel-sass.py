@@ -36,11 +36,7 @@ def qmm_io(t, template):
     """quant_matmul's inputs, outputs and header for the template's FORM and GATHER (as
     check-cuda-kernels.py's `quant_matmul_io` takes them), which it carries for this script only."""
     form, gather = template.pop("FORM"), template.pop("GATHER")
-    if form >= 3:
-        template.setdefault("EPS_BITS", 925353388)  # 1e-5
-    if gather:
-        template.setdefault("DIV", 8)
-    inputs, outputs, defines = check.quant_matmul_io(t, form, gather)
+    inputs, outputs, defines = check.quant_matmul_io(t, form, gather, template)
     return inputs, outputs, defines + (check.KERNELS / "quant_matmul.cuh").read_text()
 
 
