@@ -95,6 +95,9 @@ fn splits() {
     let err = ops::split_sections_into::<2>(&a, &[2, 5], 0).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert_eq!(err.to_string(), "invalid argument: 2 split positions give 3 parts, not 2");
+    let [x, y] = ops::split_into(&m, 1).unwrap();
+    assert_eq!((i(&x), i(&y)), (vec![0, 1, 4, 5], vec![2, 3, 6, 7]));
+    assert!(ops::split_into::<4>(&a, 0).unwrap_err().to_string().starts_with("mlx: "));
 }
 
 #[test]

@@ -185,6 +185,14 @@ pub fn split(a: &Array, num: usize, axis: i32) -> Result<Vec<Array>> {
     })
 }
 
+/// [`split`] into `N` equal parts, as an array to destructure
+/// (`let [gate, up] = split_into(&gate_up, -1)?`).
+pub fn split_into<const N: usize>(a: &Array, axis: i32) -> Result<[Array; N]> {
+    let parts = split(a, N, axis)?;
+    let got = parts.len();
+    parts.try_into().map_err(|_| Error::Mlx(format!("a split into {N} parts gave {got}")))
+}
+
 /// Checks that start/stop/strides give one entry per axis of `a`.
 fn check_slice_args(a: &Array, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<()> {
     let nd = a.ndim();

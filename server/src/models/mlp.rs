@@ -169,11 +169,8 @@ impl Mlp {
         let (gate, up) = match &self.proj {
             GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
             GateUp::Fused(gu) => {
-                let mut halves = ops::split(&gu.forward(x)?, 2, -1)?.into_iter();
-                match (halves.next(), halves.next()) {
-                    (Some(g), Some(u)) => (g, u),
-                    _ => return Err(crate::error::Error::Internal("the fused gate_up projection did not split in two")),
-                }
+                let [g, u] = ops::split_into(&gu.forward(x)?, -1)?;
+                (g, u)
             }
         };
         match self.activation {

@@ -237,9 +237,8 @@ pub fn split_fused_experts(w: &mut Weights, prefix: &str, switch: &str, experts:
         return Ok(());
     }
     let gate_up = w.take_shaped(&fused, &[experts, 2 * hidden, dim])?;
-    let mut halves = ops::split(&gate_up, 2, -2)?.into_iter();
-    for name in ["gate_proj", "up_proj"] {
-        let half = halves.next().ok_or(crate::error::Error::Internal("a split in two gave fewer halves"))?;
+    let halves: [_; 2] = ops::split_into(&gate_up, -2)?;
+    for (name, half) in ["gate_proj", "up_proj"].into_iter().zip(halves) {
         w.insert(format!("{prefix}.{switch}.{name}.weight"), ops::contiguous(&half, false)?);
     }
     let down = w.take_shaped(&format!("{prefix}.experts.down_proj"), &[experts, dim, hidden])?;

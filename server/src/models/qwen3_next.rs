@@ -403,8 +403,7 @@ impl GatedAttention {
         let (b, l) = (s[0], s[1]);
         let t = |a: &Array| -> Result<Array> { Ok(ops::transpose_axes(a, &[0, 2, 1, 3])?) };
         let q_gate = ops::reshape(&self.q.forward(x)?, &[b, l, self.n_heads, -1])?;
-        let mut halves = ops::split(&q_gate, 2, -1)?.into_iter();
-        let (queries, gate) = halves.next().zip(halves.next()).ok_or(Error::Internal("qwen3 hybrid: a split gave fewer halves"))?;
+        let [queries, gate] = ops::split_into(&q_gate, -1)?;
         let gate = ops::reshape(&gate, &[b, l, -1])?;
         let queries = t(&self.q_norm.forward(&queries)?)?;
         let keys = t(&self.k_norm.forward(&ops::reshape(&self.k.forward(x)?, &[b, l, self.n_kv_heads, -1])?)?)?;
