@@ -66,8 +66,16 @@ fn min_rows() -> i64 {
 }
 
 /// Warps the grid aims for (an H100 holds 64 per SM, 132 SMs): enough loads
-/// in flight to cover the memory latency.
-const TARGET_WARPS: i32 = 4096;
+/// in flight to cover the memory latency. `MLX_SERVE_QMM_TARGET_WARPS`
+/// overrides it (kernel development on a GPU machine: a step's kernels timed
+/// under Nsight Compute at other splits of the reduction).
+pub const TARGET_WARPS: i32 = 4096;
+
+/// [`TARGET_WARPS`], or the override (read once a process).
+fn target_warps() -> i32 {
+    static WARPS: OnceLock<i32> = OnceLock::new();
+    *WARPS.get_or_init(|| crate::kernel_check::tuned("MLX_SERVE_QMM_TARGET_WARPS", TARGET_WARPS))
+}
 
 /// How a call is cut up: RT tiles of 16 output features per warp (of each
 /// projection, gated), MT tiles of 8 rows of x, WK warps of a block
@@ -99,7 +107,7 @@ impl Tiles {
         let blocks = (n + 16 * rt - 1) / (16 * rt) * pairs;
         let k_blocks = (k + 4 * (128 / bits) - 1) / (4 * (128 / bits));
         let mut wk = 1;
-        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && blocks * wk < TARGET_WARPS {
+        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && blocks * wk < target_warps() {
             wk *= 2;
         }
         Tiles { rt, mt, wk }
