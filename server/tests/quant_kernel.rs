@@ -185,6 +185,24 @@ fn every_tiling_matches_mlx() {
     }
 }
 
+/// The tilings the model's products get (a pure choice: runs everywhere).
+/// Llama-3.1-8B's one-row products aim at the target warps; its vocabulary's
+/// head, whose blocks alone exceed it, still splits each block's reduction
+/// four ways; a gathered call of as many blocks does not.
+#[test]
+fn tilings_aim_at_the_target_warps() {
+    let one_row = |n, k| Tiles::choose(1, n, k, 4, 1);
+    assert_eq!(one_row(4096, 4096), Tiles { rt: 1, mt: 1, wk: 16 });
+    assert_eq!(one_row(4096, 14336), Tiles { rt: 1, mt: 1, wk: 16 });
+    assert_eq!(Tiles::choose_for(1, 14336, 4096, 4, 1, true), Tiles { rt: 1, mt: 1, wk: 8 });
+    assert_eq!(one_row(128256, 4096), Tiles { rt: 1, mt: 1, wk: 4 });
+    assert_eq!(Tiles::choose(16, 128256, 4096, 4, 1), Tiles { rt: 2, mt: 2, wk: 4 });
+    // A reduction of two k-blocks splits at most two ways.
+    assert_eq!(one_row(128256, 256), Tiles { rt: 1, mt: 1, wk: 2 });
+    // 512 pairs of 48 blocks each: already past the target with one warp a block.
+    assert_eq!(Tiles::choose(1, 768, 2048, 4, 512), Tiles { rt: 1, mt: 1, wk: 1 });
+}
+
 #[test]
 fn gathered_matches_mlx() {
     if !on_cuda() {

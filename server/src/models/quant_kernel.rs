@@ -71,6 +71,10 @@ fn min_rows() -> i64 {
 /// under Nsight Compute at other splits of the reduction).
 pub const TARGET_WARPS: i32 = 4096;
 
+/// The fewest warps a dense product's block takes where the reduction
+/// allows two k-blocks a warp ([`Tiles::choose_for`]).
+const DENSE_MIN_WK: i32 = 4;
+
 /// [`TARGET_WARPS`], or the override (read once a process).
 fn target_warps() -> i32 {
     static WARPS: OnceLock<i32> = OnceLock::new();
@@ -106,8 +110,15 @@ impl Tiles {
         let rt = if mt > 1 && !gated { 2 } else { 1 };
         let blocks = (n + 16 * rt - 1) / (16 * rt) * pairs;
         let k_blocks = (k + 4 * (128 / bits) - 1) / (4 * (128 / bits));
+        // A dense product's grid takes at least DENSE_MIN_WK warps a block even when
+        // its blocks alone reach the target: an SM holds at most 32 blocks, and the
+        // vocabulary's head (8016 blocks at one row) then leaves it short of warps
+        // (H200, Nsight Compute: 128256 x 4096 at one row 127.8 us with one warp a
+        // block, 114.2 with two, 110.5 with four, 118.2 with eight). Gathered calls
+        // keep the target alone: their many-pair grids are unmeasured at other splits.
+        let least = if pairs == 1 { DENSE_MIN_WK } else { 1 };
         let mut wk = 1;
-        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && blocks * wk < target_warps() {
+        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && (blocks * wk < target_warps() || wk < least) {
             wk *= 2;
         }
         Tiles { rt, mt, wk }
