@@ -50,7 +50,8 @@
 //! this thread builds the next step's graph. A pipelined step then costs the
 //! longer of building and launching instead of their sum, if MLX builds one
 //! graph while it encodes another (an experiment: the engine launches on the
-//! thread that builds). Its pipelined launch and wait columns are the
+//! thread that builds; on an H200 it lost, 0.66x at one row and 0.73x at
+//! eight, BENCHMARKS.md session 55). Its pipelined launch and wait columns are the
 //! launcher's; the step column is the builder's. So that two threads can
 //! share its work, the whole bench runs on a stream made for any thread
 //! (`Stream::new_any_thread`): MLX's streams are otherwise their thread's own.
