@@ -69,7 +69,7 @@ fn min_rows() -> i64 {
 /// in flight to cover the memory latency. `MLX_SERVE_QMM_TARGET_WARPS`
 /// overrides it (kernel development on a GPU machine: a step's kernels timed
 /// under Nsight Compute at other splits of the reduction).
-pub const TARGET_WARPS: i32 = 4096;
+const TARGET_WARPS: i32 = 4096;
 
 /// The fewest warps a dense product's block takes where the reduction
 /// allows two k-blocks a warp ([`Tiles::choose_for`]).
