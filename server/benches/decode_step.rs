@@ -9,7 +9,7 @@
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
-//!       [--warm-prompt N] [--fused on,off] [--launch-thread off,on]
+//!       [--warm-prompt N] [--fused on,off] [--launch-thread off,on] [--host-profile HZ]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -56,6 +56,13 @@
 //! share its work, the whole bench runs on a stream made for any thread
 //! (`Stream::new_any_thread`): MLX's streams are otherwise their thread's own.
 //!
+//! `--host-profile HZ` samples the process's threads HZ times a second of
+//! CPU time over each row count's timed passes (their prefills too, a small
+//! share) and prints each busy thread's functions by samples, where they ran
+//! and beneath them (`common::host_profile`): which of MLX's functions a
+//! step's building and launching spend their time in, on a machine without
+//! perf.
+//!
 //! `--alternate` adds one no-op (the tokens plus zero) in front of every
 //! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
 //! nodes and updates the executable graph of the same key in place; with the
@@ -67,6 +74,7 @@
 //! MLX's quantized kernels with ours (the switch is read once a process).
 
 mod common;
+use common::host_profile::HostProfile;
 use common::{arg, list, median, Res};
 
 use std::path::PathBuf;
@@ -388,6 +396,7 @@ fn bench(stream: &Stream) -> Res<()> {
     let warm_prompt: i32 = arg(&args, "--warm-prompt", prompt)?;
     let fused = on_off(&args, "--fused")?;
     let threaded = on_off(&args, "--launch-thread")?;
+    let profile_hz: i32 = arg(&args, "--host-profile", 0)?;
     let model = models::load(&dir)?.model;
     // Each configuration: its name, its compression (None: the 16-bit
     // cache), whether the fused kernel forms are on (None: as set) and
@@ -437,11 +446,17 @@ fn bench(stream: &Stream) -> Res<()> {
             run(model.as_ref(), r, &pass, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+        let profile = if profile_hz > 0 { Some(HostProfile::start(profile_hz)?) } else { None };
         for _ in 0..passes {
             for (i, (name, turbo, fused, launch_thread)) in configs.iter().enumerate() {
                 let pass = Pass { turbo: turbo.as_ref(), fused: *fused, launch_thread: launch_thread.then_some(stream), ..base };
                 tps[i].extend(run(model.as_ref(), r, &pass, true, &label(name))?);
             }
+        }
+        if let Some(profile) = profile {
+            println!("\n{r} row(s), the timed passes' host profile:");
+            profile.print(25)?;
+            println!();
         }
         if configs.len() > 1 && passes > 0 {
             print_pairs(r, &names, &tps);

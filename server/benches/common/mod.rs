@@ -3,6 +3,8 @@
 // Each benchmark uses a part of this module.
 #![allow(dead_code)]
 
+pub mod host_profile;
+
 pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The value after flag `name` in `args`, parsed, or `default` when the flag is absent.
