@@ -455,7 +455,8 @@ fn bench(stream: &Stream) -> Res<()> {
         }
         if let Some(profile) = profile {
             println!("\n{r} row(s), the timed passes' host profile:");
-            profile.print(25)?;
+            // Building a step's graph (the model's forward) and MLX's launch of it.
+            profile.print(25, &["forward", "mlx::core::async_eval"])?;
             println!();
         }
         if configs.len() > 1 && passes > 0 {

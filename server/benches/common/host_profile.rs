@@ -12,13 +12,50 @@ use super::Res;
 /// [`HostProfile::start`] until [`HostProfile::print`].
 pub struct HostProfile(pprof::ProfilerGuard<'static>);
 
-/// One thread's samples: by the function a sample was in (self), and by
-/// each function anywhere on its stack (inclusive, counted once a sample).
+/// Samples by function: where a sample was (self), and each function on its
+/// stack (inclusive, counted once a sample).
 #[derive(Default)]
-struct ThreadSamples {
+struct Tally {
     total: isize,
     own: HashMap<String, isize>,
     under: HashMap<String, isize>,
+}
+
+impl Tally {
+    /// Adds a sample of `count` with these function names, innermost first.
+    fn add(&mut self, names: &[String], count: isize) {
+        self.total += count;
+        if let Some(first) = names.first() {
+            *self.own.entry(first.clone()).or_default() += count;
+        }
+        for name in names.iter().collect::<HashSet<_>>() {
+            *self.under.entry(name.clone()).or_default() += count;
+        }
+    }
+
+    /// Prints the `top` functions by self and by inclusive samples, as a
+    /// Markdown table of percentages of this tally's samples.
+    fn print(&self, top: usize) {
+        println!("| self % | function | | inclusive % | function |");
+        println!("|---|---|---|---|---|");
+        let ranked = |m: &HashMap<String, isize>| {
+            let mut v: Vec<_> = m.iter().map(|(k, &c)| (k.clone(), c)).collect();
+            v.sort_by_key(|(k, c)| (-c, k.clone()));
+            v.truncate(top);
+            v
+        };
+        // What every sample ran under (the thread's start, main, the focus itself) says nothing.
+        let under_some: HashMap<String, isize> = self.under.iter().filter(|&(_, &c)| c < self.total).map(|(k, &c)| (k.clone(), c)).collect();
+        let (own, under) = (ranked(&self.own), ranked(&under_some));
+        for i in 0..own.len().max(under.len()) {
+            let cell = |v: &[(String, isize)]| match v.get(i) {
+                Some((k, c)) => (format!("{:.1}", 100.0 * *c as f64 / self.total as f64), k.replace('|', "\\|")),
+                None => (String::new(), String::new()),
+            };
+            let ((op, of), (up, uf)) = (cell(&own), cell(&under));
+            println!("| {op} | {of} | | {up} | {uf} |");
+        }
+    }
 }
 
 impl HostProfile {
@@ -30,46 +67,38 @@ impl HostProfile {
     }
 
     /// Prints, for each thread with at least 5% of the samples, its `top`
-    /// functions by self and by inclusive samples, as Markdown.
-    pub fn print(self, top: usize) -> Res<()> {
+    /// functions by self and by inclusive samples, then the same within each
+    /// of `focus` (the samples with that function on their stack: e.g. the
+    /// bench's graph building and MLX's launch), as Markdown.
+    pub fn print(self, top: usize, focus: &[&str]) -> Res<()> {
         let report = self.0.report().build()?;
-        let mut threads: HashMap<String, ThreadSamples> = HashMap::new();
+        // Per thread: all its samples, then those under each focus function.
+        let mut threads: HashMap<String, (Tally, Vec<Tally>)> = HashMap::new();
         for (frames, &count) in &report.data {
             // Threads inherit the process's name: its id tells them apart.
-            let thread = threads.entry(format!("{} (id {})", frames.thread_name, frames.thread_id)).or_default();
-            thread.total += count;
+            let (all, within) = threads
+                .entry(format!("{} (id {})", frames.thread_name, frames.thread_id))
+                .or_insert_with(|| (Tally::default(), focus.iter().map(|_| Tally::default()).collect()));
             // Innermost frame first; an inlined function before the one it is inlined in.
             let names: Vec<String> = frames.frames.iter().flatten().map(|s| short(&s.name())).collect();
-            if let Some(first) = names.first() {
-                *thread.own.entry(first.clone()).or_default() += count;
-            }
-            for name in names.iter().collect::<HashSet<_>>() {
-                *thread.under.entry(name.clone()).or_default() += count;
+            all.add(&names, count);
+            for (f, tally) in focus.iter().zip(within.iter_mut()) {
+                if let Some(at) = names.iter().position(|n| n == f) {
+                    tally.add(&names[..at], count);
+                }
             }
         }
-        let all: isize = threads.values().map(|t| t.total).sum();
-        let mut order: Vec<_> = threads.into_iter().filter(|(_, t)| t.total * 20 >= all).collect();
-        order.sort_by_key(|(_, t)| -t.total);
-        for (name, t) in order {
-            println!("\nHost profile, thread {name}: {} samples ({:.0}% of the process's)\n", t.total, 100.0 * t.total as f64 / all as f64);
-            println!("| self % | function | | inclusive % | function |");
-            println!("|---|---|---|---|---|");
-            let ranked = |m: &HashMap<String, isize>| {
-                let mut v: Vec<_> = m.iter().map(|(k, &c)| (k.clone(), c)).collect();
-                v.sort_by_key(|(k, c)| (-c, k.clone()));
-                v.truncate(top);
-                v
-            };
-            // What every sample of the thread ran under (its start, main, the bench's loop) says nothing.
-            let under_some: HashMap<String, isize> = t.under.into_iter().filter(|&(_, c)| c < t.total).collect();
-            let (own, under) = (ranked(&t.own), ranked(&under_some));
-            for i in 0..own.len().max(under.len()) {
-                let cell = |v: &[(String, isize)]| match v.get(i) {
-                    Some((k, c)) => (format!("{:.1}", 100.0 * *c as f64 / t.total as f64), k.replace('|', "\\|")),
-                    None => (String::new(), String::new()),
-                };
-                let ((op, of), (up, uf)) = (cell(&own), cell(&under));
-                println!("| {op} | {of} | | {up} | {uf} |");
+        let process: isize = threads.values().map(|(t, _)| t.total).sum();
+        let mut order: Vec<_> = threads.into_iter().filter(|(_, (t, _))| t.total * 20 >= process).collect();
+        order.sort_by_key(|(_, (t, _))| -t.total);
+        for (name, (all, within)) in order {
+            println!("\nHost profile, thread {name}: {} samples ({:.0}% of the process's)\n", all.total, 100.0 * all.total as f64 / process as f64);
+            all.print(top);
+            for (f, tally) in focus.iter().zip(&within) {
+                if tally.total > 0 {
+                    println!("\nWithin `{f}`: {} samples ({:.0}% of the thread's)\n", tally.total, 100.0 * tally.total as f64 / all.total as f64);
+                    tally.print(top);
+                }
             }
         }
         Ok(())
