@@ -71,8 +71,8 @@ fn min_rows() -> i64 {
 /// under Nsight Compute at other splits of the reduction).
 const TARGET_WARPS: i32 = 4096;
 
-/// The fewest warps a dense product's block takes where the reduction
-/// allows two k-blocks a warp ([`Tiles::choose_for`]).
+/// The fewest warps a dense product's block takes, as far as its k-blocks
+/// go (each warp keeps at least one: [`Tiles::choose_for`]).
 const DENSE_MIN_WK: i32 = 4;
 
 /// [`TARGET_WARPS`], or the override (read once a process).
@@ -117,8 +117,9 @@ impl Tiles {
         // block, 114.2 with two, 110.5 with four, 118.2 with eight). Gathered calls
         // keep the target alone: their many-pair grids are unmeasured at other splits.
         let least = if pairs == 1 { DENSE_MIN_WK } else { 1 };
+        let target = target_warps();
         let mut wk = 1;
-        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && (blocks * wk < target_warps() || wk < least) {
+        while wk < Tiles::max_wk(rt, mt, gated) && wk * 2 <= k_blocks && (blocks * wk < target || wk < least) {
             wk *= 2;
         }
         Tiles { rt, mt, wk }
