@@ -11,6 +11,7 @@ use crate::array::Array;
 use crate::device::with_current;
 use crate::dtype::Dtype;
 use crate::error::{check, init, take_last_error, Error, Result};
+use crate::kernel_direct::{DirectCall, Prepared};
 use crate::transforms::VectorArray;
 
 /// "metal" or "cuda" when this MLX build can run GPU kernels here, else None.
@@ -165,9 +166,11 @@ enum Handle {
 /// A compiled-on-first-use custom kernel; owns its mlx-c kernel object.
 pub struct CustomKernel {
     handle: Handle,
-    /// CUDA: the instances (template arguments, input and output types) already
-    /// handed to MLX's kernel cache in this process ([`KernelCacheStats`]).
-    cached: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// CUDA: the instances ([`instance_key`]) this process has called, each
+    /// with its direct call ([`kernel_direct`](crate::kernel_direct)), or
+    /// None where MLX's own call serves it (its module handed to MLX's kernel
+    /// cache: [`KernelCacheStats`]).
+    instances: std::sync::Mutex<std::collections::HashMap<u64, Option<std::sync::Arc<DirectCall>>>>,
 }
 
 /// Compile-once on CUDA, this process's count of kernel instances (one per
@@ -183,11 +186,16 @@ pub struct KernelCacheStats {
     pub loaded: u64,
     pub written: u64,
     pub failed: u64,
+    /// Instances called directly after their first call (MLX's precompiled
+    /// kernel path, which skips rebuilding and hashing the source text at
+    /// each call: `kernel_direct`); their modules count in `loaded` or
+    /// `written` too.
+    pub direct: u64,
     pub last_error: Option<String>,
 }
 
 static CACHE_STATS: std::sync::Mutex<KernelCacheStats> =
-    std::sync::Mutex::new(KernelCacheStats { loaded: 0, written: 0, failed: 0, last_error: None });
+    std::sync::Mutex::new(KernelCacheStats { loaded: 0, written: 0, failed: 0, direct: 0, last_error: None });
 
 /// Whether compile-once is on: it is unless `MLX_SERVE_KERNEL_CACHE=0`
 /// (read once a process), which leaves every custom kernel to MLX's own
@@ -205,7 +213,8 @@ pub fn kernel_cache_stats() -> KernelCacheStats {
 
 /// What makes MLX's source text of a kernel instance differ between calls of
 /// one kernel: template arguments, input types (and which inputs are scalars:
-/// MLX passes shapes only for the others), output types.
+/// MLX passes shapes only for the others), output types; and each input's
+/// dimension count, which the direct call's arguments depend on.
 fn instance_key(inputs: &[&Array], call: &KernelCall) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
@@ -218,7 +227,7 @@ fn instance_key(inputs: &[&Array], call: &KernelCall) -> u64 {
         }
     }
     for a in inputs {
-        (a.dtype(), a.ndim() == 0).hash(&mut h);
+        (a.dtype(), a.ndim()).hash(&mut h);
     }
     for (_, dtype) in &call.outputs {
         dtype.hash(&mut h);
@@ -395,7 +404,7 @@ impl CustomKernel {
             let msg = take_last_error().unwrap_or_else(|| "kernel creation failed".into());
             return Err(Error::Mlx(msg));
         }
-        Ok(CustomKernel { handle, cached: Default::default() })
+        Ok(CustomKernel { handle, instances: Default::default() })
     }
 
     /// A Metal kernel (see [`CustomKernel::new`]).
@@ -420,41 +429,76 @@ impl CustomKernel {
     pub fn apply(&self, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
         match self.handle {
             Handle::Metal(k) => apply_metal(k, inputs, call),
+            Handle::Cuda(k) if !kernel_cache_enabled() => apply_cuda(k, inputs, call),
             Handle::Cuda(k) => {
-                let outs = apply_cuda(k, inputs, call)?;
-                if let Some(out) = outs.first() {
-                    self.keep_compiled(inputs, call, out);
+                let key = instance_key(inputs, call);
+                let known = self.instances.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();
+                match known {
+                    Some(Some(direct)) => direct.apply(inputs, call),
+                    Some(None) => apply_cuda(k, inputs, call),
+                    None => self.first_call(k, key, inputs, call),
                 }
-                Ok(outs)
             }
         }
     }
 
-    /// The first time this process applies an instance of this CUDA kernel,
-    /// has its compiled module written to MLX's kernel cache (or finds it
-    /// there) before MLX evaluates `out`; counted in [`KernelCacheStats`].
-    /// A failure only counts: MLX then compiles the kernel itself.
-    fn keep_compiled(&self, inputs: &[&Array], call: &KernelCall, out: &Array) {
-        if !kernel_cache_enabled() {
-            return;
-        }
-        let first = self.cached.lock().unwrap_or_else(|e| e.into_inner()).insert(instance_key(inputs, call));
-        if !first {
-            return;
-        }
-        let mut status = sys::MLXS_KERNEL_NOT_CACHED as i32;
-        // SAFETY: `out` is a live array; `status` is a local the call writes.
-        let result = check(unsafe { sys::mlxs_cuda_kernel_cache(out.raw, &mut status) });
-        let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
-        match result {
-            Err(e) => {
-                stats.failed += 1;
-                stats.last_error = Some(e.to_string());
+    /// An instance's first call in this process: through MLX's own call,
+    /// whose output gives the instance's generated text, from which its
+    /// direct call is made (its module compiled into MLX's kernel cache, or
+    /// found there) and used for this call already, MLX's output never
+    /// evaluated. Where no direct call can be made, the instance stays with
+    /// MLX's call, its module handed to the cache. Counted in
+    /// [`KernelCacheStats`]; a failure only counts.
+    fn first_call(&self, kernel: sys::mlx_fast_cuda_kernel, key: u64, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
+        let outs = apply_cuda(kernel, inputs, call)?;
+        let Some(out) = outs.first() else { return Ok(outs) };
+        let direct = match DirectCall::prepare(out, inputs) {
+            Ok(Prepared::Ready(direct, written)) => {
+                let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
+                stats.direct += 1;
+                if written {
+                    stats.written += 1;
+                } else {
+                    stats.loaded += 1;
+                }
+                Some(std::sync::Arc::new(direct))
             }
-            Ok(()) if status == sys::MLXS_KERNEL_CACHED as i32 => stats.loaded += 1,
-            Ok(()) if status == sys::MLXS_KERNEL_WRITTEN as i32 => stats.written += 1,
-            Ok(()) => {}
+            Ok(Prepared::Unsuited) => None,
+            Err(e) => {
+                let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
+                stats.failed += 1;
+                stats.last_error = Some(format!("direct call: {e}"));
+                None
+            }
+        };
+        self.instances.lock().unwrap_or_else(|e| e.into_inner()).insert(key, direct.clone());
+        match direct {
+            Some(direct) => direct.apply(inputs, call),
+            None => {
+                keep_compiled(out);
+                Ok(outs)
+            }
         }
+    }
+}
+
+/// Has the compiled module of `out`'s kernel instance written to MLX's
+/// kernel cache (or finds it there) before MLX evaluates `out`; counted in
+/// [`KernelCacheStats`]. A failure only counts: MLX then compiles the kernel
+/// itself.
+fn keep_compiled(out: &Array) {
+    let mut status = sys::MLXS_KERNEL_NOT_CACHED as i32;
+    // SAFETY: `out` is a live array; `status` is a local the call writes.
+    let result = check(unsafe { sys::mlxs_cuda_kernel_cache(out.raw, &mut status) });
+    let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
+    match result {
+        Err(e) => {
+            stats.failed += 1;
+            stats.last_error = Some(e.to_string());
+        }
+        Ok(()) if status == sys::MLXS_KERNEL_CACHED as i32 => stats.loaded += 1,
+        Ok(()) if status == sys::MLXS_KERNEL_WRITTEN as i32 => stats.written += 1,
+        Ok(()) => {}
     }
 }
 
@@ -572,6 +616,7 @@ mod tests {
             (instance_key(&[&f32s], &call(8, Dtype::Float32)), "another template value"),
             (instance_key(&[&i32s], &call(4, Dtype::Float32)), "another input type"),
             (instance_key(&[&one], &call(4, Dtype::Float32)), "a scalar input (no shape passed)"),
+            (instance_key(&[&Array::from_slice(&[1.0f32, 2.0], &[1, 2]).unwrap()], &call(4, Dtype::Float32)), "another dimension count"),
             (instance_key(&[&f32s], &call(4, Dtype::Int32)), "another output type"),
             (instance_key(&[&f32s], &KernelCall::new().output(&[2], Dtype::Float32).template("N", TemplateArg::Bool(true))), "another template kind"),
         ] {

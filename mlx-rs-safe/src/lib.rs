@@ -9,6 +9,7 @@ mod array;
 mod device;
 mod dtype;
 mod error;
+mod kernel_direct;
 mod optional;
 mod transforms;
 

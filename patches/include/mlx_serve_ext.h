@@ -6,12 +6,15 @@
 #ifndef MLX_SERVE_EXT_H
 #define MLX_SERVE_EXT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "mlx/c/array.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/stream.h"
+#include "mlx/c/string.h"
+#include "mlx/c/vector.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -98,6 +101,43 @@ enum {
  * MLXS_KERNEL_NOT_CACHED) when compiling or writing failed: MLX then compiles
  * the kernel itself at evaluation, as without the cache. */
 int mlxs_cuda_kernel_cache(mlx_array out, int* status);
+
+/* A direct call of a CUDA custom kernel instance, for the calls after its
+ * first. mlx_fast_cuda_kernel_apply rebuilds the instance's whole source text
+ * (signature, template constants, body) at every call and MLX hashes it at
+ * every evaluation: host time per launch, on decode steps bound by the host.
+ * MLX's precompiled kernels (mx::fast::precompiled_cuda_kernel) skip both:
+ * they name a compiled module that MLX's kernel cache folder holds. These
+ * three make one of those from a custom kernel's first call. */
+
+/* The text MLX generated for `out`'s kernel (`out` an output of
+ * mlx_fast_cuda_kernel_apply, not evaluated): the kernel function's name, its
+ * whole source, its dynamic shared memory and whether MLX copies inputs to
+ * row-contiguous ones. *status MLXS_KERNEL_NOT_CACHED (nothing set) where
+ * `out` is no CUDA custom kernel's output, or MLX keeps no cache folder. */
+int mlxs_cuda_kernel_source(mlx_array out, mlx_string* name, mlx_string* source, int* shared_memory,
+                            bool* ensure_row_contiguous, int* status);
+
+/* Compiles `source` (CUDA defining the extern "C" __global__ function
+ * `kernel` in namespace mlx::core::cu) for the GPU of `out`'s stream as MLX compiles custom kernels,
+ * and writes it to MLX's kernel cache as the module MLX reads when it
+ * evaluates mlxs_precompiled_cuda_kernel(kernel, token, ...), unless the
+ * cache already holds it. *status MLXS_KERNEL_CACHED or MLXS_KERNEL_WRITTEN.
+ * Non-zero when compiling or writing failed. */
+int mlxs_cuda_kernel_precompile(mlx_array out, const char* kernel, const char* token, const char* source,
+                                int* status);
+
+/* mx::fast::precompiled_cuda_kernel: `kernel` of the module the cache holds
+ * for (kernel, token), over `inputs`; outputs of `output_dtypes` and shapes
+ * (`output_ndims[i]` dimensions each, one after another in
+ * `output_shapes`); `scalars` passed after the outputs' pointers; grid in
+ * threads; `init_value` (null: none) fills the outputs first. */
+int mlxs_precompiled_cuda_kernel(mlx_vector_array* res, const char* kernel, const char* token,
+                                 const mlx_array* inputs, size_t num_inputs, const int* output_shapes,
+                                 const size_t* output_ndims, const mlx_dtype* output_dtypes, size_t num_outputs,
+                                 const int* scalars, size_t num_scalars, int grid_x, int grid_y, int grid_z,
+                                 int group_x, int group_y, int group_z, int shared_memory, const float* init_value,
+                                 bool ensure_row_contiguous, mlx_stream stream);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,10 @@
 
 #include "mlx/c/error.h"
 #include "mlx/c/private/array.h"
+#include "mlx/c/private/enums.h"
+#include "mlx/c/private/stream.h"
+#include "mlx/c/private/string.h"
+#include "mlx/c/private/vector.h"
 #include "mlx/fast_primitives.h"
 #include "mlx/mlx.h"
 #include "mlx/version.h"
@@ -254,37 +258,57 @@ void write_whole(const fs::path& path, const std::string& bytes) {
   fs::rename(tmp, path);
 }
 
-int cache_kernel(const mx::array& out) {
+// `out`'s CUDA custom kernel, not a precompiled one, where MLX keeps a
+// kernel cache and NVRTC is there; else null.
+mx::fast::CustomKernel* custom_kernel(const mx::array& out) {
   if (!out.has_primitive() || std::string(out.primitive().name()) != "CustomKernel") {
-    return MLXS_KERNEL_NOT_CACHED;
+    return nullptr;
   }
   // A static downcast: libmlx exports no type information for dynamic_cast.
   auto& kernel = static_cast<mx::fast::CustomKernel&>(out.primitive());
-  auto state = kernel.state();
-  const std::string& name = std::get<0>(state);
-  const std::string& source = std::get<1>(state);
-  bool precompiled = std::get<8>(state);
-  mx::Stream stream = kernel.stream();
-  if (precompiled || stream.device != mx::Device::gpu || cache_dir().empty() || !cuda().found) {
-    return MLXS_KERNEL_NOT_CACHED;
+  bool precompiled = std::get<8>(kernel.state());
+  if (precompiled || kernel.stream().device != mx::Device::gpu || cache_dir().empty() || !cuda().found) {
+    return nullptr;
   }
-  // MLX's module name for it: "{name}_{hash of the source, hex}".
+  return &kernel;
+}
+
+// The name MLX gives module `name` of `source`: "{name}_{hash of the source, hex}".
+std::string module_name(const std::string& name, const std::string& source) {
   char hash[24];
   std::snprintf(hash, sizeof hash, "%zx", std::hash<std::string>{}(source));
-  std::string module = name + "_" + hash;
+  return name + "_" + hash;
+}
+
+// Module `module` (the function `kernel`, of `source`) where MLX reads it,
+// compiled unless it is there; kernel list first: MLX takes the module as
+// present once its image is. `listed` is the kernel's name in the list, as
+// MLX looks it up.
+int keep_module(const std::string& module, const std::string& source, const std::string& kernel,
+                const std::string& listed, int device) {
   fs::path ptx = module_path(module);
   std::error_code error;
   if (fs::exists(ptx, error)) {
     return MLXS_KERNEL_CACHED;
   }
-  std::string kernel_name = "mlx::core::cu::" + name;
-  auto [image, mangled] = compile(module, source, kernel_name, stream.device.index);
-  // The kernel list first: MLX takes the module as present once its image is.
+  auto [image, mangled] = compile(module, source, kernel, device);
   fs::path txt = ptx;
   txt.replace_extension(".txt");
-  write_whole(txt, kernel_name + "\t" + mangled + "\n");
+  write_whole(txt, listed + "\t" + mangled + "\n");
   write_whole(ptx, image);
   return MLXS_KERNEL_WRITTEN;
+}
+
+int cache_kernel(const mx::array& out) {
+  mx::fast::CustomKernel* kernel = custom_kernel(out);
+  if (kernel == nullptr) {
+    return MLXS_KERNEL_NOT_CACHED;
+  }
+  auto state = kernel->state();
+  const std::string& name = std::get<0>(state);
+  std::string kernel_name = "mlx::core::cu::" + name;
+  return keep_module(module_name(name, std::get<1>(state)), std::get<1>(state), kernel_name, kernel_name,
+                     kernel->stream().device.index);
 }
 
 } // namespace
@@ -294,6 +318,84 @@ extern "C" int mlxs_cuda_kernel_cache(mlx_array out, int* status) {
     *status = cache_kernel(mlx_array_get_(out));
   } catch (std::exception& e) {
     *status = MLXS_KERNEL_NOT_CACHED;
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+extern "C" int mlxs_cuda_kernel_source(mlx_array out, mlx_string* name, mlx_string* source, int* shared_memory,
+                                       bool* ensure_row_contiguous, int* status) {
+  try {
+    *status = MLXS_KERNEL_NOT_CACHED;
+    mx::fast::CustomKernel* kernel = custom_kernel(mlx_array_get_(out));
+    if (kernel == nullptr) {
+      return 0;
+    }
+    auto state = kernel->state();
+    mlx_string_set_(*name, std::get<0>(state));
+    mlx_string_set_(*source, std::get<1>(state));
+    *ensure_row_contiguous = std::get<5>(state);
+    *shared_memory = std::get<9>(state);
+    *status = MLXS_KERNEL_CACHED;
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+extern "C" int mlxs_cuda_kernel_precompile(mlx_array out, const char* kernel, const char* token, const char* source,
+                                           int* status) {
+  try {
+    *status = MLXS_KERNEL_NOT_CACHED;
+    if (cache_dir().empty() || !cuda().found) {
+      throw std::runtime_error("no kernel cache folder or no NVRTC in this process");
+    }
+    // A precompiled kernel's module: "{kernel}_{hash of the token}", its
+    // function listed under its own name (MLX looks it up by `kernel`). The
+    // function is extern "C" in MLX's namespace, as the kernel it calls.
+    *status = keep_module(module_name(kernel, token), source, std::string("mlx::core::cu::") + kernel, kernel,
+                          mlx_array_get_(out).primitive().stream().device.index);
+  } catch (std::exception& e) {
+    mlx_error(e.what());
+    return 1;
+  }
+  return 0;
+}
+
+extern "C" int mlxs_precompiled_cuda_kernel(mlx_vector_array* res, const char* kernel, const char* token,
+                                            const mlx_array* inputs, size_t num_inputs, const int* output_shapes,
+                                            const size_t* output_ndims, const mlx_dtype* output_dtypes,
+                                            size_t num_outputs, const int* scalars, size_t num_scalars, int grid_x,
+                                            int grid_y, int grid_z, int group_x, int group_y, int group_z,
+                                            int shared_memory, const float* init_value, bool ensure_row_contiguous,
+                                            mlx_stream stream) {
+  try {
+    std::vector<mx::array> ins;
+    ins.reserve(num_inputs);
+    for (size_t i = 0; i < num_inputs; ++i) {
+      ins.push_back(mlx_array_get_(inputs[i]));
+    }
+    std::vector<mx::Shape> shapes;
+    std::vector<mx::Dtype> dtypes;
+    shapes.reserve(num_outputs);
+    dtypes.reserve(num_outputs);
+    for (size_t i = 0; i < num_outputs; ++i) {
+      shapes.emplace_back(output_shapes, output_shapes + output_ndims[i]);
+      output_shapes += output_ndims[i];
+      dtypes.push_back(mlx_dtype_to_cpp(output_dtypes[i]));
+    }
+    std::vector<mx::fast::ScalarArg> args(scalars, scalars + num_scalars);
+    std::optional<float> init;
+    if (init_value != nullptr) {
+      init = *init_value;
+    }
+    mlx_vector_array_set_(*res, mx::fast::precompiled_cuda_kernel(
+                                    kernel, token, ins, shapes, dtypes, args, {grid_x, grid_y, grid_z},
+                                    {group_x, group_y, group_z}, shared_memory, init, ensure_row_contiguous,
+                                    mlx_stream_get_(stream)));
+  } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;
   }

@@ -100,10 +100,11 @@ pub fn log_cache(when: &str) {
         return;
     }
     log::info!(
-        "CUDA kernels {when}: {} loaded from MLX's kernel cache, {} compiled and kept there, {} compiled by MLX alone",
+        "CUDA kernels {when}: {} loaded from MLX's kernel cache, {} compiled and kept there, {} compiled by MLX alone; {} called directly",
         stats.loaded,
         stats.written,
-        stats.failed
+        stats.failed,
+        stats.direct
     );
     if let Some(e) = stats.last_error {
         log::warn!("the CUDA kernel cache could not keep {} kernel(s); the last: {e}", stats.failed);

@@ -74,6 +74,7 @@ pub struct Metrics {
     kv_cache_tokens: Gauge,
     kv_format: Family<FormatLabels, Gauge>,
     cuda_kernels: Family<KernelSourceLabels, Gauge>,
+    cuda_kernels_direct: Gauge,
     kv_bytes_per_token: Gauge<f64, AtomicU64>,
     kv_compressions: Family<PhaseLabels, Counter>,
     prompt_cache_bytes: Gauge,
@@ -119,6 +120,7 @@ impl Metrics {
             kv_cache_tokens: Gauge::default(),
             kv_format: Family::default(),
             cuda_kernels: Family::default(),
+            cuda_kernels_direct: Gauge::default(),
             kv_bytes_per_token: Gauge::default(),
             kv_compressions: Family::default(),
             prompt_cache_bytes: Gauge::default(),
@@ -204,6 +206,11 @@ impl Metrics {
             "cuda_kernels",
             "CUDA custom kernel instances this process got, by source: loaded from MLX's kernel cache (compiled by an earlier process), compiled and kept there, or compiled by MLX alone (the cache could not keep them; the log says why)",
             self.cuda_kernels.clone(),
+        );
+        r.register(
+            "cuda_kernels_direct",
+            "CUDA custom kernel instances called directly after their first call (MLX's precompiled-kernel path: no source text rebuilt and hashed per call)",
+            self.cuda_kernels_direct.clone(),
         );
         r.register(
             "kv_bytes_per_token",
@@ -366,6 +373,7 @@ impl Metrics {
         for (source, n) in [("cache", stats.loaded), ("compiled_kept", stats.written), ("compiled_by_mlx", stats.failed)] {
             self.cuda_kernels.get_or_create(&KernelSourceLabels { source }).set(gauge(n));
         }
+        self.cuda_kernels_direct.set(gauge(stats.direct));
     }
 
     /// The KV format in use and its nominal bytes per token (set once at start).
@@ -658,12 +666,13 @@ mod tests {
     #[test]
     fn cuda_kernels_are_counted_by_where_they_came_from() {
         let m = Metrics::new();
-        let stats = mlx_rs_safe::kernels::KernelCacheStats { loaded: 7, written: 2, failed: 1, last_error: Some("x".into()) };
+        let stats = mlx_rs_safe::kernels::KernelCacheStats { loaded: 7, written: 2, failed: 1, direct: 5, last_error: Some("x".into()) };
         m.observe_kernel_cache(&stats);
         let text = m.render();
         assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"cache\"}"), Some(7.0), "{text}");
         assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"compiled_kept\"}"), Some(2.0));
         assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels{source=\"compiled_by_mlx\"}"), Some(1.0));
+        assert_eq!(counter_value(&text, "mlx_serve_cuda_kernels_direct"), Some(5.0));
     }
 
     #[test]

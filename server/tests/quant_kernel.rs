@@ -129,6 +129,36 @@ fn dense_matches_mlx() {
     eprintln!("{cases} products agree");
 }
 
+/// After a kernel instance's first call, its calls go straight to its own
+/// compiled module (mlx-rs-safe's `kernel_direct`: MLX's precompiled-kernel
+/// path, the source text no longer rebuilt at each call), counted in the
+/// kernel cache's stats. Calls of one instance with new inputs, and inputs
+/// of other dimension counts (each its own direct kernel: their shapes are
+/// its arguments), agree with MLX.
+#[test]
+fn later_calls_go_direct_and_agree() {
+    if !on_cuda() {
+        return;
+    }
+    if !mlx_rs_safe::kernels::kernel_cache_enabled() {
+        eprintln!("skipped: MLX_SERVE_KERNEL_CACHE=0 (no direct calls without the kernel cache)");
+        return;
+    }
+    let (gs, bits) = (64, 4);
+    let spec = QuantSpec::affine(gs, bits);
+    let (n, k) = (1000, 768);
+    let (w, s, b) = weights(&[], n, k, spec, Dtype::Bfloat16, 11);
+    let tiles = Tiles::choose(3, n, k, bits, 1);
+    for (seed, shape) in [(1, vec![3, 1, k]), (2, vec![3, 1, k]), (3, vec![3, k]), (4, vec![1, 3, 1, k]), (5, vec![3, k])] {
+        let x = normal(&shape, seed, Dtype::Bfloat16);
+        let want = quantized::quantized_matmul(&x, &w, &s, Some(&b), true, gs, bits).unwrap();
+        let got = quant_kernel::matmul_tiled(&x, &w, &s, Some(&b), spec, tiles).unwrap();
+        check(&format!("x {shape:?}, seed {seed}"), &got, &want);
+    }
+    let stats = mlx_rs_safe::kernels::kernel_cache_stats();
+    assert!(stats.direct > 0, "no instance called directly: {stats:?}");
+}
+
 /// The dense products the kernel takes by itself: those of 1 to 32 rows.
 #[test]
 fn decode_batches_take_the_kernel() {
