@@ -206,6 +206,19 @@ pub fn kernel_cache_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("MLX_SERVE_KERNEL_CACHE").map_or(true, |v| v != "0"))
 }
 
+/// Whether CUDA custom kernel instances' calls after their first go direct
+/// (`kernel_direct`; with compile-once on): on unless [`set_direct_calls`]
+/// turned them off.
+static DIRECT_CALLS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns direct calls on or off for the calls from now on (a benchmark's
+/// comparison: off, every call is MLX's own, which rebuilds the instance's
+/// source text, and MLX compiles an instance's module itself the first time
+/// it meets it that way).
+pub fn set_direct_calls(on: bool) {
+    DIRECT_CALLS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What compile-once has done in this process so far.
 pub fn kernel_cache_stats() -> KernelCacheStats {
     CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -429,7 +442,7 @@ impl CustomKernel {
     pub fn apply(&self, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
         match self.handle {
             Handle::Metal(k) => apply_metal(k, inputs, call),
-            Handle::Cuda(k) if !kernel_cache_enabled() => apply_cuda(k, inputs, call),
+            Handle::Cuda(k) if !kernel_cache_enabled() || !DIRECT_CALLS.load(std::sync::atomic::Ordering::Relaxed) => apply_cuda(k, inputs, call),
             Handle::Cuda(k) => {
                 let key = instance_key(inputs, call);
                 let known = self.instances.lock().unwrap_or_else(|e| e.into_inner()).get(&key).cloned();

@@ -9,7 +9,7 @@
 //!
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
-//!       [--warm-prompt N] [--fused on,off] [--launch-thread off,on] [--host-profile HZ]
+//!       [--warm-prompt N] [--fused on,off] [--direct on,off] [--launch-thread off,on] [--host-profile HZ]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -43,6 +43,13 @@
 //! forms (gate, up and swiglu in one launch; the residual added by the
 //! output and down projections: `quant_kernel::set_fused`), for each
 //! `--turbo-kv` configuration.
+//!
+//! `--direct on,off` does the same for the direct calls of CUDA custom
+//! kernels (an instance's calls after its first through MLX's
+//! precompiled-kernel path: `mlx_rs_safe::kernels::set_direct_calls`); `off`
+//! is MLX's own call, which rebuilds the instance's source text each call
+//! (MLX compiles an instance's module itself when the warm-up pass first
+//! meets it that way).
 //!
 //! `--launch-thread off,on` does the same for where the pipelined steps are
 //! launched: `on` hands each built step to a thread of its own, which
@@ -266,12 +273,15 @@ fn pipelined_as_engine(model: &dyn LanguageModel, tokens: &Array, cache: &mut Mo
 }
 
 /// What a pass runs: `steps` decode steps after a `prompt`-token prefill.
+#[derive(Clone, Copy)]
 struct Pass<'a> {
     prompt: i32,
     steps: usize,
     turbo: Option<&'a KvCompression>,
     /// The quantized-matmul kernel's fused forms on or off (None: as set).
     fused: Option<bool>,
+    /// Direct calls of CUDA custom kernels on or off (None: as set).
+    direct: Option<bool>,
     ragged: bool,
     alternate: bool,
     engine_loop: bool,
@@ -282,9 +292,12 @@ struct Pass<'a> {
 /// Timings of a pass over `rows` sequences, printed when `report` (with
 /// `label` after the row count) and then its pipelined tok/s returned.
 fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &str) -> Res<Option<f64>> {
-    let Pass { prompt, steps, turbo, fused, ragged, alternate, engine_loop, launch_thread } = *pass;
+    let Pass { prompt, steps, turbo, fused, direct, ragged, alternate, engine_loop, launch_thread } = *pass;
     if let Some(on) = fused {
         models::quant_kernel::set_fused(on);
+    }
+    if let Some(on) = direct {
+        mlx_rs_safe::kernels::set_direct_calls(on);
     }
     let row_prompt = |r: i32| if ragged { (prompt - 8 * r).max(1) } else { prompt };
     let kinds = model.kv_layout().kinds;
@@ -395,13 +408,11 @@ fn bench(stream: &Stream) -> Res<()> {
     let passes: usize = arg(&args, "--passes", 1)?;
     let warm_prompt: i32 = arg(&args, "--warm-prompt", prompt)?;
     let fused = on_off(&args, "--fused")?;
+    let direct = on_off(&args, "--direct")?;
     let threaded = on_off(&args, "--launch-thread")?;
     let profile_hz: i32 = arg(&args, "--host-profile", 0)?;
     let model = models::load(&dir)?.model;
-    // Each configuration: its name, its compression (None: the 16-bit
-    // cache), whether the fused kernel forms are on (None: as set) and
-    // whether a thread of its own launches the pipelined steps.
-    let mut configs: Vec<(String, Option<KvCompression>, Option<bool>, bool)> = Vec::new();
+    let mut configs: Vec<Config> = Vec::new();
     for name in kv_names.split(',').map(str::trim) {
         let turbo = match name {
             "" | "fp16" => None,
@@ -411,20 +422,25 @@ fn bench(stream: &Stream) -> Res<()> {
             }
         };
         for &f in &fused {
-            for &t in &threaded {
-                let kv = if name.is_empty() { "fp16" } else { name };
-                let mut label = kv.to_string();
-                if let Some(on) = f {
-                    label += if on { " fused on" } else { " fused off" };
+            for &d in &direct {
+                for &t in &threaded {
+                    let kv = if name.is_empty() { "fp16" } else { name };
+                    let mut label = kv.to_string();
+                    if let Some(on) = f {
+                        label += if on { " fused on" } else { " fused off" };
+                    }
+                    if let Some(on) = d {
+                        label += if on { " direct on" } else { " direct off" };
+                    }
+                    if let Some(on) = t {
+                        label += if on { " launch thread" } else { " one thread" };
+                    }
+                    configs.push(Config { label, turbo, fused: f, direct: d, launch_thread: t == Some(true) });
                 }
-                if let Some(on) = t {
-                    label += if on { " launch thread" } else { " one thread" };
-                }
-                configs.push((label, turbo, f, t == Some(true)));
             }
         }
     }
-    let names: Vec<&str> = configs.iter().map(|c| c.0.as_str()).collect();
+    let names: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
     println!(
         "{} (quantized matmul kernel: {}; KV cache: {}{}; consecutive steps' graphs: {}{})",
         dir.display(),
@@ -436,21 +452,22 @@ fn bench(stream: &Stream) -> Res<()> {
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let base = Pass { prompt, steps, turbo: None, fused: None, ragged, alternate, engine_loop, launch_thread: None };
+    let base = Pass { prompt, steps, turbo: None, fused: None, direct: None, ragged, alternate, engine_loop, launch_thread: None };
+    fn pass_of<'a>(c: &'a Config, base: Pass<'a>, stream: &'a Stream) -> Pass<'a> {
+        Pass { turbo: c.turbo.as_ref(), fused: c.fused, direct: c.direct, launch_thread: c.launch_thread.then_some(stream), ..base }
+    }
     let label = |name: &str| if configs.len() > 1 { format!(" {name}") } else { String::new() };
     for &r in &rows {
         // The first pass compiles the GPU kernels this row count uses, for
         // every cache length the timed passes reach.
-        for (_, turbo, fused, launch_thread) in &configs {
-            let pass = Pass { turbo: turbo.as_ref(), fused: *fused, launch_thread: launch_thread.then_some(stream), prompt: warm_prompt, ..base };
-            run(model.as_ref(), r, &pass, false, "")?;
+        for c in &configs {
+            run(model.as_ref(), r, &Pass { prompt: warm_prompt, ..pass_of(c, base, stream) }, false, "")?;
         }
         let mut tps: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
         let profile = if profile_hz > 0 { Some(HostProfile::start(profile_hz)?) } else { None };
         for _ in 0..passes {
-            for (i, (name, turbo, fused, launch_thread)) in configs.iter().enumerate() {
-                let pass = Pass { turbo: turbo.as_ref(), fused: *fused, launch_thread: launch_thread.then_some(stream), ..base };
-                tps[i].extend(run(model.as_ref(), r, &pass, true, &label(name))?);
+            for (i, c) in configs.iter().enumerate() {
+                tps[i].extend(run(model.as_ref(), r, &pass_of(c, base, stream), true, &label(&c.label))?);
             }
         }
         if let Some(profile) = profile {
@@ -464,6 +481,18 @@ fn bench(stream: &Stream) -> Res<()> {
         }
     }
     Ok(())
+}
+
+/// One configuration of a pass: its name, its compression (None: the
+/// 16-bit cache), whether the fused kernel forms and direct kernel calls are
+/// on (None: as set) and whether a thread of its own launches the pipelined
+/// steps.
+struct Config {
+    label: String,
+    turbo: Option<KvCompression>,
+    fused: Option<bool>,
+    direct: Option<bool>,
+    launch_thread: bool,
 }
 
 /// The on/off list after `flag` (`--fused on,off`): `[None]` (as set) when absent.
