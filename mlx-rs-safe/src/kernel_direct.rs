@@ -157,17 +157,18 @@ impl DirectCall {
     /// `inputs`: its direct kernel, compiled into MLX's cache unless there.
     /// `Err` where compiling or writing failed.
     pub(crate) fn prepare(out: &Array, inputs: &[&Array]) -> Result<Prepared> {
-        // SAFETY: no arguments; two new empty strings, freed below.
-        let (name, text) = unsafe { (sys::mlx_string_new(), sys::mlx_string_new()) };
-        let strings = Strings([name, text]);
+        // SAFETY: no arguments; two new empty strings, owned (and freed) by `strings`.
+        let mut strings = Strings(unsafe { [sys::mlx_string_new(), sys::mlx_string_new()] });
         let (mut shared_memory, mut contiguous, mut status) = (0i32, false, 0i32);
-        let (mut name, mut text) = (strings.0[0], strings.0[1]);
-        // SAFETY: live array and strings; the rest are locals the call writes.
-        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, &mut name, &mut text, &mut shared_memory, &mut contiguous, &mut status) })?;
+        let [name, text] = &mut strings.0;
+        // SAFETY: live array; the strings are `strings`' own, set in place (an
+        // empty one gets its text allocated into the handle the call is given);
+        // the rest are locals the call writes.
+        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, name, text, &mut shared_memory, &mut contiguous, &mut status) })?;
         if status != sys::MLXS_KERNEL_CACHED as i32 {
             return Ok(Prepared::Unsuited);
         }
-        let (func, generated) = (string(name), string(text));
+        let (func, generated) = (string(*name), string(*text));
         let ndims: Vec<usize> = inputs.iter().map(|a| a.ndim()).collect();
         let Some(direct) = direct_source(&func, &generated, &ndims) else {
             return Ok(Prepared::Unsuited);
