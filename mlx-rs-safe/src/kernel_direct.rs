@@ -173,8 +173,8 @@ impl DirectCall {
         let Some(direct) = direct_source(&func, &generated, &ndims) else {
             return Ok(Prepared::Unsuited);
         };
-        let kernel = CString::new(direct.kernel).expect("a generated identifier");
-        let source = CString::new(direct.source).map_err(|_| crate::Error::InvalidArgument("MLX's kernel text holds a NUL byte".into()))?;
+        let nul = |_| crate::Error::InvalidArgument("MLX's kernel text holds a NUL byte".into());
+        let (kernel, source) = (CString::new(direct.kernel).map_err(nul)?, CString::new(direct.source).map_err(nul)?);
         // SAFETY: live array; NUL-terminated strings alive for the call; `status` a local.
         check(unsafe { sys::mlxs_cuda_kernel_precompile(out.raw, kernel.as_ptr(), kernel.as_ptr(), source.as_ptr(), &mut status) })?;
         let call = DirectCall { kernel, inputs: direct.inputs, shared_memory, ensure_row_contiguous: contiguous };

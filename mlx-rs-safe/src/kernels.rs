@@ -459,9 +459,9 @@ impl CustomKernel {
     /// whose output gives the instance's generated text, from which its
     /// direct call is made (its module compiled into MLX's kernel cache, or
     /// found there) and used for this call already, MLX's output never
-    /// evaluated. Where no direct call can be made, the instance stays with
+    /// evaluated. Where no direct call suits the instance, it stays with
     /// MLX's call, its module handed to the cache. Counted in
-    /// [`KernelCacheStats`]; a failure only counts.
+    /// [`KernelCacheStats`]; a failure only counts (MLX's call then serves).
     fn first_call(&self, kernel: sys::mlx_fast_cuda_kernel, key: u64, inputs: &[&Array], call: &KernelCall) -> Result<Vec<Array>> {
         let outs = apply_cuda(kernel, inputs, call)?;
         let Some(out) = outs.first() else { return Ok(outs) };
@@ -476,7 +476,12 @@ impl CustomKernel {
                 }
                 Some(std::sync::Arc::new(direct))
             }
-            Ok(Prepared::Unsuited) => None,
+            Ok(Prepared::Unsuited) => {
+                keep_compiled(out);
+                None
+            }
+            // The wrapped text failed (to compile, say): MLX compiles the
+            // instance itself, as it does what the cache cannot keep.
             Err(e) => {
                 let mut stats = CACHE_STATS.lock().unwrap_or_else(|e| e.into_inner());
                 stats.failed += 1;
@@ -487,10 +492,7 @@ impl CustomKernel {
         self.instances.lock().unwrap_or_else(|e| e.into_inner()).insert(key, direct.clone());
         match direct {
             Some(direct) => direct.apply(inputs, call),
-            None => {
-                keep_compiled(out);
-                Ok(outs)
-            }
+            None => Ok(outs),
         }
     }
 }
