@@ -17,6 +17,7 @@ pub mod compile;
 pub mod distributed;
 pub mod ext;
 pub mod fast;
+pub mod graph;
 pub mod io;
 pub mod kernels;
 pub mod managed_memory;

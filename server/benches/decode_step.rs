@@ -10,6 +10,7 @@
 //!   cargo bench --bench decode_step -- MODEL_DIR [--rows 1,8] [--prompt 128] [--steps 64]
 //!       [--passes 1] [--ragged] [--turbo-kv PRESET] [--engine-loop] [--alternate]
 //!       [--warm-prompt N] [--fused on,off] [--direct on,off] [--launch-thread off,on] [--host-profile HZ]
+//!       [--graph-ops]
 //!
 //! Each row count first runs one untimed pass of the same length, so every
 //! kernel and CUDA graph the timed passes need (the cache grows every 256
@@ -69,6 +70,12 @@
 //! and beneath them (`common::host_profile`): which of MLX's functions a
 //! step's building and launching spend their time in, on a machine without
 //! perf.
+//!
+//! `--graph-ops` prints, for each timed pass, its first step's graph: the
+//! operations by MLX primitive and the arrays it reads (`mlx_rs_safe::graph`).
+//! MLX's host time per step grows with the operations it walks and
+//! encodes, so their count says what a change to the step's graph saves on
+//! any machine, where timings on a lent one drift.
 //!
 //! `--alternate` adds one no-op (the tokens plus zero) in front of every
 //! other step's graph. On CUDA, MLX keys each committed CUDA graph by its
@@ -282,6 +289,8 @@ struct Pass<'a> {
     fused: Option<bool>,
     /// Direct calls of CUDA custom kernels on or off (None: as set).
     direct: Option<bool>,
+    /// Print the first step's graph (operations by primitive).
+    graph: bool,
     ragged: bool,
     alternate: bool,
     engine_loop: bool,
@@ -292,7 +301,7 @@ struct Pass<'a> {
 /// Timings of a pass over `rows` sequences, printed when `report` (with
 /// `label` after the row count) and then its pipelined tok/s returned.
 fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &str) -> Res<Option<f64>> {
-    let Pass { prompt, steps, turbo, fused, direct, ragged, alternate, engine_loop, launch_thread } = *pass;
+    let Pass { prompt, steps, turbo, fused, direct, graph, ragged, alternate, engine_loop, launch_thread } = *pass;
     if let Some(on) = fused {
         models::quant_kernel::set_fused(on);
     }
@@ -321,6 +330,11 @@ fn run(model: &dyn LanguageModel, rows: i32, pass: &Pass, report: bool, label: &
         let t = Instant::now();
         let next = step(model, &step_input(&tokens, i, alternate)?, &mut cache)?;
         let b = t.elapsed().as_secs_f64();
+        if graph && report && i == 0 {
+            let g = mlx_rs_safe::graph::graph_ops(&[&next])?;
+            let each: Vec<String> = g.by_primitive.iter().map(|(name, n)| format!("{name} {n}")).collect();
+            println!("| {rows}{label} | one step's graph: {} ops over {} inputs; {} |", g.total(), g.inputs, each.join(", "));
+        }
         async_eval(&[&next])?;
         let l = t.elapsed().as_secs_f64() - b;
         next.to_vec::<i32>()?;
@@ -411,6 +425,7 @@ fn bench(stream: &Stream) -> Res<()> {
     let direct = on_off(&args, "--direct")?;
     let threaded = on_off(&args, "--launch-thread")?;
     let profile_hz: i32 = arg(&args, "--host-profile", 0)?;
+    let graph = args.iter().any(|a| a == "--graph-ops");
     let model = models::load(&dir)?.model;
     let mut configs: Vec<Config> = Vec::new();
     for name in kv_names.split(',').map(str::trim) {
@@ -452,7 +467,7 @@ fn bench(stream: &Stream) -> Res<()> {
     );
     println!("| rows | build ms | launch ms | step ms (one at a time) | step ms (pipelined) | pipelined: build / launch / wait ms (medians) | (means) | pipelined: launch / wait max ms | tok/s pipelined |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    let base = Pass { prompt, steps, turbo: None, fused: None, direct: None, ragged, alternate, engine_loop, launch_thread: None };
+    let base = Pass { prompt, steps, turbo: None, fused: None, direct: None, graph, ragged, alternate, engine_loop, launch_thread: None };
     fn pass_of<'a>(c: &'a Config, base: Pass<'a>, stream: &'a Stream) -> Pass<'a> {
         Pass { turbo: c.turbo.as_ref(), fused: c.fused, direct: c.direct, launch_thread: c.launch_thread.then_some(stream), ..base }
     }
