@@ -1,6 +1,6 @@
 //! `Array`: an owned handle to an MLX array (lazy until evaluated).
 
-use std::ffi::{c_int, CStr};
+use std::ffi::c_int;
 use std::fmt;
 
 use mlx_sys as sys;
@@ -268,19 +268,10 @@ impl fmt::Debug for Array {
 impl fmt::Display for Array {
     /// MLX's own printout (evaluates the array).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        init();
-        // SAFETY: a fresh string handle, freed below.
-        let mut s = unsafe { sys::mlx_string_new() };
-        // SAFETY: live array and string handles.
-        let status = unsafe { sys::mlx_array_tostring(&mut s, self.raw) };
-        let text = if check(status).is_ok() {
-            // SAFETY: the string's data is NUL-terminated and lives until freed.
-            unsafe { CStr::from_ptr(sys::mlx_string_data(s)) }.to_string_lossy().into_owned()
-        } else {
-            format!("{self:?}")
-        };
-        // SAFETY: `s` was created above and is freed once.
-        unsafe { sys::mlx_string_free(s) };
+        let mut s = crate::mlx_string::MlxString::new();
+        // SAFETY: live array and string handles; the string is set in place.
+        let status = unsafe { sys::mlx_array_tostring(&mut s.raw, self.raw) };
+        let text = if check(status).is_ok() { s.text() } else { format!("{self:?}") };
         f.write_str(&text)
     }
 }

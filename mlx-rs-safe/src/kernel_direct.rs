@@ -23,6 +23,7 @@ use crate::array::Array;
 use crate::device::with_current;
 use crate::error::{check, Result};
 use crate::kernels::KernelCall;
+use crate::mlx_string::MlxString;
 use crate::transforms::VectorArray;
 
 /// What MLX's signature passes after one input's pointer (where the source
@@ -157,18 +158,15 @@ impl DirectCall {
     /// `inputs`: its direct kernel, compiled into MLX's cache unless there.
     /// `Err` where compiling or writing failed.
     pub(crate) fn prepare(out: &Array, inputs: &[&Array]) -> Result<Prepared> {
-        // SAFETY: no arguments; two new empty strings, owned (and freed) by `strings`.
-        let mut strings = Strings(unsafe { [sys::mlx_string_new(), sys::mlx_string_new()] });
+        let (mut name, mut text) = (MlxString::new(), MlxString::new());
         let (mut shared_memory, mut contiguous, mut status) = (0i32, false, 0i32);
-        let [name, text] = &mut strings.0;
-        // SAFETY: live array; the strings are `strings`' own, set in place (an
-        // empty one gets its text allocated into the handle the call is given);
-        // the rest are locals the call writes.
-        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, name, text, &mut shared_memory, &mut contiguous, &mut status) })?;
+        // SAFETY: live array and string handles (set in place); the rest are
+        // locals the call writes.
+        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, &mut name.raw, &mut text.raw, &mut shared_memory, &mut contiguous, &mut status) })?;
         if status != sys::MLXS_KERNEL_CACHED as i32 {
             return Ok(Prepared::Unsuited);
         }
-        let (func, generated) = (string(*name), string(*text));
+        let (func, generated) = (name.text(), text.text());
         let ndims: Vec<usize> = inputs.iter().map(|a| a.ndim()).collect();
         let Some(direct) = direct_source(&func, &generated, &ndims) else {
             return Ok(Prepared::Unsuited);
@@ -231,31 +229,6 @@ impl DirectCall {
             })
         })??;
         outs.into_arrays()
-    }
-}
-
-/// Two mlx-c strings, freed when dropped.
-struct Strings([sys::mlx_string; 2]);
-
-impl Drop for Strings {
-    fn drop(&mut self) {
-        for s in self.0 {
-            // SAFETY: owned strings (created by mlx_string_new), freed once.
-            unsafe { sys::mlx_string_free(s) };
-        }
-    }
-}
-
-fn string(s: sys::mlx_string) -> String {
-    // SAFETY: a live string; mlx_string_data gives its NUL-terminated bytes
-    // (null for an empty one), copied here before the string is freed.
-    unsafe {
-        let p = sys::mlx_string_data(s);
-        if p.is_null() {
-            String::new()
-        } else {
-            std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
     }
 }
 

@@ -10,6 +10,7 @@ mod device;
 mod dtype;
 mod error;
 mod kernel_direct;
+mod mlx_string;
 mod optional;
 mod transforms;
 
@@ -35,20 +36,12 @@ pub use transforms::{async_eval, eval};
 
 /// The MLX version mlx-c reports (e.g. "0.32.4").
 pub fn mlx_version() -> String {
-    error::init();
-    // SAFETY: a fresh string handle, freed below.
-    let mut s = unsafe { mlx_sys::mlx_string_new() };
-    // SAFETY: live handle.
-    let status = unsafe { mlx_sys::mlx_version(&mut s) };
-    let v = if error::check(status).is_ok() {
-        // SAFETY: NUL-terminated data owned by `s`, copied before the free.
-        unsafe { std::ffi::CStr::from_ptr(mlx_sys::mlx_string_data(s)) }
-            .to_string_lossy()
-            .into_owned()
+    let mut s = mlx_string::MlxString::new();
+    // SAFETY: live handle, set in place.
+    let status = unsafe { mlx_sys::mlx_version(&mut s.raw) };
+    if error::check(status).is_ok() {
+        s.text()
     } else {
         String::new()
-    };
-    // SAFETY: created above, freed once.
-    unsafe { mlx_sys::mlx_string_free(s) };
-    v
+    }
 }
