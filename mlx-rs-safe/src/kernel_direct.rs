@@ -159,11 +159,11 @@ impl DirectCall {
     /// `Err` where compiling or writing failed.
     pub(crate) fn prepare(out: &Array, inputs: &[&Array]) -> Result<Prepared> {
         let (mut name, mut text) = (MlxString::new(), MlxString::new());
-        let (mut shared_memory, mut contiguous, mut status) = (0i32, false, 0i32);
+        let (mut shared_memory, mut contiguous, mut found) = (0i32, false, false);
         // SAFETY: live array and string handles (set in place); the rest are
         // locals the call writes.
-        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, &mut name.raw, &mut text.raw, &mut shared_memory, &mut contiguous, &mut status) })?;
-        if status != sys::MLXS_KERNEL_CACHED as i32 {
+        check(unsafe { sys::mlxs_cuda_kernel_source(out.raw, &mut name.raw, &mut text.raw, &mut shared_memory, &mut contiguous, &mut found) })?;
+        if !found {
             return Ok(Prepared::Unsuited);
         }
         let (func, generated) = (name.text(), text.text());
@@ -173,6 +173,7 @@ impl DirectCall {
         };
         let nul = |_| crate::Error::InvalidArgument("MLX's kernel text holds a NUL byte".into());
         let (kernel, source) = (CString::new(direct.kernel).map_err(nul)?, CString::new(direct.source).map_err(nul)?);
+        let mut status = sys::MLXS_KERNEL_NOT_CACHED as i32;
         // SAFETY: live array; NUL-terminated strings alive for the call; `status` a local.
         check(unsafe { sys::mlxs_cuda_kernel_precompile(out.raw, kernel.as_ptr(), kernel.as_ptr(), source.as_ptr(), &mut status) })?;
         let call = DirectCall { kernel, inputs: direct.inputs, shared_memory, ensure_row_contiguous: contiguous };

@@ -113,10 +113,10 @@ int mlxs_cuda_kernel_cache(mlx_array out, int* status);
 /* The text MLX generated for `out`'s kernel (`out` an output of
  * mlx_fast_cuda_kernel_apply, not evaluated): the kernel function's name, its
  * whole source, its dynamic shared memory and whether MLX copies inputs to
- * row-contiguous ones. *status MLXS_KERNEL_NOT_CACHED (nothing set) where
- * `out` is no CUDA custom kernel's output, or MLX keeps no cache folder. */
+ * row-contiguous ones. *found false (nothing set) where `out` is no CUDA
+ * custom kernel's output, or MLX keeps no cache folder. */
 int mlxs_cuda_kernel_source(mlx_array out, mlx_string* name, mlx_string* source, int* shared_memory,
-                            bool* ensure_row_contiguous, int* status);
+                            bool* ensure_row_contiguous, bool* found);
 
 /* Compiles `source` (CUDA defining the extern "C" __global__ function
  * `kernel` in namespace mlx::core::cu) for the GPU of `out`'s stream as MLX compiles custom kernels,

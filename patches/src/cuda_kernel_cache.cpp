@@ -325,9 +325,9 @@ extern "C" int mlxs_cuda_kernel_cache(mlx_array out, int* status) {
 }
 
 extern "C" int mlxs_cuda_kernel_source(mlx_array out, mlx_string* name, mlx_string* source, int* shared_memory,
-                                       bool* ensure_row_contiguous, int* status) {
+                                       bool* ensure_row_contiguous, bool* found) {
   try {
-    *status = MLXS_KERNEL_NOT_CACHED;
+    *found = false;
     mx::fast::CustomKernel* kernel = custom_kernel(mlx_array_get_(out));
     if (kernel == nullptr) {
       return 0;
@@ -337,7 +337,7 @@ extern "C" int mlxs_cuda_kernel_source(mlx_array out, mlx_string* name, mlx_stri
     mlx_string_set_(*source, std::get<1>(state));
     *ensure_row_contiguous = std::get<5>(state);
     *shared_memory = std::get<9>(state);
-    *status = MLXS_KERNEL_CACHED;
+    *found = true;
   } catch (std::exception& e) {
     mlx_error(e.what());
     return 1;
